@@ -1,0 +1,55 @@
+"""Which accelerator target this process runs on: ``npu``, ``cuda`` or ``cpu``.
+
+Target-independent: imports neither vLLM's model runners nor vllm-ascend. The answer decides
+which per-target patch module :mod:`vllm_hybrid_npu.patches` applies.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+TARGETS = ("npu", "cuda", "cpu")
+
+#: Environment variable that forces the target (one of :data:`TARGETS`); for tests and for
+#: machines where detection guesses wrong.
+TARGET_ENV = "VLLM_HYBRID_NPU_TARGET"
+
+
+def detect_target() -> str:
+    """Return the target of this process: ``"npu"``, ``"cuda"`` or ``"cpu"``.
+
+    Order: ``$VLLM_HYBRID_NPU_TARGET`` if set; then vLLM's own ``current_platform`` when vLLM
+    is importable (``device_type`` ``"npu"`` comes from the vllm-ascend platform plugin,
+    ``"cuda"`` from CUDA, ``"cpu"`` from the CPU build); else ``torch_npu`` / ``torch.cuda``
+    availability; else ``"cpu"``.
+
+    Raises:
+        ValueError: ``$VLLM_HYBRID_NPU_TARGET`` is set to something not in :data:`TARGETS`.
+    """
+    forced = os.environ.get(TARGET_ENV, "").strip().lower()
+    if forced:
+        if forced not in TARGETS:
+            raise ValueError(
+                f"{TARGET_ENV}={forced!r} is not a known target; use one of {', '.join(TARGETS)}"
+            )
+        return forced
+    if importlib.util.find_spec("vllm") is not None:
+        try:
+            from vllm.platforms import current_platform
+
+            device_type = getattr(current_platform, "device_type", "") or ""
+            if device_type in TARGETS:
+                return device_type
+        except Exception:  # a broken platform plugin must not break detection
+            pass
+    if importlib.util.find_spec("torch_npu") is not None:
+        return "npu"
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return "cuda"
+    except ImportError:
+        pass
+    return "cpu"
