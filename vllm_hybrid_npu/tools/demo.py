@@ -1,0 +1,302 @@
+"""``vllm-hybrid-npu demo``: the main job, end to end, over HTTP.
+
+1. Starts ``vllm serve MODEL --enable-prefix-caching --mamba-cache-mode align`` (with CPU-safe
+   memory flags) on 127.0.0.1, with this plugin loaded by vLLM's plugin entry point.
+2. Replays a multi-turn chat workload: several conversations share one long system prompt
+   (longer than the block size vLLM chose), each with follow-up turns that carry the previous
+   answers. Every request is a streamed ``/v1/chat/completions`` call with greedy sampling; the
+   server reports cached prompt tokens (``usage.prompt_tokens_details.cached_tokens``) and the
+   output token ids (``return_token_ids``). Time to first token (TTFT) is measured by the client.
+3. Replays the same request bodies against a second server with prefix caching off and compares
+   the output token ids, which must be identical.
+
+Exit code: 0 when all outputs match, 1 when any differ, 2 when a server fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+
+from vllm_hybrid_npu.tools.server import (
+    CPU_SAFE_ARGS,
+    PREFIX_CACHING_ARGS,
+    ServerError,
+    VllmServer,
+    block_size_from_metrics,
+)
+
+SYSTEM_PROMPT_PARAGRAPH = (
+    "You are the support assistant of a railway company. You answer questions about timetables, "
+    "tickets, seat reservations, luggage, bicycles, pets, accessibility, delays and refunds. "
+    "Be precise, polite and short; quote the relevant rule number when one applies. "
+    "Rule {n}: passengers holding a flexible ticket may change trains on the same route without "
+    "a fee, while saver tickets are bound to the train printed on them unless a delay of more "
+    "than sixty minutes is announced, in which case any later train on the same day may be used. "
+)
+
+CONVERSATIONS = [
+    ["How do I take my bicycle on the night train to the mountains?",
+     "And what if the bicycle is electric?",
+     "Thanks. Can I reserve that space online?"],
+    ["My train was delayed by ninety minutes. What refund do I get?",
+     "I paid with a voucher. Does that change anything?",
+     "How long does the refund take?"],
+    ["Can I bring my dog on a regional train?",
+     "Does the dog need its own ticket?",
+     "What about a guide dog?"],
+]
+
+
+def system_prompt(paragraphs: int) -> str:
+    """The shared system prompt: ``paragraphs`` numbered rule paragraphs (about 75 tokens each
+    with the demo model's tokenizer)."""
+    return "".join(SYSTEM_PROMPT_PARAGRAPH.format(n=i + 1) for i in range(paragraphs))
+
+
+@dataclass
+class RequestResult:
+    """One replayed request: token counts (tokens), TTFT (ms) and the output token ids."""
+
+    conversation: int
+    turn: int
+    prompt_tokens: int
+    cached_tokens: int
+    ttft_ms: float
+    output_tokens: int
+    output_token_ids: list[int] = field(repr=False)
+    body: dict = field(repr=False)
+
+
+def stream_chat(base_url: str, body: dict, timeout_s: float = 600.0) -> RequestResult:
+    """Send one streamed chat completion; return counts, TTFT and output token ids.
+
+    Raises:
+        RuntimeError: the server answered with an error status, or the stream had no usage.
+    """
+    import requests
+
+    t0 = time.perf_counter()
+    ttft = None
+    token_ids: list[int] = []
+    usage = None
+    with requests.post(
+        base_url + "/v1/chat/completions", json=body, stream=True, timeout=timeout_s
+    ) as r:
+        if r.status_code != 200:
+            raise RuntimeError(f"server answered {r.status_code}: {r.text[:500]}")
+        for raw in r.iter_lines():
+            if not raw or not raw.startswith(b"data: "):
+                continue
+            data = raw[len(b"data: "):]
+            if data == b"[DONE]":
+                break
+            chunk = json.loads(data)
+            for choice in chunk.get("choices", []):
+                ids = choice.get("token_ids") or []
+                if ids and ttft is None:
+                    ttft = time.perf_counter() - t0
+                token_ids.extend(ids)
+            if chunk.get("usage"):
+                usage = chunk["usage"]
+    if usage is None:
+        raise RuntimeError("the stream carried no usage (is stream_options.include_usage honoured?)")
+    details = usage.get("prompt_tokens_details") or {}
+    return RequestResult(
+        conversation=-1,
+        turn=-1,
+        prompt_tokens=int(usage["prompt_tokens"]),
+        cached_tokens=int(details.get("cached_tokens") or 0),
+        ttft_ms=1000.0 * (ttft if ttft is not None else time.perf_counter() - t0),
+        output_tokens=len(token_ids),
+        output_token_ids=token_ids,
+        body=body,
+    )
+
+
+def make_body(messages: list[dict], max_tokens: int) -> dict:
+    """A greedy, streamed chat request that returns token ids and usage with cached tokens."""
+    return {
+        "model": "model",
+        "messages": messages,
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "return_token_ids": True,
+    }
+
+
+def replay_conversations(
+    base_url: str, paragraphs: int, turns: int, max_tokens: int, log=None
+) -> list[RequestResult]:
+    """Replay :data:`CONVERSATIONS` turn by turn (all first turns, then all second turns, ...),
+    each follow-up carrying the conversation so far, including the server's previous answers."""
+    sys_msg = {"role": "system", "content": system_prompt(paragraphs)}
+    history = [[sys_msg] for _ in CONVERSATIONS]
+    results = []
+    for turn in range(turns):
+        for c, conv in enumerate(CONVERSATIONS):
+            if turn >= len(conv):
+                continue
+            history[c].append({"role": "user", "content": conv[turn]})
+            res = stream_chat(base_url, make_body(list(history[c]), max_tokens))
+            res.conversation, res.turn = c, turn
+            results.append(res)
+            answer = _decode_hint(res)
+            history[c].append({"role": "assistant", "content": answer})
+            if log:
+                log(
+                    f"  conv {c} turn {turn}: prompt {res.prompt_tokens} tok, cached "
+                    f"{res.cached_tokens}, TTFT {res.ttft_ms:.0f} ms"
+                )
+    return results
+
+
+def _decode_hint(res: RequestResult) -> str:
+    # The demo model's answers are random tokens; as the assistant turn we send back a fixed
+    # rendering of the ids, identical for both servers as long as their outputs match.
+    return " ".join(f"t{t}" for t in res.output_token_ids)
+
+
+def replay_bodies(base_url: str, bodies: list[dict]) -> list[RequestResult]:
+    """Send the given request bodies in order and return their results."""
+    return [stream_chat(base_url, b) for b in bodies]
+
+
+def summarize(results: list[RequestResult]) -> dict:
+    """Token hit rate (cached prompt tokens / prompt tokens) and mean TTFT (ms) of requests with
+    and without a prefix-cache hit."""
+    prompt = sum(r.prompt_tokens for r in results)
+    cached = sum(r.cached_tokens for r in results)
+    hits = [r.ttft_ms for r in results if r.cached_tokens > 0]
+    misses = [r.ttft_ms for r in results if r.cached_tokens == 0]
+    mean = lambda xs: (sum(xs) / len(xs)) if xs else None  # noqa: E731
+    return {
+        "prompt_tokens": prompt,
+        "cached_tokens": cached,
+        "token_hit_rate": cached / prompt if prompt else 0.0,
+        "requests_with_hit": len(hits),
+        "mean_ttft_ms_hit": mean(hits),
+        "mean_ttft_ms_miss": mean(misses),
+    }
+
+
+def format_table(results: list[RequestResult]) -> str:
+    """A fixed-width table, one row per request."""
+    head = f"{'#':>3} {'conv':>4} {'turn':>4} {'prompt tok':>10} {'cached tok':>10} {'TTFT ms':>9} {'out tok':>7}"
+    rows = [head, "-" * len(head)]
+    for i, r in enumerate(results):
+        rows.append(
+            f"{i:>3} {r.conversation:>4} {r.turn:>4} {r.prompt_tokens:>10} {r.cached_tokens:>10} "
+            f"{r.ttft_ms:>9.1f} {r.output_tokens:>7}"
+        )
+    return "\n".join(rows)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default=None, help="model directory (default: the embedded "
+                        "tiny Qwen3-Next built by `make-model`)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    parser.add_argument("--turns", type=int, default=3, help="turns per conversation (1-3)")
+    parser.add_argument("--max-tokens", type=int, default=16, help="output tokens per request")
+    parser.add_argument("--system-paragraphs", type=int, default=8,
+                        help="length of the shared system prompt, in rule paragraphs (~270 tokens each with the demo tokenizer)")
+    parser.add_argument("--skip-baseline", action="store_true",
+                        help="do not compare with prefix caching off (outputs_match is then null)")
+    parser.add_argument("--server-arg", action="append", default=[],
+                        help="extra `vllm serve` argument (repeatable), e.g. --server-arg=--block-size=...")
+
+
+def run(args: argparse.Namespace) -> int:
+    log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
+    if args.turns < 1 or args.turns > 3:
+        log("--turns must be between 1 and 3")
+        return 2
+    if args.model is None:
+        from vllm_hybrid_npu.tools.make_model import default_model_dir
+
+        log("building/locating the embedded tiny Qwen3-Next model ...")
+        args.model = str(default_model_dir("qwen3_next"))
+    log(f"model: {args.model}")
+
+    def progress(tag):
+        return lambda s, line: log(f"  [{tag}] starting ({s:.0f} s): {line[-110:]}")
+
+    cached_args = [*PREFIX_CACHING_ARGS, "--enable-prompt-tokens-details", *CPU_SAFE_ARGS,
+                   *args.server_arg]
+    log("vllm serve " + " ".join([args.model, *cached_args]))
+    server = VllmServer(args.model, cached_args)
+    try:
+        server.start(progress=progress("prefix caching on"))
+        log(f"server healthy at {server.base_url}; replaying {len(CONVERSATIONS)} conversations")
+        block_size = block_size_from_metrics(server.metrics())
+        results = replay_conversations(
+            server.base_url, args.system_paragraphs, args.turns, args.max_tokens, log
+        )
+        plugin_lines = [l for l in server.log_text().splitlines() if "vllm-hybrid-npu" in l and "loaded" in l]
+    except ServerError as exc:
+        log(str(exc))
+        return 2
+    finally:
+        server.stop()
+    summary = summarize(results)
+
+    outputs_match = None
+    mismatches = []
+    if not args.skip_baseline:
+        base_args = ["--no-enable-prefix-caching", *CPU_SAFE_ARGS, *args.server_arg]
+        log("baseline: vllm serve " + " ".join([args.model, *base_args]))
+        baseline = VllmServer(args.model, base_args)
+        try:
+            baseline.start(progress=progress("prefix caching off"))
+            log("replaying the same requests with prefix caching off")
+            base_results = replay_bodies(baseline.base_url, [r.body for r in results])
+        except ServerError as exc:
+            log(str(exc))
+            return 2
+        finally:
+            baseline.stop()
+        for i, (a, b) in enumerate(zip(results, base_results)):
+            if a.output_token_ids != b.output_token_ids:
+                mismatches.append({"request": i, "cached": a.output_token_ids,
+                                   "no_cache": b.output_token_ids})
+        outputs_match = not mismatches
+
+    if args.json:
+        print(json.dumps({
+            "model": args.model,
+            "block_size": block_size,
+            "requests": [
+                {k: v for k, v in asdict(r).items() if k not in ("body", "output_token_ids")}
+                for r in results
+            ],
+            **summary,
+            "outputs_match": outputs_match,
+            "mismatches": mismatches,
+            "plugin_log": plugin_lines[:1],
+        }, indent=2))
+    else:
+        print(format_table(results))
+        print()
+        print(f"block size (tokens, chosen by vLLM): {block_size}")
+        print(f"token hit rate: {summary['token_hit_rate']:.1%} "
+              f"({summary['cached_tokens']} of {summary['prompt_tokens']} prompt tokens cached; "
+              f"{summary['requests_with_hit']} of {len(results)} requests hit)")
+        fmt = lambda v: "n/a" if v is None else f"{v:.1f} ms"  # noqa: E731
+        print(f"mean TTFT: hits {fmt(summary['mean_ttft_ms_hit'])}, misses {fmt(summary['mean_ttft_ms_miss'])}")
+        if plugin_lines:
+            print("plugin: " + plugin_lines[0].split("] ", 1)[-1])
+        if outputs_match is None:
+            print("outputs vs prefix caching off: not checked (--skip-baseline)")
+        elif outputs_match:
+            print(f"outputs vs prefix caching off: identical token ids for all {len(results)} requests")
+        else:
+            print(f"outputs vs prefix caching off: {len(mismatches)} request(s) DIFFER")
+            for m in mismatches:
+                print(f"  request {m['request']}: cached {m['cached']} vs no-cache {m['no_cache']}")
+    return 0 if outputs_match in (True, None) else 1
