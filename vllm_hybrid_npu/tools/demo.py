@@ -52,7 +52,7 @@ CONVERSATIONS = [
 
 
 def system_prompt(paragraphs: int) -> str:
-    """The shared system prompt: ``paragraphs`` numbered rule paragraphs (about 75 tokens each
+    """The shared system prompt: ``paragraphs`` numbered rule paragraphs (about 270 tokens each
     with the demo model's tokenizer)."""
     return "".join(SYSTEM_PROMPT_PARAGRAPH.format(n=i + 1) for i in range(paragraphs))
 

@@ -1,0 +1,21 @@
+"""Shared fixtures of the engine-level tests: tiny hybrid checkpoints built locally, once per
+session, by ``vllm_hybrid_npu.tools.make_model`` (cached under ``$VLLM_HYBRID_NPU_CACHE``)."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir():
+    """A function ``arch -> Path`` returning the cached tiny checkpoint of ``arch``
+    (``"qwen3_next"`` or ``"qwen3_5"``), built on first use."""
+    from vllm_hybrid_npu.tools.make_model import default_model_dir
+
+    return default_model_dir
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if "/e2e/" in str(item.fspath):
+            item.add_marker(pytest.mark.e2e)
