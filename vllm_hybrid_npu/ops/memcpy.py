@@ -1,0 +1,214 @@
+"""``batch_memcpy``: the state-copy op (GDN/Mamba SSM and conv states between cache blocks).
+
+Mirrors the contract of vLLM 0.30.0 ``vllm/v1/worker/mamba_utils.py::batch_memcpy`` (and its
+``batch_memcpy_kernel``), which align mode calls once per step through
+``do_mamba_copy_block``: three int64 tensors ``[N]`` on the device holding source byte
+addresses, destination byte addresses and byte counts. Differences: every copy has memmove
+semantics (vLLM 0.30 handles only the left-shift overlap, with a barrier), the inputs are
+validated, and the implementation is chosen per target.
+
+Implementations:
+
+* ``"triton"``: :mod:`vllm_hybrid_npu.ops._triton_copy` (one kernel for CUDA Triton and
+  triton-ascend; on CPU tensors it runs under the Triton interpreter).
+* ``"torch"``: :mod:`vllm_hybrid_npu.ops._torch_copy` (a ``copy_`` per copy; syncs to read the
+  addresses; for 310P-class NPUs and CPUs without triton).
+
+Selection: environment variable ``VLLM_HYBRID_NPU_COPY_IMPL`` = ``auto`` (default) | ``triton``
+| ``torch``, or the ``impl=`` argument. ``auto`` picks ``triton`` on CUDA when triton imports,
+on NPU when triton (triton-ascend) imports and the device is not a 310P, and on CPU only when
+``TRITON_INTERPRET=1``; ``torch`` otherwise. The choice is logged once per device type at INFO
+(logger ``vllm_hybrid_npu.ops.memcpy``). Forcing ``triton`` where it cannot run raises.
+
+Imports need torch only (triton optional); no vLLM.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import torch
+
+from vllm_hybrid_npu.ops._torch_copy import batch_memcpy_torch
+
+logger = logging.getLogger(__name__)
+
+#: Environment variable selecting the implementation: ``auto`` | ``triton`` | ``torch``.
+COPY_IMPL_ENV = "VLLM_HYBRID_NPU_COPY_IMPL"
+IMPLS = ("auto", "triton", "torch")
+
+try:
+    from vllm_hybrid_npu.ops import _triton_copy
+
+    _TRITON_ERROR: str | None = None
+except Exception as exc:  # ImportError, or a triton build that fails to initialise
+    _triton_copy = None
+    _TRITON_ERROR = f"{type(exc).__name__}: {exc}"
+
+_logged: set[tuple[str, str]] = set()
+
+
+def triton_available() -> bool:
+    """Whether the Triton kernel module imported (``triton`` present and working)."""
+    return _triton_copy is not None
+
+
+def _requested(impl: str | None) -> str:
+    if impl is None:
+        raw = os.environ.get(COPY_IMPL_ENV, "auto").strip().lower() or "auto"
+        if raw not in IMPLS:
+            raise ValueError(f"{COPY_IMPL_ENV}={raw!r} is not one of {', '.join(IMPLS)}")
+        return raw
+    if impl not in IMPLS:
+        raise ValueError(f"impl={impl!r} is not one of {', '.join(IMPLS)}")
+    return impl
+
+
+def _is_310p(device: torch.device) -> bool:
+    try:
+        return "310" in str(torch.npu.get_device_name(device.index or 0))  # type: ignore[attr-defined]
+    except Exception:
+        return False
+
+
+def active_impl(device: torch.device | str | None = None, impl: str | None = None) -> str:
+    """Which implementation ``batch_memcpy`` uses for tensors on ``device``: ``"triton"`` or ``"torch"``.
+
+    Args:
+        device: device of the address tensors; ``None`` means CUDA if available, else CPU.
+        impl: ``auto`` | ``triton`` | ``torch``; ``None`` reads ``$VLLM_HYBRID_NPU_COPY_IMPL``.
+
+    Raises:
+        ValueError: unknown ``impl`` / environment value.
+        RuntimeError: ``triton`` forced where it cannot run (triton missing; CPU without
+            ``TRITON_INTERPRET=1``).
+    """
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    dev = torch.device(device)
+    req = _requested(impl)
+    interp = os.environ.get("TRITON_INTERPRET") == "1"
+    if req == "torch":
+        choice, why = "torch", "forced"
+    elif req == "triton":
+        if not triton_available():
+            raise RuntimeError(
+                f"{COPY_IMPL_ENV}=triton but the Triton kernel is unavailable ({_TRITON_ERROR})"
+            )
+        if dev.type == "cpu" and not interp:
+            raise RuntimeError(
+                f"{COPY_IMPL_ENV}=triton on CPU tensors needs TRITON_INTERPRET=1 (Triton interpreter)"
+            )
+        choice, why = "triton", "forced"
+    elif not triton_available():
+        choice, why = "torch", f"triton unavailable ({_TRITON_ERROR})"
+    elif dev.type == "cpu":
+        choice, why = ("triton", "TRITON_INTERPRET=1") if interp else ("torch", "CPU without TRITON_INTERPRET=1")
+    elif dev.type == "npu" and _is_310p(dev):
+        choice, why = "torch", "310P-class NPU"
+    else:
+        choice, why = "triton", "auto"
+    key = (dev.type, choice)
+    if key not in _logged:
+        _logged.add(key)
+        logger.info("vllm_hybrid_npu batch_memcpy on %s: %s implementation (%s)", dev.type, choice, why)
+    return choice
+
+
+def _validate(src_ptrs, dst_ptrs, sizes, device, check_values: bool) -> None:
+    named = (("src_ptrs", src_ptrs), ("dst_ptrs", dst_ptrs), ("sizes", sizes))
+    for name, t in named:
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"batch_memcpy: {name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype != torch.int64:
+            raise TypeError(f"batch_memcpy: {name} must have dtype torch.int64, got {t.dtype}")
+        if t.dim() != 1:
+            raise ValueError(f"batch_memcpy: {name} must be 1-D [N], got shape {tuple(t.shape)}")
+    n = src_ptrs.shape[0]
+    for name, t in named[1:]:
+        if t.shape[0] != n:
+            raise ValueError(
+                f"batch_memcpy: {name} has {t.shape[0]} entries but src_ptrs has {n}"
+            )
+        if t.device != src_ptrs.device:
+            raise ValueError(
+                f"batch_memcpy: {name} is on {t.device} but src_ptrs is on {src_ptrs.device}"
+            )
+    if device is not None:
+        want = torch.device(device)
+        have = src_ptrs.device
+        if have.type != want.type or (want.index is not None and have.index != want.index):
+            raise ValueError(
+                f"batch_memcpy: src_ptrs/dst_ptrs/sizes must be on {want} (the copies run there), "
+                f"got {have}"
+            )
+    if check_values and n:
+        bad = (sizes < 0) | ((sizes > 0) & ((src_ptrs == 0) | (dst_ptrs == 0)))
+        if bool(bad.any()):  # one device-to-host sync
+            i = int(bad.nonzero()[0, 0])
+            size = int(sizes[i])
+            if size < 0:
+                raise ValueError(f"batch_memcpy: sizes[{i}] = {size} is negative")
+            raise ValueError(
+                f"batch_memcpy: copy {i} of {size} bytes has a null address "
+                f"(src_ptrs[{i}] = {int(src_ptrs[i])}, dst_ptrs[{i}] = {int(dst_ptrs[i])})"
+            )
+
+
+def batch_memcpy(
+    src_ptrs: torch.Tensor,
+    dst_ptrs: torch.Tensor,
+    sizes: torch.Tensor,
+    *,
+    device: torch.device | str | None = None,
+    impl: str | None = None,
+    check_values: bool = True,
+) -> None:
+    """Copy ``sizes[i]`` bytes from address ``src_ptrs[i]`` to address ``dst_ptrs[i]``, for all i.
+
+    Same contract as vLLM 0.30.0 ``vllm/v1/worker/mamba_utils.py::batch_memcpy``. Runs on the
+    stream current for the tensors' device and does not synchronise (except the value check and
+    the torch fallback, see below).
+
+    Args:
+        src_ptrs: int64 ``[N]``, source byte addresses in the memory of the tensors' device.
+        dst_ptrs: int64 ``[N]``, destination byte addresses, same device.
+        sizes: int64 ``[N]``, byte counts (>= 0; 0 copies nothing). ``N`` may be 0.
+        device: if given, the device the copies must run on; tensors elsewhere are an error
+            (e.g. CPU tensors on a CUDA/NPU worker).
+        impl: ``auto`` | ``triton`` | ``torch``; ``None`` reads ``$VLLM_HYBRID_NPU_COPY_IMPL``.
+        check_values: also reject negative sizes and null addresses of non-empty copies before
+            anything moves. Costs one device-to-host sync on accelerators; hot paths that build
+            the tensors from trusted metadata may pass ``False`` (the kernel then copies nothing
+            for a negative size).
+
+    Semantics: each copy behaves like ``memmove`` (its source and destination may overlap, e.g.
+    an in-place conv-state shift, left or right). Copies in one batch are independent: one
+    copy's destination must not overlap another copy's source or destination.
+
+    Raises:
+        TypeError: an argument is not an int64 tensor.
+        ValueError: shapes differ or are not 1-D; tensors on different devices or not on
+            ``device``; (``check_values``) a negative size or a null address.
+        RuntimeError: ``triton`` forced where it cannot run (see :func:`active_impl`).
+    """
+    _validate(src_ptrs, dst_ptrs, sizes, device, check_values)
+    dev = src_ptrs.device
+    choice = active_impl(dev, impl)
+    if src_ptrs.shape[0] == 0:
+        return
+    src_ptrs, dst_ptrs, sizes = src_ptrs.contiguous(), dst_ptrs.contiguous(), sizes.contiguous()
+    if choice == "torch":
+        batch_memcpy_torch(src_ptrs, dst_ptrs, sizes)
+        return
+    if dev.type == "cpu":
+        kernel = _triton_copy.interpreted_kernel()
+    else:
+        kernel = _triton_copy.batch_memcpy_kernel
+    cfg = _triton_copy.target_config(dev.type, dev.index or 0)
+    if dev.type == "cuda" and dev.index is not None and dev.index != torch.cuda.current_device():
+        with torch.cuda.device(dev):
+            _triton_copy.launch(kernel, src_ptrs, dst_ptrs, sizes, cfg)
+    else:
+        _triton_copy.launch(kernel, src_ptrs, dst_ptrs, sizes, cfg)
