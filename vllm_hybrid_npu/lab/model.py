@@ -1,0 +1,227 @@
+"""vLLM configs and KV-cache specs for a replay, built with vLLM's own functions.
+
+Mirrors what vLLM 0.30 does at engine start for a Qwen3-Next/Qwen3.5 hybrid, minus the weights:
+
+* ``ModelConfig``/``VllmConfig`` from a ``config.json`` (written to a temporary directory). The
+  architecture is set to ``Qwen3NextForCausalLM`` for every preset: its
+  ``get_mamba_state_shape_from_config``/``get_mamba_state_dtype_from_config`` are the same code
+  as ``Qwen3_5ForCausalLM``'s (vllm/model_executor/models/qwen3_next.py vs qwen3_5.py, vLLM 0.30),
+  and the Qwen3.5 classes cannot be imported here (their module imports ``torchvision``).
+  ``mamba_ssm_dtype`` from the config is applied as
+  ``Qwen3_5ForConditionalGenerationConfig.verify_and_update_config`` does.
+* Block size: the attention backend's kernel block size (``--kernel-block-size``, 16 =
+  FlashAttention's preferred size on CUDA), then ``Platform._align_hybrid_block_size`` (vLLM
+  0.30, vllm/platforms/interface.py) with the FlashAttention backend class, which raises it so
+  the attention page >= the GDN state page and pads the state page to the attention page.
+* Per-layer specs: ``FullAttentionSpec`` as ``Attention.get_kv_cache_spec`` builds it and
+  ``MambaSpec`` as ``MambaBase.get_kv_cache_spec`` builds it (mamba_type GDN_ATTN).
+* ``get_kv_cache_configs`` + ``generate_scheduler_kv_cache_config`` (vllm/v1/core/kv_cache_utils.py)
+  for the KV budget, and ``resolve_kv_cache_block_sizes`` for the scheduler/hash block sizes.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from vllm_hybrid_npu.lab.presets import layer_types
+
+_MODEL_CONFIG_CACHE: dict[str, Any] = {}
+
+
+@dataclass
+class Setup:
+    """Everything a replay needs: configs, KV-cache config and the derived sizes.
+
+    ``block_size``: tokens per KV block (the hit granularity of align mode); ``hash_block_size``
+    and ``scheduler_block_size``: as vLLM's ``resolve_kv_cache_block_sizes`` returns them;
+    ``num_blocks``: blocks in the shared pool; ``state_bytes``: bytes one cached GDN state
+    occupies (padded page size x GDN layers, on one TP rank); ``num_gdn_layers``,
+    ``num_attention_layers``: layer counts in the specs.
+    """
+
+    vllm_config: Any
+    kv_cache_config: Any
+    block_size: int
+    hash_block_size: int
+    scheduler_block_size: int
+    num_blocks: int
+    state_bytes: int
+    num_gdn_layers: int
+    num_attention_layers: int
+
+
+def _model_config(cfg: dict[str, Any], max_model_len: int):
+    from vllm.config import ModelConfig
+
+    hf = {k: v for k, v in cfg.items() if k != "source"}
+    hf["layer_types"] = layer_types(cfg)
+    hf["num_hidden_layers"] = len(hf["layer_types"])
+    hf.pop("full_attention_interval", None)
+    hf["architectures"] = ["Qwen3NextForCausalLM"]
+    hf["model_type"] = "qwen3_next"
+    hf["max_position_embeddings"] = max(int(hf.get("max_position_embeddings", 0)), max_model_len)
+    key = json.dumps(hf, sort_keys=True) + f"|{max_model_len}"
+    if key not in _MODEL_CONFIG_CACHE:
+        with tempfile.TemporaryDirectory(prefix="hitrate-model-") as d:
+            (Path(d) / "config.json").write_text(json.dumps(hf))
+            _MODEL_CONFIG_CACHE[key] = ModelConfig(
+                model=d,
+                skip_tokenizer_init=True,
+                dtype=str(hf.get("dtype", "bfloat16")),
+                max_model_len=max_model_len,
+            )
+    return _MODEL_CONFIG_CACHE[key]
+
+
+def build_setup(
+    cfg: dict[str, Any],
+    *,
+    tp: int = 1,
+    kv_cache_bytes: int,
+    max_num_batched_tokens: int = 8192,
+    max_num_seqs: int = 256,
+    max_model_len: int = 262144,
+    block_size: int | None = None,
+    kernel_block_size: int = 16,
+    attention_only: bool = False,
+    configure=None,
+) -> Setup:
+    """Build the vLLM configs and KV-cache config of one replay.
+
+    Args:
+        cfg: text-config dict (see :func:`vllm_hybrid_npu.lab.presets.resolve_model`).
+        tp: tensor-parallel size; KV heads and GDN heads are split over it as vLLM does.
+        kv_cache_bytes: KV-cache memory of ONE worker (one TP rank), bytes.
+        block_size: ``--block-size`` (tokens); for the hybrid vLLM raises it when the attention
+            page would be smaller than the state page, as ``_align_hybrid_block_size`` does.
+        kernel_block_size: the attention backend's preferred block size (tokens).
+        attention_only: keep only the full-attention layers (the "attention bound" model):
+            block size = ``block_size`` or ``kernel_block_size``, no GDN specs.
+        configure: a policy's ``configure(vllm_config)`` hook, called before specs are built.
+
+    Raises ``ValueError`` naming ``--kv-cache-gib`` when the budget cannot hold one request of
+    ``max_model_len`` tokens (vLLM's own check), ``--tp`` when heads do not split.
+    """
+    import torch
+    from vllm.config import CacheConfig, ParallelConfig, SchedulerConfig, VllmConfig
+    from vllm.model_executor.layers.mamba.mamba_utils import (
+        MambaStateDtypeCalculator,
+        MambaStateShapeCalculator,
+    )
+    from vllm.platforms.interface import Platform
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum, MambaAttentionBackendEnum
+    from vllm.v1.attention.backends.utils import (
+        get_supported_kv_cache_layouts,
+        resolve_kv_cache_layout,
+    )
+    from vllm.v1.core.kv_cache_utils import (
+        generate_scheduler_kv_cache_config,
+        get_kv_cache_configs,
+        resolve_kv_cache_block_sizes,
+    )
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec
+
+    if tp < 1 or cfg["linear_num_key_heads"] % tp or cfg["linear_num_value_heads"] % tp:
+        raise ValueError(f"--tp {tp}: must be >= 1 and divide the GDN head counts")
+    model_config = _model_config(cfg, max_model_len)
+    user_block = block_size is not None
+    cache_config = CacheConfig(
+        block_size=block_size or kernel_block_size,
+        enable_prefix_caching=True,
+        mamba_cache_mode="align",
+    )
+    if cfg.get("mamba_ssm_dtype") and cache_config.mamba_ssm_cache_dtype == "auto":
+        cache_config.mamba_ssm_cache_dtype = cfg["mamba_ssm_dtype"]
+    vllm_config = VllmConfig(
+        model_config=model_config,
+        cache_config=cache_config,
+        parallel_config=ParallelConfig(tensor_parallel_size=tp),
+        scheduler_config=SchedulerConfig(
+            max_num_batched_tokens=max_num_batched_tokens,
+            max_num_seqs=max_num_seqs,
+            max_model_len=max_model_len,
+            enable_chunked_prefill=True,
+            is_encoder_decoder=False,
+        ),
+    )
+    cache_config = vllm_config.cache_config
+    # The platform's config hook may have picked its own default; the backend's choice wins,
+    # as in Platform.update_block_size_for_backend phase 1.
+    cache_config.block_size = block_size or kernel_block_size
+    cache_config.user_specified_block_size = user_block
+    if configure is not None:
+        configure(vllm_config)
+
+    lt = layer_types(cfg)
+    dtype = model_config.dtype
+    parallel_config = vllm_config.parallel_config
+    if not attention_only:
+        Platform._align_hybrid_block_size(vllm_config, AttentionBackendEnum["FLASH_ATTN"].get_class())
+    bs = cache_config.block_size
+    specs: dict[str, Any] = {}
+    n_gdn = n_attn = 0
+    state_bytes = 0
+    for i, kind in enumerate(lt):
+        if kind == "full_attention":
+            specs[f"model.layers.{i}.self_attn.attn"] = FullAttentionSpec(
+                block_size=bs,
+                num_kv_heads=model_config.get_num_kv_heads(parallel_config),
+                head_size=model_config.get_head_size(),
+                dtype=dtype,
+            )
+            n_attn += 1
+        elif not attention_only:
+            shapes = MambaStateShapeCalculator.gated_delta_net_state_shape(
+                tp,
+                cfg["linear_num_key_heads"],
+                cfg["linear_num_value_heads"],
+                cfg["linear_key_head_dim"],
+                cfg["linear_value_head_dim"],
+                cfg["linear_conv_kernel_dim"],
+                0,
+            )
+            dtypes = MambaStateDtypeCalculator.gated_delta_net_state_dtype(
+                dtype, cache_config.mamba_cache_dtype, cache_config.mamba_ssm_cache_dtype
+            )
+            spec = MambaSpec(
+                shapes=tuple(shapes),
+                dtypes=tuple(dtypes),
+                block_size=cache_config.mamba_block_size,
+                page_size_padded=cache_config.mamba_page_size_padded,
+                mamba_type=MambaAttentionBackendEnum.GDN_ATTN,
+                mamba_cache_mode="align",
+            )
+            specs[f"model.layers.{i}.linear_attn"] = spec
+            state_bytes += spec.page_size_bytes
+            n_gdn += 1
+    # The engine core resolves one layout from the workers' backends before sizing the cache
+    # (EngineCore._initialize_kv_caches -> resolve_kv_cache_layout); do the same for the
+    # FlashAttention backend (plus the GDN backend for the hybrid).
+    backends = [AttentionBackendEnum["FLASH_ATTN"].get_class()]
+    if n_gdn:
+        backends.append(MambaAttentionBackendEnum.GDN_ATTN.get_class())
+    layouts = [layout.name for layout in get_supported_kv_cache_layouts(backends)]
+    resolve_kv_cache_layout(vllm_config, [layouts], list(specs.values()))
+    try:
+        kv_cache_configs = get_kv_cache_configs(vllm_config, [specs], [int(kv_cache_bytes)])
+    except ValueError as exc:
+        raise ValueError(f"--kv-cache-gib too small for this model/trace: {exc}") from exc
+    kv_cache_config = generate_scheduler_kv_cache_config(kv_cache_configs)
+    cache_config.num_gpu_blocks = kv_cache_config.num_blocks
+    sched_bs, hash_bs = resolve_kv_cache_block_sizes(kv_cache_config, vllm_config)
+    del torch
+    return Setup(
+        vllm_config=vllm_config,
+        kv_cache_config=kv_cache_config,
+        block_size=bs,
+        hash_block_size=hash_bs,
+        scheduler_block_size=sched_bs,
+        num_blocks=kv_cache_config.num_blocks,
+        state_bytes=state_bytes,
+        num_gdn_layers=n_gdn,
+        num_attention_layers=n_attn,
+    )

@@ -1,0 +1,79 @@
+"""Policy registry of the hit-rate lab.
+
+A *policy* is a way of scheduling/caching that the lab replays a trace under. The registry
+:data:`POLICIES` maps a name (the ``--policy`` value) to a :class:`Policy`.
+
+Interface (what a policy must supply, for the policies of issue 7 and later):
+
+* ``name``: the registry key, also the name used by ``VLLM_HYBRID_NPU_CHECKPOINTS`` where the
+  engine has the same policy.
+* ``description``: one line for ``--help``/reports.
+* ``scheduler_class()``: returns the scheduler class to instantiate. It is constructed exactly
+  as vLLM's ``EngineCore`` constructs ``vllm.v1.core.sched.scheduler.Scheduler`` (vLLM 0.30):
+  ``cls(vllm_config=..., kv_cache_config=..., structured_output_manager=..., block_size=...,
+  hash_block_size=..., log_stats=False)``, and driven with ``schedule()`` /
+  ``update_from_output()`` / ``add_request()``. A subclass of vLLM's ``Scheduler`` is the
+  expected form. Import vLLM inside this method (the registry is imported for ``--help``).
+* ``configure(vllm_config)`` (optional, default no-op): adjusts the ``VllmConfig`` (e.g.
+  ``cache_config`` fields) before the KV-cache config and the scheduler are built; called once per
+  replay on a config built for that replay only.
+
+Register with :func:`register_policy`; a name can be registered once (``ValueError`` otherwise).
+``upstream`` is the installed vLLM's own ``Scheduler``, unmodified, in align mode.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+
+def _noop(vllm_config: Any) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A replay policy (see module docstring for the contract)."""
+
+    name: str
+    description: str
+    scheduler_class: Callable[[], type]
+    configure: Callable[[Any], None] = field(default=_noop)
+
+
+#: name -> Policy; iterate in registration order
+POLICIES: dict[str, Policy] = {}
+
+
+def register_policy(policy: Policy) -> Policy:
+    """Add ``policy`` to :data:`POLICIES` and return it; ``ValueError`` if the name is taken."""
+    if policy.name in POLICIES:
+        raise ValueError(f"policy {policy.name!r} is already registered")
+    POLICIES[policy.name] = policy
+    return policy
+
+
+def get_policy(name: str) -> Policy:
+    """Return the registered policy ``name``; ``ValueError`` naming ``--policy`` if unknown."""
+    try:
+        return POLICIES[name]
+    except KeyError:
+        raise ValueError(
+            f"--policy {name!r}: unknown policy; registered: {', '.join(POLICIES)}"
+        ) from None
+
+
+def _upstream_scheduler() -> type:
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    return Scheduler
+
+
+register_policy(
+    Policy(
+        name="upstream",
+        description="the installed vLLM's Scheduler, unmodified (align mode)",
+        scheduler_class=_upstream_scheduler,
+    )
+)
