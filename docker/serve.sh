@@ -13,8 +13,10 @@ shopt -s nullglob
 for env_file in /usr/local/Ascend/ascend-toolkit/set_env.sh \
                 /usr/local/Ascend/cann-*/share/info/ascendnpu-ir/bin/set_env.sh \
                 /usr/local/Ascend/nnal/atb/set_env.sh; do
-    # shellcheck disable=SC1090  # the files come from the base image
-    source "$env_file"
+    if [[ -f "$env_file" ]]; then
+        # shellcheck disable=SC1090  # the files come from the base image
+        source "$env_file"
+    fi
 done
 shopt -u nullglob
 
