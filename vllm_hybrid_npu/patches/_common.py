@@ -32,6 +32,24 @@ _override: contextvars.ContextVar[Callable | None] = contextvars.ContextVar(
 )
 
 
+#: ``(owner, attribute name) -> upstream object`` replaced by our patches (first seen value).
+ORIGINALS: dict[tuple[Any, str], Any] = {}
+
+
+def replace_attr(owner: Any, name: str, new: Any) -> None:
+    """``setattr(owner, name, new)``, remembering the first non-ours value in :data:`ORIGINALS`."""
+    old = getattr(owner, name, None)
+    if old is not None and not is_ours(old):
+        ORIGINALS[(owner, name)] = old
+    setattr(owner, name, new)
+
+
+def original(owner: Any, name: str) -> Any:
+    """The upstream value of ``owner.name`` before our patch (the current one if unpatched)."""
+    current = getattr(owner, name)
+    return ORIGINALS.get((owner, name), current) if is_ours(current) else current
+
+
 def is_ours(fn: Any) -> bool:
     return bool(getattr(fn, MARK, False))
 
@@ -64,12 +82,12 @@ def install_state_copy(mode: str, defer_copy: bool | None = None) -> list[str]:
     names = []
     if mode == "all":
         if hasattr(mamba_utils, "preprocess_mamba"):
-            mamba_utils.preprocess_mamba = _mark(_preprocess_mamba)
+            replace_attr(mamba_utils, "preprocess_mamba", _mark(_preprocess_mamba))
             names.append("mamba_utils.preprocess_mamba")
         else:
             logger.warning("vllm-hybrid-npu: mamba_utils.preprocess_mamba absent; not routed")
     if hasattr(mamba_utils, "do_mamba_copy_block"):
-        mamba_utils.do_mamba_copy_block = _mark(_do_mamba_copy_block)
+        replace_attr(mamba_utils, "do_mamba_copy_block", _mark(_do_mamba_copy_block))
         names.append("mamba_utils.do_mamba_copy_block")
     else:
         logger.warning("vllm-hybrid-npu: mamba_utils.do_mamba_copy_block absent; not routed")
@@ -135,7 +153,7 @@ def patch_spec_methods() -> list[str]:
         orig = vars(cls)["max_num_blocks_per_req"]
         if is_ours(orig):
             continue
-        cls.max_num_blocks_per_req = _make_spec_method(orig)
+        replace_attr(cls, "max_num_blocks_per_req", _make_spec_method(orig))
         names.append(f"{cls.__name__}.max_num_blocks_per_req")
     return names
 
@@ -187,7 +205,7 @@ def wrap_may_reinitialize_input_batch(cls: type) -> str | None:
         with block_table_override(self.vllm_config):
             return orig(self, *args, **kwargs)
 
-    cls.may_reinitialize_input_batch = _mark(may_reinitialize_input_batch)
+    replace_attr(cls, "may_reinitialize_input_batch", _mark(may_reinitialize_input_batch))
     return f"{cls.__name__}.may_reinitialize_input_batch"
 
 
@@ -216,5 +234,5 @@ def wrap_config_checks() -> str | None:
             check_align_mode(self)
         return orig(self, *args, **kwargs)
 
-    VllmConfig.try_verify_and_update_config = _mark(try_verify_and_update_config)
+    replace_attr(VllmConfig, "try_verify_and_update_config", _mark(try_verify_and_update_config))
     return name

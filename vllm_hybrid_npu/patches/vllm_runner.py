@@ -75,7 +75,7 @@ def _wrap_init(cls: type, mode: str) -> bool:
         orig(self, *args, **kwargs)
         on_runner_created(self, mode)
 
-    cls.__init__ = _common._mark(__init__)
+    _common.replace_attr(cls, "__init__", _common._mark(__init__))
     return True
 
 
