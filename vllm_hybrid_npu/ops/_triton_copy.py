@@ -44,7 +44,7 @@ import triton.language as tl
 #: CUDA: resident programs per SM the grid is bounded by (programs loop over further items).
 CUDA_PROGRAMS_PER_SM = 16
 #: CUDA: work items ``(copy, tile)`` aimed for per SM when choosing the tile count.
-CUDA_ITEMS_PER_SM = 16
+CUDA_ITEMS_PER_SM = 4
 #: CUDA: bytes one program moves per loop step.
 CUDA_BLOCK_BYTES = 16384
 CUDA_NUM_WARPS = 4
@@ -87,17 +87,18 @@ def _move_overlapping(src, dst, n, shift, forward, BLOCK: tl.constexpr):
 
 @triton.jit
 def _tiled_copy(src, dst, size, tile, n_tiles, ELEM: tl.constexpr, UNIT: tl.constexpr,
-                BLOCK_BYTES: tl.constexpr):
+                BLOCK_BYTES: tl.constexpr, GRANULE_BYTES: tl.constexpr):
     """Tile ``tile`` of ``n_tiles`` of a non-overlapping copy of ``size`` bytes.
 
     ``src ^ dst`` is a multiple of ``UNIT``; the head lifts ``src`` (and so ``dst``) to a
     ``UNIT`` boundary, the body moves whole ``ELEM`` units, the tail the rest. Tile 0 also
-    moves head and tail (each < 8 bytes).
+    moves head and tail (each < 8 bytes). Tile lengths are rounded up to ``GRANULE_BYTES``.
     """
     BLK: tl.constexpr = BLOCK_BYTES // UNIT
+    GRN: tl.constexpr = GRANULE_BYTES // UNIT
     head = tl.minimum((0 - src) & (UNIT - 1), size)
     body = (size - head) // UNIT
-    per = ((body + n_tiles - 1) // n_tiles + BLK - 1) // BLK * BLK
+    per = ((body + n_tiles - 1) // n_tiles + GRN - 1) // GRN * GRN
     lo = tile * per
     hi = tl.minimum(lo + per, body)
     src_u = (src + head).to(tl.pointer_type(ELEM))
@@ -125,7 +126,7 @@ def _overlapping_copy(src, dst, size, ELEM: tl.constexpr, UNIT: tl.constexpr,
 
 @triton.jit(do_not_specialize=["n_copies", "tiles_per_copy"])
 def batch_memcpy_kernel(src_ptrs, dst_ptrs, sizes, n_copies, tiles_per_copy,
-                        BLOCK_BYTES: tl.constexpr):
+                        BLOCK_BYTES: tl.constexpr, GRANULE_BYTES: tl.constexpr):
     """Copy ``sizes[c]`` bytes from address ``src_ptrs[c]`` to ``dst_ptrs[c]`` for every c.
 
     Work item ``w`` in ``[0, n_copies * tiles_per_copy)`` is tile ``w % tiles_per_copy`` of copy
@@ -156,13 +157,17 @@ def batch_memcpy_kernel(src_ptrs, dst_ptrs, sizes, n_copies, tiles_per_copy,
         elif dist > 0:
             x = src ^ dst
             if (x & 7) == 0:
-                _tiled_copy(src, dst, size, tile, tiles_per_copy, tl.uint64, 8, BLOCK_BYTES)
+                _tiled_copy(src, dst, size, tile, tiles_per_copy, tl.uint64, 8, BLOCK_BYTES,
+                            GRANULE_BYTES)
             elif (x & 3) == 0:
-                _tiled_copy(src, dst, size, tile, tiles_per_copy, tl.uint32, 4, BLOCK_BYTES)
+                _tiled_copy(src, dst, size, tile, tiles_per_copy, tl.uint32, 4, BLOCK_BYTES,
+                            GRANULE_BYTES)
             elif (x & 1) == 0:
-                _tiled_copy(src, dst, size, tile, tiles_per_copy, tl.uint16, 2, BLOCK_BYTES)
+                _tiled_copy(src, dst, size, tile, tiles_per_copy, tl.uint16, 2, BLOCK_BYTES,
+                            GRANULE_BYTES)
             else:
-                _tiled_copy(src, dst, size, tile, tiles_per_copy, tl.uint8, 1, BLOCK_BYTES)
+                _tiled_copy(src, dst, size, tile, tiles_per_copy, tl.uint8, 1, BLOCK_BYTES,
+                            GRANULE_BYTES)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,12 +179,14 @@ class LaunchConfig:
         target_items: work items ``(copy, tile)`` aimed for; decides the tiles per copy.
         block_bytes: bytes one program moves per loop step (power of two, >= 8).
         num_warps: CUDA warps per program; ``None`` where the backend takes none.
+        granule_bytes: tile lengths are rounded up to this (power of two, 8..block_bytes).
     """
 
     max_programs: int
     target_items: int
     block_bytes: int
     num_warps: int | None
+    granule_bytes: int = 1024
 
 
 def _npu_vector_cores(device) -> int:
@@ -208,7 +215,7 @@ def target_config(device_type: str, device_index: int) -> LaunchConfig:
         cores = _npu_vector_cores(torch.device("npu", device_index))
         return LaunchConfig(cores, cores * NPU_ITEMS_PER_CORE, NPU_BLOCK_BYTES, None)
     # CPU under the Triton interpreter: programs run one after another; few of them.
-    return LaunchConfig(4, 8, 4096, None)
+    return LaunchConfig(4, 8, 4096, None, 256)
 
 
 def tiles_for(n_copies: int, target_items: int) -> int:
@@ -226,7 +233,7 @@ def launch(kernel, src_ptrs, dst_ptrs, sizes, cfg: LaunchConfig, tiles: int | No
         tiles = tiles_for(n, cfg.target_items)
     bound = cfg.max_programs if max_programs is None else max_programs
     grid = (max(1, min(n * tiles, bound)),)
-    kwargs = {"BLOCK_BYTES": cfg.block_bytes}
+    kwargs = {"BLOCK_BYTES": cfg.block_bytes, "GRANULE_BYTES": cfg.granule_bytes}
     if cfg.num_warps is not None:
         kwargs["num_warps"] = cfg.num_warps
     kernel[grid](src_ptrs, dst_ptrs, sizes, n, tiles, **kwargs)

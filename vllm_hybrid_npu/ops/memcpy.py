@@ -47,6 +47,7 @@ except Exception as exc:  # ImportError, or a triton build that fails to initial
     _TRITON_ERROR = f"{type(exc).__name__}: {exc}"
 
 _logged: set[tuple[str, str]] = set()
+_resolved: dict[tuple, str] = {}  # (device, impl, env values) -> choice
 
 
 def triton_available() -> bool:
@@ -86,9 +87,14 @@ def active_impl(device: torch.device | str | None = None, impl: str | None = Non
     """
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
+    env = os.environ
+    key = (device, impl, env.get(COPY_IMPL_ENV), env.get("TRITON_INTERPRET"))
+    hit = _resolved.get(key)
+    if hit is not None:
+        return hit
     dev = torch.device(device)
     req = _requested(impl)
-    interp = os.environ.get("TRITON_INTERPRET") == "1"
+    interp = env.get("TRITON_INTERPRET") == "1"
     if req == "torch":
         choice, why = "torch", "forced"
     elif req == "triton":
@@ -109,10 +115,10 @@ def active_impl(device: torch.device | str | None = None, impl: str | None = Non
         choice, why = "torch", "310P-class NPU"
     else:
         choice, why = "triton", "auto"
-    key = (dev.type, choice)
-    if key not in _logged:
-        _logged.add(key)
+    if (dev.type, choice) not in _logged:
+        _logged.add((dev.type, choice))
         logger.info("vllm_hybrid_npu batch_memcpy on %s: %s implementation (%s)", dev.type, choice, why)
+    _resolved[key] = choice
     return choice
 
 
