@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any
 
@@ -250,6 +251,9 @@ def plot(report: dict[str, Any], path: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``hitrate``; return 0, or 2 after printing a clear error for bad input."""
+    # vLLM logs to stdout by default; keep stdout for the table / JSON (effective when vLLM is
+    # first imported here, as in the console script).
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     try:
         _validate(args)
         report = run_sweep(args)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 from vllm_hybrid_npu.lab.trace import TraceRequest, prompt_token_ids
@@ -61,10 +61,14 @@ class ReplayResult:
     preemptions: int
     sim_time_s: float
     wall_s: float
+    #: prompt tokens found cached at first scheduling, per request in trace order (not in JSON)
+    cached_per_request: list[int] = field(default_factory=list, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
-        """Return the fields as a JSON-ready dict."""
-        return asdict(self)
+        """Return the fields as a JSON-ready dict (without ``cached_per_request``)."""
+        d = asdict(self)
+        del d["cached_per_request"]
+        return d
 
 
 def _count_cached_states(scheduler: Any) -> int:
@@ -133,6 +137,7 @@ def replay(
     live: dict[str, Any] = {}
     out_token: dict[str, int] = {}
     first_hit: dict[str, int] = {}
+    per_request = [0] * len(requests)
     next_idx = 0
     finished = 0
     clock = 0.0
@@ -206,6 +211,7 @@ def replay(
             finished += 1
             prompt_tokens += req.num_prompt_tokens
             hit = first_hit.pop(rid)
+            per_request[int(rid)] = hit
             cached_tokens += hit
             hit_requests += hit > 0
             preemptions += req.num_preemptions
@@ -229,6 +235,7 @@ def replay(
         preemptions=preemptions,
         sim_time_s=clock,
         wall_s=time.perf_counter() - t0,
+        cached_per_request=per_request,
     )
 
 
