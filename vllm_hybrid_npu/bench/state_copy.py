@@ -297,14 +297,13 @@ def main(argv: list[str] | None = None) -> int:
     sweep_cfgs = []
     if args.sweep:
         sms = props.multi_processor_count
-        for bb, nw, pps, ips, gb in [(16384, 4, 16, 4, 1024), (16384, 4, 16, 4, 16384),
-                                     (16384, 4, 16, 2, 1024), (16384, 4, 16, 8, 1024),
-                                     (16384, 4, 8, 4, 1024), (16384, 8, 16, 4, 1024),
-                                     (8192, 4, 16, 4, 1024), (32768, 8, 16, 4, 1024),
-                                     (16384, 4, 32, 4, 1024), (16384, 4, 16, 4, 256),
-                                     (8192, 4, 32, 8, 512), (16384, 4, 16, 16, 1024)]:
-            cfg = _triton_copy.LaunchConfig(sms * pps, sms * ips, bb, nw, gb)
-            name = f"ours[b{bb // 1024}k,w{nw},p{pps},i{ips},g{gb}]"
+        for bb, nw, pps, ips, mt in [(16384, 4, 16, 16, 16384), (16384, 4, 16, 16, 4096),
+                                     (16384, 4, 16, 16, 65536), (16384, 4, 16, 32, 16384),
+                                     (16384, 4, 16, 8, 16384), (16384, 4, 32, 32, 16384),
+                                     (16384, 4, 16, 64, 16384), (8192, 4, 16, 16, 16384),
+                                     (32768, 8, 16, 16, 16384), (16384, 4, 8, 8, 16384)]:
+            cfg = _triton_copy.LaunchConfig(sms * pps, sms * ips, bb, nw, 1024, mt)
+            name = f"ours[b{bb // 1024}k,w{nw},p{pps},i{ips},m{mt // 1024}k]"
             sweep_cfgs.append((name, cfg))
 
     for mkey in models:
@@ -316,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
                         "requests": r, "copies": wl.ncopies, "moved_bytes": 2 * wl.copied,
                         "sets": wl.sets}
                 cands = dict(impls)
-                if args.sweep and mkey == models[0]:
+                if args.sweep:
                     for name, cfg in sweep_cfgs:
                         cands[name] = (lambda c: lambda s, d, n: _triton_copy.launch(
                             _triton_copy.batch_memcpy_kernel, s, d, n, c))(cfg)

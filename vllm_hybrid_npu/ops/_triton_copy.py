@@ -44,7 +44,7 @@ import triton.language as tl
 #: CUDA: resident programs per SM the grid is bounded by (programs loop over further items).
 CUDA_PROGRAMS_PER_SM = 16
 #: CUDA: work items ``(copy, tile)`` aimed for per SM when choosing the tile count.
-CUDA_ITEMS_PER_SM = 4
+CUDA_ITEMS_PER_SM = 16
 #: CUDA: bytes one program moves per loop step.
 CUDA_BLOCK_BYTES = 16384
 CUDA_NUM_WARPS = 4
@@ -126,11 +126,14 @@ def _overlapping_copy(src, dst, size, ELEM: tl.constexpr, UNIT: tl.constexpr,
 
 @triton.jit(do_not_specialize=["n_copies", "tiles_per_copy"])
 def batch_memcpy_kernel(src_ptrs, dst_ptrs, sizes, n_copies, tiles_per_copy,
-                        BLOCK_BYTES: tl.constexpr, GRANULE_BYTES: tl.constexpr):
+                        BLOCK_BYTES: tl.constexpr, GRANULE_BYTES: tl.constexpr,
+                        MIN_TILE_BYTES: tl.constexpr):
     """Copy ``sizes[c]`` bytes from address ``src_ptrs[c]`` to ``dst_ptrs[c]`` for every c.
 
     Work item ``w`` in ``[0, n_copies * tiles_per_copy)`` is tile ``w % tiles_per_copy`` of copy
-    ``w // tiles_per_copy``; program ``p`` takes items ``p, p + P, ...``. Negative sizes copy
+    ``w // tiles_per_copy``; program ``p`` takes items ``p, p + P, ...``. A copy of ``size``
+    bytes uses only ``min(tiles_per_copy, ceil(size / MIN_TILE_BYTES))`` tiles; its other
+    items are empty. Negative sizes copy
     nothing (the host wrapper rejects them before launch).
     """
     pid = tl.program_id(0)
@@ -155,19 +158,22 @@ def batch_memcpy_kernel(src_ptrs, dst_ptrs, sizes, n_copies, tiles_per_copy,
                 else:
                     _overlapping_copy(src, dst, size, tl.uint8, 1, BLOCK_BYTES)
         elif dist > 0:
-            x = src ^ dst
-            if (x & 7) == 0:
-                _tiled_copy(src, dst, size, tile, tiles_per_copy, tl.uint64, 8, BLOCK_BYTES,
-                            GRANULE_BYTES)
-            elif (x & 3) == 0:
-                _tiled_copy(src, dst, size, tile, tiles_per_copy, tl.uint32, 4, BLOCK_BYTES,
-                            GRANULE_BYTES)
-            elif (x & 1) == 0:
-                _tiled_copy(src, dst, size, tile, tiles_per_copy, tl.uint16, 2, BLOCK_BYTES,
-                            GRANULE_BYTES)
-            else:
-                _tiled_copy(src, dst, size, tile, tiles_per_copy, tl.uint8, 1, BLOCK_BYTES,
-                            GRANULE_BYTES)
+            # small copies use fewer tiles: none shorter than MIN_TILE_BYTES
+            n_tiles = tl.minimum(tiles_per_copy, (size + MIN_TILE_BYTES - 1) // MIN_TILE_BYTES)
+            if tile < n_tiles:
+                x = src ^ dst
+                if (x & 7) == 0:
+                    _tiled_copy(src, dst, size, tile, n_tiles, tl.uint64, 8, BLOCK_BYTES,
+                                GRANULE_BYTES)
+                elif (x & 3) == 0:
+                    _tiled_copy(src, dst, size, tile, n_tiles, tl.uint32, 4, BLOCK_BYTES,
+                                GRANULE_BYTES)
+                elif (x & 1) == 0:
+                    _tiled_copy(src, dst, size, tile, n_tiles, tl.uint16, 2, BLOCK_BYTES,
+                                GRANULE_BYTES)
+                else:
+                    _tiled_copy(src, dst, size, tile, n_tiles, tl.uint8, 1, BLOCK_BYTES,
+                                GRANULE_BYTES)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -180,6 +186,7 @@ class LaunchConfig:
         block_bytes: bytes one program moves per loop step (power of two, >= 8).
         num_warps: CUDA warps per program; ``None`` where the backend takes none.
         granule_bytes: tile lengths are rounded up to this (power of two, 8..block_bytes).
+        min_tile_bytes: no copy is split into tiles shorter than this.
     """
 
     max_programs: int
@@ -187,6 +194,7 @@ class LaunchConfig:
     block_bytes: int
     num_warps: int | None
     granule_bytes: int = 1024
+    min_tile_bytes: int = 16384
 
 
 def _npu_vector_cores(device) -> int:
@@ -215,14 +223,12 @@ def target_config(device_type: str, device_index: int) -> LaunchConfig:
         cores = _npu_vector_cores(torch.device("npu", device_index))
         return LaunchConfig(cores, cores * NPU_ITEMS_PER_CORE, NPU_BLOCK_BYTES, None)
     # CPU under the Triton interpreter: programs run one after another; few of them.
-    return LaunchConfig(4, 8, 4096, None, 256)
+    return LaunchConfig(4, 256, 4096, None, 256, 1024)
 
 
 def tiles_for(n_copies: int, target_items: int) -> int:
-    """Tiles per copy: the power of two that brings ``n_copies * tiles`` near ``target_items``."""
-    want = max(1, -(-target_items // max(n_copies, 1)))
-    tiles = 1 << (want - 1).bit_length()
-    return max(1, min(tiles, MAX_TILES_PER_COPY))
+    """Tiles per copy: the most that keep ``n_copies * tiles <= target_items`` (1..64)."""
+    return max(1, min(target_items // max(n_copies, 1), MAX_TILES_PER_COPY))
 
 
 def launch(kernel, src_ptrs, dst_ptrs, sizes, cfg: LaunchConfig, tiles: int | None = None,
@@ -233,7 +239,8 @@ def launch(kernel, src_ptrs, dst_ptrs, sizes, cfg: LaunchConfig, tiles: int | No
         tiles = tiles_for(n, cfg.target_items)
     bound = cfg.max_programs if max_programs is None else max_programs
     grid = (max(1, min(n * tiles, bound)),)
-    kwargs = {"BLOCK_BYTES": cfg.block_bytes, "GRANULE_BYTES": cfg.granule_bytes}
+    kwargs = {"BLOCK_BYTES": cfg.block_bytes, "GRANULE_BYTES": cfg.granule_bytes,
+              "MIN_TILE_BYTES": cfg.min_tile_bytes}
     if cfg.num_warps is not None:
         kwargs["num_warps"] = cfg.num_warps
     kernel[grid](src_ptrs, dst_ptrs, sizes, n, tiles, **kwargs)
