@@ -130,8 +130,9 @@ def batch_memcpy_kernel(src_ptrs, dst_ptrs, sizes, n_copies, tiles_per_copy,
                         MIN_TILE_BYTES: tl.constexpr):
     """Copy ``sizes[c]`` bytes from address ``src_ptrs[c]`` to ``dst_ptrs[c]`` for every c.
 
-    Work item ``w`` in ``[0, n_copies * tiles_per_copy)`` is tile ``w % tiles_per_copy`` of copy
-    ``w // tiles_per_copy``; program ``p`` takes items ``p, p + P, ...``. A copy of ``size``
+    Work item ``w`` in ``[0, n_copies * tiles_per_copy)`` is tile ``w // n_copies`` of copy
+    ``w % n_copies`` (tile-major, so the programs that share an SM / core work on different
+    copies and big and small copies mix evenly); program ``p`` takes items ``p, p + P, ...``. A copy of ``size``
     bytes uses only ``min(tiles_per_copy, ceil(size / MIN_TILE_BYTES))`` tiles; its other
     items are empty. Negative sizes copy
     nothing (the host wrapper rejects them before launch).
@@ -140,8 +141,8 @@ def batch_memcpy_kernel(src_ptrs, dst_ptrs, sizes, n_copies, tiles_per_copy,
     nprog = tl.num_programs(0)
     total = n_copies * tiles_per_copy
     for w in range(pid, total, nprog):
-        c = w // tiles_per_copy
-        tile = w - c * tiles_per_copy
+        tile = w // n_copies  # tile-major: neighbouring programs (one SM) serve different copies
+        c = w - tile * n_copies
         src = tl.load(src_ptrs + c)
         dst = tl.load(dst_ptrs + c)
         size = tl.maximum(tl.load(sizes + c), 0)
