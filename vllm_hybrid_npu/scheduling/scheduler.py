@@ -1,0 +1,164 @@
+"""vLLM scheduler subclasses that apply a checkpoint policy (see :mod:`.split`).
+
+What a policy changes, and nothing else (vLLM 0.30.0 and 0.32.0,
+``vllm/v1/core/sched/scheduler.py``):
+
+1. ``Scheduler._mamba_block_aligned_split(request, num_new_tokens,
+   num_new_local_computed_tokens=0, num_external_computed_tokens=0) -> int``: the one method
+   that cuts prefill chunks in align mode. The override calls vLLM's own method first and then
+   only shortens its result with :func:`.split.policy_chunk_tokens` (same signature, same
+   return value contract: tokens to schedule). vLLM's stops (prompt tail boundary, the
+   shared-prefix junction checkpoint, chunk limit, EAGLE block drop) are therefore kept; the
+   running-request and waiting-request paths of ``schedule()`` both call this method.
+2. Retention of the states those chunk ends produce. vLLM 0.30/0.32 default to
+   ``prefix_cache_retention_interval=0`` (``CacheConfig``): Mamba keeps a state only at the
+   prompt's replay boundary and at shared-prefix junctions
+   (``MambaManager.reachable_block_mask``), which would drop the extra checkpoints and every
+   block boundary crossed during decode (the multi-turn loss). When that field is 0 the policy
+   schedulers are built with a copy of the ``KVCacheConfig`` whose
+   ``prefix_cache_retention_interval`` is ``None`` (vLLM's own dense retention, as
+   ``--prefix-cache-retention-interval`` would give if it could be set to None); a positive
+   user value is left as it is.
+
+Both changes apply only when vLLM splits for Mamba (``need_mamba_block_aligned_split``: hybrid
+model, ``mamba_cache_mode == "align"``); otherwise the class behaves exactly as its base.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from vllm_hybrid_npu.scheduling.split import POLICY_NAMES, policy_chunk_tokens
+
+_CLASS_CACHE: dict[tuple[str, type], type] = {}
+
+
+def _has_mamba_align(kv_cache_config: Any, vllm_config: Any) -> bool:
+    try:
+        from vllm.v1.kv_cache_interface import MambaSpec
+    except ImportError:  # pragma: no cover - every supported vLLM has it
+        return False
+    if getattr(vllm_config.cache_config, "mamba_cache_mode", None) != "align":
+        return False
+    return any(isinstance(g.kv_cache_spec, MambaSpec) for g in kv_cache_config.kv_cache_groups)
+
+
+class CheckpointPolicyMixin:
+    """Mixin placed before vLLM's ``Scheduler`` (or ``AsyncScheduler``) in the MRO.
+
+    Class attribute ``checkpoint_policy`` is one of :data:`.split.POLICY_NAMES`; use
+    :func:`scheduler_class` to get a concrete class.
+    """
+
+    checkpoint_policy: str = "upstream"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        vllm_config = kwargs.get("vllm_config", args[0] if args else None)
+        kv_cache_config = kwargs.get("kv_cache_config", args[1] if len(args) > 1 else None)
+        if (
+            self.checkpoint_policy != "upstream"
+            and vllm_config is not None
+            and kv_cache_config is not None
+            and getattr(kv_cache_config, "prefix_cache_retention_interval", None) == 0
+            and _has_mamba_align(kv_cache_config, vllm_config)
+        ):
+            dense = dataclasses.replace(kv_cache_config, prefix_cache_retention_interval=None)
+            if "kv_cache_config" in kwargs:
+                kwargs["kv_cache_config"] = dense
+            else:
+                args = (args[0], dense, *args[2:])
+        super().__init__(*args, **kwargs)
+
+    def _mamba_block_aligned_split(  # type: ignore[override]
+        self,
+        request: Any,
+        num_new_tokens: int,
+        num_new_local_computed_tokens: int = 0,
+        num_external_computed_tokens: int = 0,
+    ) -> int:
+        """vLLM's split, then the policy's extra checkpoint stop (never a longer chunk).
+
+        Mirrors/extends ``Scheduler._mamba_block_aligned_split`` of vLLM 0.30.0 and 0.32.0
+        (``vllm/v1/core/sched/scheduler.py``). Returns tokens to schedule (int >= 0).
+        """
+        num = super()._mamba_block_aligned_split(  # type: ignore[misc]
+            request, num_new_tokens, num_new_local_computed_tokens, num_external_computed_tokens
+        )
+        if self.checkpoint_policy == "upstream" or num <= 0:
+            return num
+        start = (
+            request.num_computed_tokens
+            + num_new_local_computed_tokens
+            + num_external_computed_tokens
+        )
+        prefill_end = max(request.num_prompt_tokens, request.num_tokens - 1)
+        return policy_chunk_tokens(
+            start, num, prefill_end, self.cache_config.block_size, self.checkpoint_policy
+        )
+
+
+def scheduler_class(policy: str, base: type | None = None) -> type:
+    """The scheduler class applying ``policy`` on top of ``base``.
+
+    Args:
+        policy: one of :data:`.split.POLICY_NAMES`; ``"upstream"`` returns ``base`` itself.
+        base: vLLM's ``Scheduler`` (default) or ``AsyncScheduler``, or any subclass of
+            ``Scheduler`` that keeps ``_mamba_block_aligned_split``.
+
+    Returns:
+        A subclass ``<Policy><Base>`` (cached: the same class for the same arguments).
+
+    Raises:
+        ValueError: unknown policy; TypeError: ``base`` has no ``_mamba_block_aligned_split``
+        (a vLLM without align-mode splitting).
+    """
+    if policy not in POLICY_NAMES:
+        raise ValueError(
+            f"VLLM_HYBRID_NPU_CHECKPOINTS={policy!r} is unknown; expected one of "
+            f"{', '.join(POLICY_NAMES)}"
+        )
+    if base is None:
+        from vllm.v1.core.sched.scheduler import Scheduler
+
+        base = Scheduler
+    if policy == "upstream":
+        return base
+    if not hasattr(base, "_mamba_block_aligned_split"):
+        raise TypeError(
+            f"{base.__module__}.{base.__qualname__} has no _mamba_block_aligned_split; this "
+            "vLLM is not supported by the checkpoint policies (vLLM 0.30/0.32 are)"
+        )
+    key = (policy, base)
+    cls = _CLASS_CACHE.get(key)
+    if cls is None:
+        name = f"{policy.capitalize()}Checkpoint{base.__name__}"
+        cls = type(
+            name,
+            (CheckpointPolicyMixin, base),
+            {"checkpoint_policy": policy, "__module__": __name__, "__qualname__": name},
+        )
+        _CLASS_CACHE[key] = cls
+    return cls
+
+
+#: Module attributes resolvable by ``--scheduler-cls vllm_hybrid_npu.scheduling.scheduler.<NAME>``
+#: (built on first access, so importing this module does not import vLLM).
+SCHEDULER_CLASS_NAMES: dict[str, tuple[str, str]] = {
+    "TailCheckpointScheduler": ("tail", "Scheduler"),
+    "AdaptiveCheckpointScheduler": ("adaptive", "Scheduler"),
+    "TailCheckpointAsyncScheduler": ("tail", "AsyncScheduler"),
+    "AdaptiveCheckpointAsyncScheduler": ("adaptive", "AsyncScheduler"),
+}
+
+
+def __getattr__(name: str) -> type:
+    spec = SCHEDULER_CLASS_NAMES.get(name)
+    if spec is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    policy, base_name = spec
+    if base_name == "AsyncScheduler":
+        from vllm.v1.core.sched.async_scheduler import AsyncScheduler as base
+    else:
+        from vllm.v1.core.sched.scheduler import Scheduler as base
+    return scheduler_class(policy, base)
