@@ -217,6 +217,25 @@ def measure_bandwidth(torch, device, nbytes: int, reps: int = 20) -> float:
     return 2 * nbytes / (ms / 1e3)
 
 
+def host_overhead(torch, impls, batch, emit_note, calls: int = 300) -> None:
+    """Print host microseconds per call: ``calls`` back-to-back calls, then one sync."""
+    import time
+
+    for name, fn in impls.items():
+        if name == "torch":
+            continue
+        for _ in range(20):
+            fn(*batch)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn(*batch)
+        t1 = time.perf_counter()
+        torch.cuda.synchronize()
+        emit_note(f"# host time per call, {name}: {(t1 - t0) / calls * 1e6:.1f} us "
+                  f"({batch[0].numel()} copies)")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m vllm_hybrid_npu.bench.state_copy",
                                 description=__doc__.split("\n\n")[0])
@@ -233,6 +252,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-torch", action="store_true", help="skip the torch fallback")
     p.add_argument("--sweep", action="store_true", help="also time launch-parameter variants of our kernel")
     p.add_argument("--json-out", metavar="PATH", help="write all rows and metadata as JSON")
+    p.add_argument("--contiguous-ref", action="store_true",
+                   help="also time one contiguous copy_ of each workload's byte count")
+    p.add_argument("--host-overhead", action="store_true",
+                   help="also print each implementation's host time per call (smallest conv batch)")
     args = p.parse_args(argv)
 
     import torch
@@ -338,6 +361,22 @@ def main(argv: list[str] | None = None) -> int:
                         if name != "vllm" and ref:
                             row["speedup_vs_vllm"] = ref / t
                         emit(row)
+                # Reference: the same byte count as ONE contiguous copy_ per call (K rotating pairs)
+                bufs = [(torch.empty(wl.copied, dtype=torch.uint8, device=device),
+                         torch.empty(wl.copied, dtype=torch.uint8, device=device))
+                        for _ in range(wl.sets)] if args.contiguous_ref else []
+                if bufs:
+                    t = time_graph(torch, lambda i: bufs[i][1].copy_(bufs[i][0]),
+                                   [(i,) for i in range(len(bufs))], args.reps)
+                    gbps = 2 * wl.copied / t / 1e9
+                    emit({**base, "impl": "copy_ same bytes", "mode": "graph", "seconds": t,
+                          "GBps": gbps, "ratio": gbps * 1e9 / bw})
+                del bufs
+                if args.host_overhead and r == requests[0] and conv_only:
+                    cfg0 = _triton_copy.target_config("cuda", device.index)
+                    launch_only = {"ours (kernel launch only)": lambda s, d, n: _triton_copy.launch(
+                        _triton_copy.batch_memcpy_kernel, s, d, n, cfg0)}
+                    host_overhead(torch, {**impls, **launch_only}, wl.batches[0], emit_note=print)
                 wl.free()
                 torch.cuda.empty_cache()
     if args.json_out:
