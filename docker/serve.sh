@@ -8,7 +8,7 @@
 # flag: vLLM loads it through its `vllm.general_plugins` entry point in every process.
 
 # Ascend: the CANN toolkit / NNAL environment, as the CANN base image's own entrypoint sets it up
-# (replacing the entrypoint drops that). Nothing is sourced where the files do not exist.
+# (replacing the entrypoint drops that). Nothing is sourced or set where Ascend is absent.
 shopt -s nullglob
 for env_file in /usr/local/Ascend/ascend-toolkit/set_env.sh \
                 /usr/local/Ascend/cann-*/share/info/ascendnpu-ir/bin/set_env.sh \
@@ -19,6 +19,14 @@ for env_file in /usr/local/Ascend/ascend-toolkit/set_env.sh \
     fi
 done
 shopt -u nullglob
+# vllm-ascend's image adds these two to ~/.bashrc, which a non-interactive entrypoint never reads.
+if [[ -d /usr/local/Ascend ]]; then
+    jemalloc="/usr/lib/$(uname -m)-linux-gnu/libjemalloc.so.2"
+    if [[ -f "$jemalloc" ]]; then
+        export LD_PRELOAD="$jemalloc${LD_PRELOAD:+:$LD_PRELOAD}"
+    fi
+    export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}/usr/local/lib"
+fi
 
 set -euo pipefail
 
