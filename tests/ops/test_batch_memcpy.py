@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import torch
 
-from vllm_hybrid_npu.ops import COPY_IMPL_ENV, active_impl, batch_memcpy
+from vllm_hybrid_npu.ops import COPY_IMPL_ENV, active_impl, batch_memcpy, refresh_settings
 
 _HAS_NPU = importlib.util.find_spec("torch_npu") is not None
 if _HAS_NPU:
@@ -75,7 +75,10 @@ def target(request, monkeypatch):
             pytest.skip(reason)
     else:
         monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    return torch.device(device), impl
+    refresh_settings()
+    yield torch.device(device), impl
+    monkeypatch.undo()
+    refresh_settings()
 
 
 @pytest.fixture
@@ -243,21 +246,31 @@ def test_invalid_input_raises_before_any_byte_moves(target, rng, what):
 
 
 def test_selection_by_setting(monkeypatch):
-    monkeypatch.setenv(COPY_IMPL_ENV, "torch")
-    assert active_impl("cpu") == "torch"
-    monkeypatch.setenv(COPY_IMPL_ENV, "bogus")
-    with pytest.raises(ValueError, match=COPY_IMPL_ENV):
-        active_impl("cpu")
-    monkeypatch.setenv(COPY_IMPL_ENV, "auto")
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    assert active_impl("cpu") == "torch"  # CPU without the interpreter: fallback
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    assert active_impl("cpu") == "triton"
-    monkeypatch.delenv("TRITON_INTERPRET")
-    with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"):
-        active_impl("cpu", impl="triton")
-    with pytest.raises(ValueError, match="impl='fast'"):
-        active_impl("cpu", impl="fast")
-    if torch.cuda.is_available():
-        monkeypatch.setenv(COPY_IMPL_ENV, "auto")
-        assert active_impl("cuda") == "triton"
+    def setenv(name, value):
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value)
+        refresh_settings()
+
+    try:
+        setenv(COPY_IMPL_ENV, "torch")
+        assert active_impl("cpu") == "torch"
+        setenv(COPY_IMPL_ENV, "bogus")
+        with pytest.raises(ValueError, match=COPY_IMPL_ENV):
+            active_impl("cpu")
+        setenv(COPY_IMPL_ENV, "auto")
+        setenv("TRITON_INTERPRET", None)
+        assert active_impl("cpu") == "torch"  # CPU without the interpreter: fallback
+        setenv("TRITON_INTERPRET", "1")
+        assert active_impl("cpu") == "triton"
+        setenv("TRITON_INTERPRET", None)
+        with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"):
+            active_impl("cpu", impl="triton")
+        with pytest.raises(ValueError, match="impl='fast'"):
+            active_impl("cpu", impl="fast")
+        if torch.cuda.is_available():
+            assert active_impl("cuda") == "triton"
+    finally:
+        monkeypatch.undo()
+        refresh_settings()

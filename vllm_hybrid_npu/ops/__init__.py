@@ -3,9 +3,16 @@
 * :func:`batch_memcpy` - batched byte copies between raw device addresses (mamba/GDN state
   copies in align mode); see :mod:`vllm_hybrid_npu.ops.memcpy`.
 * :func:`active_impl` - which implementation it uses on a device (``"triton"`` / ``"torch"``).
-* :data:`COPY_IMPL_ENV` - ``VLLM_HYBRID_NPU_COPY_IMPL`` = ``auto`` | ``triton`` | ``torch``.
+* :data:`COPY_IMPL_ENV` - ``VLLM_HYBRID_NPU_COPY_IMPL`` = ``auto`` | ``triton`` | ``torch``
+  (read once per process; :func:`refresh_settings` re-reads it).
 """
 
-from vllm_hybrid_npu.ops.memcpy import COPY_IMPL_ENV, active_impl, batch_memcpy, triton_available
+from vllm_hybrid_npu.ops.memcpy import (
+    COPY_IMPL_ENV,
+    active_impl,
+    batch_memcpy,
+    refresh_settings,
+    triton_available,
+)
 
-__all__ = ["COPY_IMPL_ENV", "active_impl", "batch_memcpy", "triton_available"]
+__all__ = ["COPY_IMPL_ENV", "active_impl", "batch_memcpy", "refresh_settings", "triton_available"]

@@ -240,11 +240,16 @@ def launch(kernel, src_ptrs, dst_ptrs, sizes, cfg: LaunchConfig, tiles: int | No
         tiles = tiles_for(n, cfg.target_items)
     bound = cfg.max_programs if max_programs is None else max_programs
     grid = (max(1, min(n * tiles, bound)),)
+    kernel[grid](src_ptrs, dst_ptrs, sizes, n, tiles, **_launch_kwargs(cfg))
+
+
+@functools.lru_cache(maxsize=None)
+def _launch_kwargs(cfg: LaunchConfig) -> dict:
     kwargs = {"BLOCK_BYTES": cfg.block_bytes, "GRANULE_BYTES": cfg.granule_bytes,
               "MIN_TILE_BYTES": cfg.min_tile_bytes}
     if cfg.num_warps is not None:
         kwargs["num_warps"] = cfg.num_warps
-    kernel[grid](src_ptrs, dst_ptrs, sizes, n, tiles, **kwargs)
+    return kwargs
 
 
 @functools.lru_cache(maxsize=1)

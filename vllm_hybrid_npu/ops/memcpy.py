@@ -18,7 +18,8 @@ Selection: environment variable ``VLLM_HYBRID_NPU_COPY_IMPL`` = ``auto`` (defaul
 | ``torch``, or the ``impl=`` argument. ``auto`` picks ``triton`` on CUDA when triton imports,
 on NPU when triton (triton-ascend) imports and the device is not a 310P, and on CPU only when
 ``TRITON_INTERPRET=1``; ``torch`` otherwise. The choice is logged once per device type at INFO
-(logger ``vllm_hybrid_npu.ops.memcpy``). Forcing ``triton`` where it cannot run raises.
+(logger ``vllm_hybrid_npu.ops.memcpy``). Forcing ``triton`` where it cannot run raises. Both
+variables are read once per process (first call); :func:`refresh_settings` re-reads them.
 
 Imports need torch only (triton optional); no vLLM.
 """
@@ -47,7 +48,22 @@ except Exception as exc:  # ImportError, or a triton build that fails to initial
     _TRITON_ERROR = f"{type(exc).__name__}: {exc}"
 
 _logged: set[tuple[str, str]] = set()
-_resolved: dict[tuple, str] = {}  # (device, impl, env values) -> choice
+_resolved: dict[tuple, str] = {}  # (device, impl) -> choice, for the current settings
+
+
+_env_cache: tuple[str | None, str | None] | None = None
+
+
+def refresh_settings() -> None:
+    """Re-read ``$VLLM_HYBRID_NPU_COPY_IMPL`` and ``$TRITON_INTERPRET``.
+
+    Both are read once, at the first call of :func:`batch_memcpy` / :func:`active_impl` (an
+    environment lookup per call costs microseconds on the hot path); call this after changing
+    them in a running process.
+    """
+    global _env_cache
+    _env_cache = (os.environ.get(COPY_IMPL_ENV), os.environ.get("TRITON_INTERPRET"))
+    _resolved.clear()
 
 
 def triton_available() -> bool:
@@ -55,9 +71,9 @@ def triton_available() -> bool:
     return _triton_copy is not None
 
 
-def _requested(impl: str | None) -> str:
+def _requested(impl: str | None, env_impl: str | None) -> str:
     if impl is None:
-        raw = os.environ.get(COPY_IMPL_ENV, "auto").strip().lower() or "auto"
+        raw = (env_impl or "auto").strip().lower() or "auto"
         if raw not in IMPLS:
             raise ValueError(f"{COPY_IMPL_ENV}={raw!r} is not one of {', '.join(IMPLS)}")
         return raw
@@ -87,14 +103,16 @@ def active_impl(device: torch.device | str | None = None, impl: str | None = Non
     """
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    env = os.environ
-    key = (device, impl, env.get(COPY_IMPL_ENV), env.get("TRITON_INTERPRET"))
+    if _env_cache is None:
+        refresh_settings()
+    key = (device, impl)
     hit = _resolved.get(key)
     if hit is not None:
         return hit
+    env_impl, env_interp = _env_cache
     dev = torch.device(device)
-    req = _requested(impl)
-    interp = env.get("TRITON_INTERPRET") == "1"
+    req = _requested(impl, env_impl)
+    interp = env_interp == "1"
     if req == "torch":
         choice, why = "torch", "forced"
     elif req == "triton":
@@ -123,6 +141,16 @@ def active_impl(device: torch.device | str | None = None, impl: str | None = Non
 
 
 def _validate(src_ptrs, dst_ptrs, sizes, device, check_values: bool) -> None:
+    T, I64 = torch.Tensor, torch.int64
+    if (  # fast path of the structural checks (the common, valid call)
+        isinstance(src_ptrs, T) and isinstance(dst_ptrs, T) and isinstance(sizes, T)
+        and src_ptrs.dtype == I64 and dst_ptrs.dtype == I64 and sizes.dtype == I64
+        and src_ptrs.dim() == 1 and src_ptrs.shape == dst_ptrs.shape == sizes.shape
+        and src_ptrs.device == dst_ptrs.device == sizes.device and device is None
+    ):
+        if check_values:
+            _check_values(src_ptrs, dst_ptrs, sizes)
+        return
     named = (("src_ptrs", src_ptrs), ("dst_ptrs", dst_ptrs), ("sizes", sizes))
     for name, t in named:
         if not isinstance(t, torch.Tensor):
@@ -149,7 +177,12 @@ def _validate(src_ptrs, dst_ptrs, sizes, device, check_values: bool) -> None:
                 f"batch_memcpy: src_ptrs/dst_ptrs/sizes must be on {want} (the copies run there), "
                 f"got {have}"
             )
-    if check_values and n:
+    if check_values:
+        _check_values(src_ptrs, dst_ptrs, sizes)
+
+
+def _check_values(src_ptrs, dst_ptrs, sizes) -> None:
+    if src_ptrs.shape[0]:
         bad = (sizes < 0) | ((sizes > 0) & ((src_ptrs == 0) | (dst_ptrs == 0)))
         if bool(bad.any()):  # one device-to-host sync
             i = int(bad.nonzero()[0, 0])
@@ -213,7 +246,8 @@ def batch_memcpy(
     else:
         kernel = _triton_copy.batch_memcpy_kernel
     cfg = _triton_copy.target_config(dev.type, dev.index or 0)
-    if dev.type == "cuda" and dev.index is not None and dev.index != torch.cuda.current_device():
+    if (dev.type == "cuda" and torch.cuda.device_count() > 1
+            and dev.index is not None and dev.index != torch.cuda.current_device()):
         with torch.cuda.device(dev):
             _triton_copy.launch(kernel, src_ptrs, dst_ptrs, sizes, cfg)
     else:
