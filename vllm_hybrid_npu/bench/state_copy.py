@@ -379,6 +379,8 @@ def main(argv: list[str] | None = None) -> int:
                     host_overhead(torch, {**impls, **launch_only}, wl.batches[0], emit_note=print)
                 wl.free()
                 torch.cuda.empty_cache()
+    meta["fast_launch"] = _triton_copy.FAST_LAUNCH
+    print(f"# direct compiled-kernel launch in use: {_triton_copy.FAST_LAUNCH}")
     if args.json_out:
         Path(args.json_out).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
         print(f"# wrote {args.json_out}")
