@@ -305,3 +305,33 @@ def test_serve_sh_requires_model(tmp_path):
     # one clear line, no noise from the Ascend environment files absent here
     assert res.stderr.startswith("vllm-hybrid-serve: MODEL is not set"), res.stderr
     assert len(res.stderr.strip().splitlines()) == 1, res.stderr
+
+
+# --------------------------------------------------------------------------------------------
+# The docs describe the code as it is
+# --------------------------------------------------------------------------------------------
+DOCS = ROOT / "docs"
+
+
+def test_configuration_lists_every_environment_variable():
+    """Every ``VLLM_HYBRID_NPU_*`` variable named in the package is documented, and the docs name
+    none that the code does not know."""
+    in_code = set()
+    for path in (ROOT / "vllm_hybrid_npu").rglob("*.py"):
+        in_code |= set(re.findall(r"\bVLLM_HYBRID_NPU_[A-Z_]+\b", path.read_text()))
+    in_docs = set(re.findall(r"\bVLLM_HYBRID_NPU_[A-Z_]+\b", (DOCS / "configuration.md").read_text()))
+    assert in_code, "no VLLM_HYBRID_NPU_* variable found in the package"
+    assert in_code - in_docs == set(), f"undocumented: {sorted(in_code - in_docs)}"
+    assert in_docs - in_code == set(), f"documented but not in the code: {sorted(in_docs - in_code)}"
+
+
+def test_docs_links_resolve_and_index_lists_every_page():
+    pages = sorted(DOCS.glob("*.md"))
+    index = (DOCS / "index.md").read_text()
+    for page in pages:
+        if page.name != "index.md":
+            assert f"({page.name})" in index, f"docs/index.md does not link {page.name}"
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text()):
+            if re.match(r"[a-z]+://", target):
+                continue
+            assert (page.parent / target).exists(), f"{page.name} links to missing {target}"
