@@ -1,0 +1,117 @@
+"""First-repeat prefix hits with the default checkpoint policy, on the real engine (CPU).
+
+One in-process vLLM engine (tiny random Qwen3-Next, align mode, prefix caching on) for the
+module, with the scheduler of ``vllm_hybrid_npu.scheduling.DEFAULT_POLICY`` named explicitly
+through ``scheduler_cls`` (the plugin installs the same class when no ``--scheduler-cls`` is
+given). Cached token counts are vLLM's own ``RequestOutput.num_cached_tokens``.
+
+"Outputs identical to prefix caching off": each cached request is compared, token for token,
+with the same prompt sent with a fresh ``cache_salt``, which keys it apart from every cached
+block, so that copy is computed from scratch by the same engine.
+"""
+
+from __future__ import annotations
+
+import random
+import uuid
+
+import pytest
+
+from vllm_hybrid_npu.scheduling import DEFAULT_POLICY
+from vllm_hybrid_npu.scheduling.scheduler import SCHEDULER_CLASS_NAMES
+
+CLASS_NAME = next(n for n, (p, base) in SCHEDULER_CLASS_NAMES.items()
+                  if p == DEFAULT_POLICY and base == "Scheduler")
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_model_dir):
+    mp = pytest.MonkeyPatch()
+    mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process engine core
+    from vllm import LLM
+
+    engine = LLM(
+        model=str(tiny_model_dir("qwen3_next")),
+        enable_prefix_caching=True,
+        mamba_cache_mode="align",
+        scheduler_cls=f"vllm_hybrid_npu.scheduling.scheduler.{CLASS_NAME}",
+        kv_cache_memory_bytes=256 << 20,
+        gpu_memory_utilization=0.05,
+        max_model_len=8192,
+        max_num_seqs=4,
+        enforce_eager=True,
+        seed=0,
+    )
+    yield engine
+    del engine
+    mp.undo()
+
+
+@pytest.fixture(scope="module")
+def block_size(llm):
+    return llm.llm_engine.vllm_config.cache_config.block_size
+
+
+def _gen(llm, prompt, max_tokens, salt=None):
+    from vllm import SamplingParams
+
+    p = {"prompt_token_ids": list(prompt)}
+    if salt is not None:
+        p["cache_salt"] = salt
+    sp = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
+    return llm.generate([p], sp, use_tqdm=False)[0]
+
+
+def _cold(llm, prompt, max_tokens):
+    out = _gen(llm, prompt, max_tokens, salt=uuid.uuid4().hex)
+    assert out.num_cached_tokens == 0
+    return list(out.outputs[0].token_ids)
+
+
+def test_policy_scheduler_is_running(llm):
+    sched = llm.llm_engine.engine_core.engine_core.scheduler
+    assert type(sched).__name__ == CLASS_NAME
+    assert sched.need_mamba_block_aligned_split  # hybrid model in align mode
+
+
+def test_shared_prefix_hits_on_first_repeat(llm, block_size):
+    rng = random.Random()
+    bs = block_size
+    # the shared prefix ends inside block 12 and every prompt's last block boundary (12 blocks)
+    # lies past it: upstream stores no state within the shared prefix on first sight.
+    prefix = [rng.randrange(10, 1000) for _ in range(11 * bs + bs * 3 // 4)]
+    prompts = [prefix + [rng.randrange(10, 1000) for _ in range(bs // 2)] for _ in range(3)]
+    outs = [_gen(llm, p, 3) for p in prompts]
+    expected_hit = len(prefix) // bs * bs  # the block-aligned shared prefix
+    if DEFAULT_POLICY == "tail":
+        assert [o.num_cached_tokens for o in outs] == [0, expected_hit, expected_hit]
+    else:
+        assert outs[0].num_cached_tokens == 0
+        assert 0 < outs[1].num_cached_tokens <= expected_hit
+        assert outs[2].num_cached_tokens == expected_hit
+    for p, o in zip(prompts, outs):
+        assert list(o.outputs[0].token_ids) == _cold(llm, p, 3)
+
+
+def test_follow_up_turn_hits_last_boundary_of_prompt_plus_output(llm, block_size):
+    rng = random.Random()
+    bs = block_size
+    n1, n_out = 8 * bs - 8, 12  # decode crosses the boundary at 8 blocks
+    turn1 = [rng.randrange(10, 1000) for _ in range(n1)]
+    out1 = _gen(llm, turn1, n_out)
+    answer = list(out1.outputs[0].token_ids)
+    assert len(answer) == n_out
+    turn2 = turn1 + answer + [rng.randrange(10, 1000) for _ in range(bs // 4)]
+    out2 = _gen(llm, turn2, 3)
+    assert out2.num_cached_tokens == (n1 + n_out) // bs * bs
+    assert list(out2.outputs[0].token_ids) == _cold(llm, turn2, 3)
+
+
+def test_prompt_shorter_than_one_block(llm, block_size):
+    rng = random.Random()
+    prompt = [rng.randrange(10, 1000) for _ in range(block_size // 2)]
+    first, again = _gen(llm, prompt, 3), _gen(llm, prompt, 3)
+    # no block boundary to store a state at: nothing cached, nothing broken
+    assert first.num_cached_tokens == again.num_cached_tokens == 0
+    assert list(first.outputs[0].token_ids) == list(again.outputs[0].token_ids)
+    assert list(again.outputs[0].token_ids) == _cold(llm, prompt, 3)

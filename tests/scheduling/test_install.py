@@ -1,0 +1,77 @@
+"""install_scheduler_policy(): what the plugin calls in every process. Each case runs in a fresh
+interpreter (the install patches vLLM's SchedulerConfig for the whole process)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+PROBE = r"""
+import json
+from vllm_hybrid_npu.scheduling import install_scheduler_policy
+from vllm.config.scheduler import SchedulerConfig
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+from vllm.v1.core.sched.scheduler import Scheduler
+
+first = install_scheduler_policy()
+second = install_scheduler_policy()
+sync_cls = SchedulerConfig.default_factory(async_scheduling=False).get_scheduler_cls()
+async_cls = SchedulerConfig.default_factory(async_scheduling=True).get_scheduler_cls()
+explicit = SchedulerConfig.default_factory(
+    scheduler_cls="vllm.v1.core.sched.scheduler.Scheduler").get_scheduler_cls()
+print(json.dumps({
+    "first": first, "second": second,
+    "sync": sync_cls.__name__, "sync_is_scheduler": issubclass(sync_cls, Scheduler),
+    "sync_is_async": issubclass(sync_cls, AsyncScheduler),
+    "async": async_cls.__name__, "async_is_async": issubclass(async_cls, AsyncScheduler),
+    "policy": getattr(sync_cls, "checkpoint_policy", None),
+    "explicit_is_scheduler": explicit is Scheduler,
+}))
+"""
+
+
+def _probe(value):
+    env = dict(os.environ)
+    env.pop("VLLM_HYBRID_NPU_CHECKPOINTS", None)
+    if value is not None:
+        env["VLLM_HYBRID_NPU_CHECKPOINTS"] = value
+    proc = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True,
+                          timeout=300)
+    return proc
+
+
+def test_default_policy_installed_idempotently():
+    from vllm_hybrid_npu.scheduling import DEFAULT_POLICY
+
+    assert DEFAULT_POLICY != "upstream"  # else this test would check nothing
+    proc = _probe(None)  # variable unset: the default
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["first"] == out["second"] == [f"scheduler:{DEFAULT_POLICY}"]
+    assert out["policy"] == DEFAULT_POLICY
+    assert out["sync_is_scheduler"] and not out["sync_is_async"]
+    assert out["async_is_async"]  # async scheduling keeps AsyncScheduler as the base
+    assert out["explicit_is_scheduler"]  # an explicit --scheduler-cls wins
+
+
+def test_upstream_installs_nothing():
+    proc = _probe("upstream")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["first"] == out["second"] == []
+    assert out["sync"] == "Scheduler" and out["async"] == "AsyncScheduler"
+    assert out["policy"] is None
+
+
+def test_bad_value_names_the_variable():
+    env = dict(os.environ, VLLM_HYBRID_NPU_CHECKPOINTS="everywhere")
+    proc = subprocess.run(
+        [sys.executable, "-c",
+         "from vllm_hybrid_npu.scheduling import install_scheduler_policy as i; i()"],
+        env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    assert "VLLM_HYBRID_NPU_CHECKPOINTS='everywhere'" in proc.stderr
