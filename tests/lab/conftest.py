@@ -33,7 +33,7 @@ def tiny_model_dir(tmp_path_factory) -> Path:
     return d
 
 
-def write_trace(path: Path, rows: list[tuple[float, int, int, list[int]]]) -> Path:
+def _write_trace(path: Path, rows: list[tuple[float, int, int, list[int]]]) -> Path:
     """Write ``(timestamp_ms, input_length, output_length, hash_ids)`` rows as a JSONL trace."""
     with path.open("w") as f:
         for ts, n, out, h in rows:
@@ -44,3 +44,15 @@ def write_trace(path: Path, rows: list[tuple[float, int, int, list[int]]]) -> Pa
                 + "\n"
             )
     return path
+
+
+@pytest.fixture
+def write_trace():
+    """The trace writer: ``write_trace(path, rows) -> path``."""
+    return _write_trace
+
+
+@pytest.fixture(scope="session")
+def attn_bytes_per_token() -> int:
+    """Attention KV bytes per token of the tiny model's single attention layer."""
+    return ATTN_BYTES_PER_TOKEN

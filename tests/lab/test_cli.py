@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import json
 
-from tests.lab.conftest import write_trace
 from vllm_hybrid_npu.cli import main
 
 
-def test_hitrate_json(tmp_path, tiny_model_dir, capsys):
+def test_hitrate_json(tmp_path, tiny_model_dir, capsys, write_trace):
     trace = write_trace(
         tmp_path / "t.jsonl",
         [(0, 1500, 3, [1, 2, 3]), (20_000, 1500, 3, [1, 2, 4]), (40_000, 1500, 3, [1, 2, 5])],
@@ -35,7 +34,7 @@ def test_hitrate_json(tmp_path, tiny_model_dir, capsys):
     assert up["cached_prompt_tokens"] == 2048  # junction == last block boundary: hits at once
 
 
-def test_hitrate_bad_input_names_the_flag(tmp_path, tiny_model_dir, capsys):
+def test_hitrate_bad_input_names_the_flag(tmp_path, tiny_model_dir, capsys, write_trace):
     trace = write_trace(tmp_path / "t.jsonl", [(0, 600, 1, [1, 2])])
     assert main(["hitrate", "--trace", str(trace), "--policy", "nope", "--quiet"]) == 2
     assert "--policy 'nope'" in capsys.readouterr().err

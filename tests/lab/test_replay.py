@@ -12,7 +12,6 @@ import time
 
 import pytest
 
-from tests.lab.conftest import ATTN_BYTES_PER_TOKEN
 from vllm_hybrid_npu.lab.model import build_setup
 from vllm_hybrid_npu.lab.policies import POLICIES, get_policy
 from vllm_hybrid_npu.lab.presets import resolve_model
@@ -96,14 +95,14 @@ def test_exact_repeat_is_capped_one_token_short(cfg):
     assert res.cached_per_request == [0, 768]
 
 
-def test_tiny_budget_evicts_the_prefix(cfg):
+def test_tiny_budget_evicts_the_prefix(cfg, attn_bytes_per_token):
     # Attention only, block 256, one output token each (sampled by the prefill step, so no
     # decode block): A (1024 tokens = 4 blocks), B (2048 tokens = 8 blocks), A again. The pool
     # has 10 blocks, one of them vLLM's null block: 9 usable. A frees its blocks tail first, so
     # the free queue is [5 never-used, A3, A2, A1, A0]; B takes 8 of them, evicting A3..A1, and
     # only A's first block survives: A's repeat hits 256 tokens. With a large pool: 768.
     rows = [(1024, 1, [10, 11]), (2048, 1, [20, 21, 22, 23]), (1024, 1, [10, 11])]
-    page = 256 * ATTN_BYTES_PER_TOKEN
+    page = 256 * attn_bytes_per_token
     small = _run(cfg, _reqs(rows), block_size=256, attention_only=True, kv_bytes=10 * page)
     assert small.num_blocks == 10
     assert small.cached_per_request == [0, 0, 256]
@@ -126,13 +125,14 @@ def _random_trace(rng, n=12):
     return [TraceRequest(*r[:3], tuple(r[3])) for r in rows]
 
 
-def test_attention_bound_is_never_below_any_policy(cfg):
+def test_attention_bound_is_never_below_any_policy(cfg, attn_bytes_per_token):
     rng = random.Random()
     reqs = _random_trace(rng)
-    kv = 512 * 1024 * ATTN_BYTES_PER_TOKEN // 64  # a budget that forces some eviction
-    bound = _run(cfg, reqs, block_size=256, attention_only=True, kv_bytes=max(kv, 8 << 20))
+    # 40 blocks of 256 tokens: room for a few prompts only (eviction on some draws)
+    kv = 40 * 256 * attn_bytes_per_token
+    bound = _run(cfg, reqs, block_size=256, attention_only=True, kv_bytes=kv)
     for name in POLICIES:
-        res = _run(cfg, reqs, block_size=256, policy=name, kv_bytes=max(kv, 8 << 20))
+        res = _run(cfg, reqs, block_size=256, policy=name, kv_bytes=kv)
         assert res.token_hit_rate <= bound.token_hit_rate
         cached, total = infinite_bound(reqs, 256)
         assert res.cached_prompt_tokens <= cached and res.prompt_tokens == total

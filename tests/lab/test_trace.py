@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from tests.lab.conftest import write_trace
 from vllm_hybrid_npu.lab.trace import (
     TRACE_BLOCK,
     TraceRequest,
@@ -23,7 +22,7 @@ def test_prompt_token_ids_share_exactly_the_shared_hash_prefix():
     assert a[:3] == [7 * TRACE_BLOCK, 7 * TRACE_BLOCK + 1, 7 * TRACE_BLOCK + 2]
 
 
-def test_read_trace_limit_and_errors(tmp_path):
+def test_read_trace_limit_and_errors(tmp_path, write_trace):
     p = write_trace(tmp_path / "t.jsonl", [(0, 600, 2, [1, 2]), (5, 10, 1, [3]), (9, 10, 1, [4])])
     assert [r.input_length for r in read_trace(p, limit=2)] == [600, 10]
     with pytest.raises(ValueError, match="--trace"):

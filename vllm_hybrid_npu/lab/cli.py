@@ -145,13 +145,13 @@ def run_sweep(args: argparse.Namespace) -> dict[str, Any]:
                     progress=None if args.quiet else stderr_progress(f"{label} {name}"),
                 )
                 policies[name] = res.to_dict()
+            # The attention bound: the same budget on the full-attention layers alone, at the
+            # attention backend's block size, through the installed vLLM's own Scheduler.
             asetup = build_setup(cfg, block_size=None, attention_only=True, **common)
-            from vllm_hybrid_npu.lab.policies import get_policy as _gp
-
             ares = replay(
                 requests,
                 asetup,
-                _gp("upstream").scheduler_class(),
+                get_policy("upstream").scheduler_class(),
                 step_ms=args.step_ms,
                 tokens_per_s=args.tokens_per_s,
                 progress=None if args.quiet else stderr_progress(f"{label} attention bound"),

@@ -106,7 +106,6 @@ def build_setup(
     Raises ``ValueError`` naming ``--kv-cache-gib`` when the budget cannot hold one request of
     ``max_model_len`` tokens (vLLM's own check), ``--tp`` when heads do not split.
     """
-    import torch
     from vllm.config import CacheConfig, ParallelConfig, SchedulerConfig, VllmConfig
     from vllm.model_executor.layers.mamba.mamba_utils import (
         MambaStateDtypeCalculator,
@@ -213,7 +212,6 @@ def build_setup(
     kv_cache_config = generate_scheduler_kv_cache_config(kv_cache_configs)
     cache_config.num_gpu_blocks = kv_cache_config.num_blocks
     sched_bs, hash_bs = resolve_kv_cache_block_sizes(kv_cache_config, vllm_config)
-    del torch
     return Setup(
         vllm_config=vllm_config,
         kv_cache_config=kv_cache_config,
