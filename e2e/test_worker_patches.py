@@ -11,7 +11,7 @@ forced to 128 tokens (< the block size, so states cross steps inside a block), 6
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import json
 import os
 import subprocess
@@ -205,9 +205,6 @@ def _qwen35_loadable() -> str | None:
     except Exception as exc:  # environment defect, not a feature gap
         return f"{type(exc).__name__}: {exc}"
     return None
-
-
-import importlib  # noqa: E402
 
 
 def test_qwen3_5_ours_equals_caching_off(tiny_model_dir):

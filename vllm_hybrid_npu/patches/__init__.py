@@ -60,9 +60,8 @@ def apply_patches(target: str) -> list[str]:
 
     names: list[str] = []
     if mode == "all":
-        n = _common.wrap_config_checks()
-        if n:
-            names.append(n)
+        _common.when_imported("vllm.config", lambda m: _common.wrap_config_checks())
+        names.append("VllmConfig.try_verify_and_update_config")
     if target == "npu":
         from vllm_hybrid_npu.patches import ascend_runner
 

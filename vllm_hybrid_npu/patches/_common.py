@@ -17,7 +17,9 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
+import importlib.abc
 import logging
+import sys
 from typing import Any, Callable
 
 from vllm_hybrid_npu.core import block_tables, state_copy
@@ -57,6 +59,59 @@ def is_ours(fn: Any) -> bool:
 def _mark(fn: Callable) -> Callable:
     setattr(fn, MARK, True)
     return fn
+
+
+# --------------------------------------------------------------------------- post-import
+class _PostImportFinder(importlib.abc.MetaPathFinder):
+    """Runs callbacks right after a named module is executed, so the patches never import
+    vLLM's runners (or anything they pull in) earlier than vLLM itself does."""
+
+    def __init__(self) -> None:
+        self.callbacks: dict[str, list[Callable]] = {}
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname not in self.callbacks:
+            return None
+        spec = None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                break
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        callbacks = self.callbacks.pop(fullname)
+        orig_exec = spec.loader.exec_module
+
+        def exec_module(module):
+            orig_exec(module)
+            for cb in callbacks:
+                _run_callback(cb, module)
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+def _run_callback(cb: Callable, module: Any) -> None:
+    try:
+        cb(module)
+    except Exception as exc:  # a patch must never break vLLM's import
+        logger.warning("vllm-hybrid-npu: patch on %s failed: %r", module.__name__, exc)
+
+
+_finder = _PostImportFinder()
+
+
+def when_imported(module_name: str, callback: Callable[[Any], None]) -> None:
+    """Call ``callback(module)`` now if ``module_name`` is imported, else right after its import."""
+    module = sys.modules.get(module_name)
+    if module is not None:
+        _run_callback(callback, module)
+        return
+    if _finder not in sys.meta_path:
+        sys.meta_path.insert(0, _finder)
+    _finder.callbacks.setdefault(module_name, []).append(callback)
 
 
 # --------------------------------------------------------------------------- state copy

@@ -38,28 +38,41 @@ logger = logging.getLogger("vllm_hybrid_npu")
 def apply(mode: str) -> list[str]:
     """Apply the vLLM-runner patches for ``mode`` (``"all"`` or ``"kernel"``).
 
+    Each patch is applied right after vLLM imports its module (``vllm.v1.worker.mamba_utils``,
+    ``vllm.v1.kv_cache_interface``, ``vllm.v1.worker.gpu_model_runner``), or at once if already
+    imported; nothing is imported here, so the API-server process does not pull in the runner
+    and a platform plugin (vllm-ascend) patches vLLM first. A target absent on the running
+    version is logged and skipped.
+
     Returns:
-        Patch names applied; targets absent on the running vLLM are logged and skipped.
+        Names of the patches installed (applied now or at the module's import).
     """
     names = []
-    try:
-        from vllm.v1.worker.gpu_model_runner import GPUModelRunner
-    except Exception as exc:
-        logger.warning(
-            "vllm-hybrid-npu: GPUModelRunner not importable, runner patches skipped: %s", exc
-        )
-        GPUModelRunner = None
-    names += _common.install_state_copy(mode, defer_copy=False)
-    if GPUModelRunner is None:
-        return names
+
+    def on_mamba_utils(_module):
+        _common.install_state_copy(mode, defer_copy=False)
+
+    _common.when_imported("vllm.v1.worker.mamba_utils", on_mamba_utils)
+    names += (["mamba_utils.preprocess_mamba"] if mode == "all" else []) + [
+        "mamba_utils.do_mamba_copy_block"
+    ]
     if mode == "all":
-        _common.patch_spec_methods()
+        _common.when_imported("vllm.v1.kv_cache_interface", lambda m: _common.patch_spec_methods())
         names.append("KVCacheSpec.max_num_blocks_per_req")
-        n = _common.wrap_may_reinitialize_input_batch(GPUModelRunner)
-        if n:
-            names.append(n)
-    if _wrap_init(GPUModelRunner, mode):
-        names.append("GPUModelRunner.__init__")
+
+    def on_runner(module):
+        cls = getattr(module, "GPUModelRunner", None)
+        if cls is None:
+            logger.warning("vllm-hybrid-npu: GPUModelRunner absent; runner patches skipped")
+            return
+        if mode == "all":
+            _common.wrap_may_reinitialize_input_batch(cls)
+        _wrap_init(cls, mode)
+
+    _common.when_imported("vllm.v1.worker.gpu_model_runner", on_runner)
+    if mode == "all":
+        names.append("GPUModelRunner.may_reinitialize_input_batch")
+    names.append("GPUModelRunner.__init__")
     return names
 
 
