@@ -250,3 +250,23 @@ def test_accepted_state_is_selected_with_spec_decode(setup, monkeypatch):
         assert torch.equal(ssm[ids[2]], before[li][1][ids[1 + 1]])
         width = CONV_SHAPE[0]
         assert torch.equal(conv[ids[2]][: width - 1], before[li][0][ids[1]][1:])
+
+
+def test_dim_first_conv_layout_shifts_each_row(monkeypatch):
+    """DS conv layout (num_blocks, dim, width) with accepted drafts: vLLM leaves this case to
+    its fused kernel; ours emits one byte range per dim row. Checked against a torch slice."""
+    from vllm.model_executor.layers.mamba.mamba_utils import get_conv_copy_spec
+
+    monkeypatch.setattr(state_copy, "_conv_dim_first", lambda: True)
+    dim, width, bias = 24, 4, 2
+    conv = torch.randn(6, dim, width).to(torch.bfloat16)
+    block_ids = [3, 1, 4]
+    conv[block_ids[2]].fill_(-5)  # poison the destination
+    want = conv[block_ids[1], :, bias:].clone()
+    untouched = conv[block_ids[2], :, width - bias:].clone()
+    ranges = state_copy._state_ranges(conv, get_conv_copy_spec, block_ids, 1, block_ids[2], bias)
+    assert len(ranges) == dim
+    src, dst, sizes = (list(x) for x in zip(*ranges))
+    state_copy.execute_copies(src, dst, sizes, conv.device)
+    assert torch.equal(conv[block_ids[2], :, : width - bias], want)
+    assert torch.equal(conv[block_ids[2], :, width - bias:], untouched)
