@@ -13,7 +13,7 @@ import time
 import pytest
 
 from vllm_hybrid_npu.lab.model import build_setup
-from vllm_hybrid_npu.lab.policies import POLICIES, get_policy
+from vllm_hybrid_npu.lab.policies import POLICIES, get_policy, load_policy_modules
 from vllm_hybrid_npu.lab.presets import resolve_model
 from vllm_hybrid_npu.lab.replay import replay
 from vllm_hybrid_npu.lab.trace import TraceRequest, infinite_bound
@@ -131,7 +131,8 @@ def test_attention_bound_is_never_below_any_policy(cfg, attn_bytes_per_token):
     # 40 blocks of 256 tokens: room for a few prompts only (eviction on some draws)
     kv = 40 * 256 * attn_bytes_per_token
     bound = _run(cfg, reqs, block_size=256, attention_only=True, kv_bytes=kv)
-    for name in POLICIES:
+    load_policy_modules()
+    for name in list(POLICIES):
         res = _run(cfg, reqs, block_size=256, policy=name, kv_bytes=kv)
         assert res.token_hit_rate <= bound.token_hit_rate
         cached, total = infinite_bound(reqs, 256)

@@ -22,8 +22,10 @@ DEFAULT_MODEL = "qwen3.5-35b-a3b"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``hitrate`` options to ``parser``."""
-    from vllm_hybrid_npu.lab.policies import POLICIES
+    from vllm_hybrid_npu.lab.policies import POLICIES, load_policy_modules
     from vllm_hybrid_npu.lab.presets import PRESETS
+
+    load_policy_modules()
 
     parser.add_argument("--trace", required=True, help="Mooncake-format JSONL trace")
     parser.add_argument(

@@ -19,13 +19,21 @@ Interface (what a policy must supply, for the policies of issue 7 and later):
   replay on a config built for that replay only.
 
 Register with :func:`register_policy`; a name can be registered once (``ValueError`` otherwise).
+Modules listed in :data:`POLICY_MODULES` register policies when imported;
+:func:`load_policy_modules` imports them (``get_policy`` and the CLI call it), so a new policy
+module only needs its name added there.
 ``upstream`` is the installed vLLM's own ``Scheduler``, unmodified, in align mode.
 """
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass, field
 from typing import Any, Callable
+
+#: modules that register more policies on import (issue 7: ``tail``, ``adaptive``); a module
+#: that is not installed is skipped, any other import error propagates
+POLICY_MODULES: tuple[str, ...] = ("vllm_hybrid_npu.scheduling.lab_policies",)
 
 
 def _noop(vllm_config: Any) -> None:
@@ -54,8 +62,19 @@ def register_policy(policy: Policy) -> Policy:
     return policy
 
 
+def load_policy_modules() -> None:
+    """Import every module of :data:`POLICY_MODULES` that exists (they register on import)."""
+    for module in POLICY_MODULES:
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            if not (exc.name and module.startswith(exc.name)):
+                raise
+
+
 def get_policy(name: str) -> Policy:
     """Return the registered policy ``name``; ``ValueError`` naming ``--policy`` if unknown."""
+    load_policy_modules()
     try:
         return POLICIES[name]
     except KeyError:
