@@ -25,7 +25,7 @@ ENV_VAR = "VLLM_HYBRID_NPU_CHECKPOINTS"
 
 #: Policy used when :data:`ENV_VAR` is unset or empty (chosen by measurement, see
 #: docs/first-repeat-hits.md).
-DEFAULT_POLICY = "tail"
+DEFAULT_POLICY = "adaptive"
 
 _installed: list[str] | None = None
 
