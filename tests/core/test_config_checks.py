@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
+import subprocess
+import sys
 
 import pytest
 from vllm.engine.arg_utils import EngineArgs
@@ -74,3 +77,23 @@ def test_align_on_attention_only_model_warns_and_changes_nothing(attention_only_
         cfg = _build(attention_only_model, enable_prefix_caching=True, mamba_cache_mode="align")
     assert cfg.cache_config.enable_prefix_caching is True
     assert any("--mamba-cache-mode align has no effect" in r.getMessage() for r in caplog.records)
+
+
+def test_rejected_config_leaves_no_engine_process(hybrid_model):
+    """Through vLLM's plugin loading and ``LLM(...)`` (engine core in its own process by default):
+    the error comes before any engine process is started."""
+    probe = (
+        "import psutil, sys\n"
+        "from vllm import LLM\n"
+        "try:\n"
+        f"    LLM(model={hybrid_model!r}, enable_prefix_caching=False, mamba_cache_mode='align',"
+        " max_model_len=1024, kv_cache_memory_bytes=64<<20, enforce_eager=True)\n"
+        "except Exception as e:\n"
+        "    print('ERROR', str(e).replace(chr(10), ' '))\n"
+        "print('CHILDREN', len(psutil.Process().children(recursive=True)))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("VLLM_PLUGINS", "VLLM_HYBRID_NPU_PATCHES")}
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300, env=env)
+    out = proc.stdout
+    assert "ERROR" in out and "--enable-prefix-caching" in out, (out, proc.stderr[-3000:])
+    assert "CHILDREN 0" in out, out
