@@ -84,6 +84,12 @@ def install_scheduler_policy() -> list[str]:
         def get_scheduler_cls(self):  # type: ignore[no-untyped-def]
             base = original(self)
             if self.scheduler_cls is not None:
+                # an explicit class (--scheduler-cls, or one vllm-ascend selects for its
+                # recompute / dyntra-LB / profiling-chunk / batch-job / SRF schedulers) wins
+                logger.warning(
+                    "%s=%s not applied: scheduler class %s was chosen explicitly",
+                    ENV_VAR, policy, self.scheduler_cls,
+                )
                 return base
             return scheduler_class(policy, base)
 
