@@ -28,6 +28,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--policy", default="upstream", choices=["upstream", "tail", "adaptive"])
     parser.add_argument("--model", default=None, help="model directory (default: tiny Qwen3-Next)")
+    parser.add_argument("--engine-args", default="{}",
+                        help='extra LLM(...) keyword arguments as JSON, e.g. '
+                        '\'{"prefix_cache_retention_interval": null}\'')
     args = parser.parse_args(argv)
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     from vllm import LLM, SamplingParams
@@ -37,7 +40,9 @@ def main(argv: list[str] | None = None) -> int:
         from vllm_hybrid_npu.tools.make_model import default_model_dir
 
         model = str(default_model_dir("qwen3_next"))
-    kw = {}
+    kw = json.loads(args.engine_args)
+    if not isinstance(kw, dict):
+        raise SystemExit("--engine-args must be a JSON object")
     if args.policy != "upstream":
         kw["scheduler_cls"] = (
             f"vllm_hybrid_npu.scheduling.scheduler.{args.policy.capitalize()}CheckpointScheduler")
