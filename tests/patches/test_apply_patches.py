@@ -33,10 +33,13 @@ print("RESULT " + json.dumps({
 """
 
 
-def _probe(mode: str | None):
-    env = {k: v for k, v in os.environ.items() if k not in ("VLLM_PLUGINS", patches.MODE_ENV)}
+def _probe(mode: str | None, checkpoints: str | None = None):
+    drop = ("VLLM_PLUGINS", patches.MODE_ENV, "VLLM_HYBRID_NPU_CHECKPOINTS")
+    env = {k: v for k, v in os.environ.items() if k not in drop}
     if mode is not None:
         env[patches.MODE_ENV] = mode
+    if checkpoints is not None:
+        env["VLLM_HYBRID_NPU_CHECKPOINTS"] = checkpoints
     proc = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")][-1]
@@ -57,9 +60,20 @@ def test_kernel_mode_routes_only_the_copy():
     assert not any(r[k] for k in ("preprocess", "reinit", "mamba_spec", "attn_spec", "config"))
 
 
-def test_none_mode_patches_nothing():
+def test_none_mode_with_upstream_checkpoints_patches_nothing():
+    r = _probe("none", checkpoints="upstream")
+    assert r["applied"] == ["mode=none"]
+    assert not any(r[k] for k in ("preprocess", "copy", "reinit", "mamba_spec", "attn_spec", "config"))
+
+
+def test_checkpoint_policy_is_installed_in_every_mode():
+    from vllm_hybrid_npu.scheduling import DEFAULT_POLICY
+
+    for mode in ("all", "none"):
+        r = _probe(mode)
+        assert r["applied"][0] == f"mode={mode}"
+        assert r["applied"][-1] == f"scheduler:{DEFAULT_POLICY}"
     r = _probe("none")
-    assert r["applied"] == []
     assert not any(r[k] for k in ("preprocess", "copy", "reinit", "mamba_spec", "attn_spec", "config"))
 
 

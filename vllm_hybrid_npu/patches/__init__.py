@@ -9,7 +9,11 @@
   counted in :mod:`vllm_hybrid_npu.metrics`;
 * ``kernel``: upstream's plan (vLLM / vllm-ascend ``preprocess_mamba``), only the copy itself
   (``do_mamba_copy_block``) is ours, and counted;
-* ``none``: nothing is patched (upstream's in-tree path; the counters stay absent).
+* ``none``: no worker patch (upstream's in-tree path; the counters stay absent).
+
+The checkpoint policy of :mod:`vllm_hybrid_npu.scheduling` (``VLLM_HYBRID_NPU_CHECKPOINTS``,
+default ``adaptive``) is installed in every mode; ``VLLM_HYBRID_NPU_CHECKPOINTS=upstream`` turns it
+off, so ``none`` + ``upstream`` is vLLM / vllm-ascend unchanged.
 
 Per-target modules: :mod:`vllm_hybrid_npu.patches.vllm_runner` (``cuda``, ``cpu``) and
 :mod:`vllm_hybrid_npu.patches.ascend_runner` (``npu``). A target attribute missing on the running
@@ -53,8 +57,13 @@ def apply_patches(target: str) -> list[str]:
     if target not in ("npu", "cuda", "cpu"):
         raise ValueError(f"unknown target {target!r}; expected npu, cuda or cpu")
     mode = patch_mode()
+    # The checkpoint policy (scheduler side, ``VLLM_HYBRID_NPU_CHECKPOINTS``) has its own switch
+    # and applies in every mode, so ``all`` vs ``none`` compares worker paths on one schedule.
+    from vllm_hybrid_npu.scheduling import install_scheduler_policy
+
+    scheduler = install_scheduler_policy()
     if mode == "none":
-        return []
+        return [f"mode={mode}", *scheduler]
     from vllm_hybrid_npu import metrics
     from vllm_hybrid_npu.patches import _common
 
@@ -72,4 +81,4 @@ def apply_patches(target: str) -> list[str]:
         names += vllm_runner.apply(mode)
     if metrics.setup() is not None:
         names.append("metrics")
-    return [f"mode={mode}", *names]
+    return [f"mode={mode}", *names, *scheduler]
