@@ -11,6 +11,9 @@ No Docker engine runs on this project's machines, so no image is built here. Wha
   the entry points vLLM and the user need.
 * The entrypoint script ``docker/serve.sh`` builds a command line that vLLM's own ``serve``
   argument parser accepts, with align-mode prefix caching on, and refuses to start without MODEL.
+* The docs keep up with the code: every ``VLLM_HYBRID_NPU_*`` variable of the package is in
+  docs/configuration.md (and no other), every relative link in docs/ resolves, and docs/index.md
+  links every page.
 """
 
 from __future__ import annotations
