@@ -27,6 +27,7 @@ from vllm_hybrid_npu.tools.server import (
     ServerError,
     VllmServer,
     block_size_from_metrics,
+    counter_from_metrics,
 )
 
 SYSTEM_PROMPT_PARAGRAPH = (
@@ -239,6 +240,9 @@ def run(args: argparse.Namespace) -> int:
             server.base_url, args.system_paragraphs, args.turns, args.max_tokens, log
         )
         plugin_lines = [l for l in server.log_text().splitlines() if "vllm-hybrid-npu" in l and "loaded" in l]
+        metrics_text = server.metrics()
+        state_copies = counter_from_metrics(metrics_text, "vllm_hybrid_npu:state_copies_total")
+        state_copy_bytes = counter_from_metrics(metrics_text, "vllm_hybrid_npu:state_copy_bytes_total")
     except ServerError as exc:
         log(str(exc))
         return 2
@@ -279,6 +283,8 @@ def run(args: argparse.Namespace) -> int:
             "outputs_match": outputs_match,
             "mismatches": mismatches,
             "plugin_log": plugin_lines[:1],
+            "state_copies": state_copies,
+            "state_copy_bytes": state_copy_bytes,
         }, indent=2))
     else:
         print(format_table(results))
@@ -291,6 +297,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"mean TTFT: hits {fmt(summary['mean_ttft_ms_hit'])}, misses {fmt(summary['mean_ttft_ms_miss'])}")
         if plugin_lines:
             print("plugin: " + plugin_lines[0].split("] ", 1)[-1])
+        if state_copies is not None:
+            print(f"align-mode state copies (server /metrics): {state_copies:.0f} copies, "
+                  f"{state_copy_bytes:.0f} bytes")
         if outputs_match is None:
             print("outputs vs prefix caching off: not checked (--skip-baseline)")
         elif outputs_match:

@@ -196,9 +196,13 @@ def cache_root() -> Path:
     return Path(env) if env else Path.home() / ".cache" / "vllm-hybrid-npu"
 
 
+def _default_name(arch: str, seed: int) -> str:
+    return f"tiny-{arch}-s{seed}"
+
+
 def default_model_dir(arch: str = "qwen3_next", seed: int = 0) -> Path:
     """Return the cached default build for ``arch``/``seed``, building it on first use."""
-    out = cache_root() / "models" / f"tiny-{arch}-s{seed}"
+    out = cache_root() / "models" / _default_name(arch, seed)
     marker = out / "vllm_hybrid_npu.json"
     if marker.exists():
         meta = json.loads(marker.read_text())
@@ -220,8 +224,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.out is None:
-        out = default_model_dir(args.arch, args.seed)
-        out = build_model(out, args.arch, args.seed)
+        out = build_model(cache_root() / "models" / _default_name(args.arch, args.seed),
+                          args.arch, args.seed)
     else:
         out = build_model(args.out, args.arch, args.seed)
     print(out)

@@ -195,3 +195,14 @@ def block_size_from_metrics(metrics_text: str) -> int | None:
             if m:
                 return int(m.group(1))
     return None
+
+
+def counter_from_metrics(metrics_text: str, name: str) -> float | None:
+    """Sum of the samples of the Prometheus metric ``name`` (e.g.
+    ``vllm_hybrid_npu:state_copies_total``) in ``metrics_text``; ``None`` when absent."""
+    total, found = 0.0, False
+    for line in metrics_text.splitlines():
+        if line.startswith(name) and line[len(name):len(name) + 1] in (" ", "{"):
+            total += float(line.rsplit(" ", 1)[-1])
+            found = True
+    return total if found else None
