@@ -7,22 +7,11 @@ from pathlib import Path
 
 import pytest
 
-#: A tiny Qwen3-Next-style hybrid: 3 GDN layers + 1 full-attention layer. Attention page per
+from vllm_hybrid_npu.lab.presets import TINY_HYBRID
+
+#: The tiny hybrid of the lab (3 GDN layers + 1 full-attention layer). Attention page per
 #: token and layer = 2 (K, V) x 1 head x 64 x 2 bytes = 256 bytes.
-TINY_CONFIG = {
-    "num_hidden_layers": 4,
-    "layer_types": ["linear_attention"] * 3 + ["full_attention"],
-    "num_attention_heads": 2,
-    "num_key_value_heads": 1,
-    "head_dim": 64,
-    "hidden_size": 128,
-    "linear_conv_kernel_dim": 4,
-    "linear_key_head_dim": 16,
-    "linear_value_head_dim": 16,
-    "linear_num_key_heads": 2,
-    "linear_num_value_heads": 2,
-    "dtype": "bfloat16",
-}
+TINY_CONFIG = TINY_HYBRID
 ATTN_BYTES_PER_TOKEN = 2 * 1 * 64 * 2
 
 

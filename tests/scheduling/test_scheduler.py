@@ -14,25 +14,12 @@ import json
 import pytest
 
 from vllm_hybrid_npu.lab.model import build_setup
-from vllm_hybrid_npu.lab.presets import resolve_model
+from vllm_hybrid_npu.lab.presets import TINY_HYBRID, resolve_model
 from vllm_hybrid_npu.lab.replay import replay
 from vllm_hybrid_npu.lab.trace import TraceRequest
 from vllm_hybrid_npu.scheduling.scheduler import CheckpointPolicyMixin, scheduler_class
 
-TINY = {
-    "num_hidden_layers": 4,
-    "layer_types": ["linear_attention"] * 3 + ["full_attention"],
-    "num_attention_heads": 2,
-    "num_key_value_heads": 1,
-    "head_dim": 64,
-    "hidden_size": 128,
-    "linear_conv_kernel_dim": 4,
-    "linear_key_head_dim": 16,
-    "linear_value_head_dim": 16,
-    "linear_num_key_heads": 2,
-    "linear_num_value_heads": 2,
-    "dtype": "bfloat16",
-}
+TINY = TINY_HYBRID
 BS = 256
 
 

@@ -40,6 +40,24 @@ _GDN_COMMON: dict[str, Any] = {
     "dtype": "bfloat16",
 }
 
+#: A tiny hybrid (3 GDN layers + 1 full-attention layer, small heads) for tests and quick looks at
+#: the replay; not a real model and not a preset. Attention page per token and layer:
+#: 2 (K, V) x 1 KV head x 64 x 2 bytes = 256 bytes.
+TINY_HYBRID: dict[str, Any] = {
+    "num_hidden_layers": 4,
+    "layer_types": ["linear_attention"] * 3 + ["full_attention"],
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "head_dim": 64,
+    "hidden_size": 128,
+    "linear_conv_kernel_dim": 4,
+    "linear_key_head_dim": 16,
+    "linear_value_head_dim": 16,
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 2,
+    "dtype": "bfloat16",
+}
+
 #: preset name -> KV-relevant text-config fields (see module docstring for sources)
 PRESETS: dict[str, dict[str, Any]] = {
     "qwen3.5-35b-a3b": {
