@@ -30,17 +30,14 @@ def llm(tiny_model_dir):
     mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process engine core
     from vllm import LLM
 
+    from vllm_hybrid_npu.tools.server import CPU_SAFE_ENGINE_ARGS
+
     engine = LLM(
         model=str(tiny_model_dir("qwen3_next")),
         enable_prefix_caching=True,
         mamba_cache_mode="align",
         scheduler_cls=f"vllm_hybrid_npu.scheduling.scheduler.{CLASS_NAME}",
-        kv_cache_memory_bytes=256 << 20,
-        gpu_memory_utilization=0.05,
-        max_model_len=8192,
-        max_num_seqs=4,
-        enforce_eager=True,
-        seed=0,
+        **{**CPU_SAFE_ENGINE_ARGS, "kv_cache_memory_bytes": 256 << 20, "max_num_seqs": 4},
     )
     yield engine
     del engine

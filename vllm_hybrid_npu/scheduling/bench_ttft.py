@@ -52,6 +52,8 @@ def run(args: argparse.Namespace) -> int:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     from vllm import LLM, SamplingParams
 
+    from vllm_hybrid_npu.tools.server import CPU_SAFE_ENGINE_ARGS
+
     from vllm_hybrid_npu.scheduling.scheduler import CheckpointPolicyMixin
 
     model = args.model
@@ -63,9 +65,9 @@ def run(args: argparse.Namespace) -> int:
     if args.max_num_batched_tokens:
         kw["max_num_batched_tokens"] = args.max_num_batched_tokens
     llm = LLM(model=model, enable_prefix_caching=True, mamba_cache_mode="align",
-              kv_cache_memory_bytes=256 << 20, gpu_memory_utilization=0.05,
-              max_model_len=8192, max_num_seqs=4, enforce_eager=True, seed=0,
-              scheduler_cls="vllm_hybrid_npu.scheduling.scheduler.TailCheckpointScheduler", **kw)
+              scheduler_cls="vllm_hybrid_npu.scheduling.scheduler.TailCheckpointScheduler",
+              **{**CPU_SAFE_ENGINE_ARGS, "kv_cache_memory_bytes": 256 << 20, "max_num_seqs": 4,
+                 **kw})
     core = llm.llm_engine.engine_core.engine_core
     sched = core.scheduler
     assert isinstance(sched, CheckpointPolicyMixin)

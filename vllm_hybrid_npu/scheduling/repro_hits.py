@@ -35,6 +35,8 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     from vllm import LLM, SamplingParams
 
+    from vllm_hybrid_npu.tools.server import CPU_SAFE_ENGINE_ARGS
+
     model = args.model
     if model is None:
         from vllm_hybrid_npu.tools.make_model import default_model_dir
@@ -47,8 +49,7 @@ def main(argv: list[str] | None = None) -> int:
         kw["scheduler_cls"] = (
             f"vllm_hybrid_npu.scheduling.scheduler.{args.policy.capitalize()}CheckpointScheduler")
     llm = LLM(model=model, enable_prefix_caching=True, mamba_cache_mode="align",
-              kv_cache_memory_bytes=256 << 20, gpu_memory_utilization=0.05, max_model_len=8192,
-              max_num_seqs=8, enforce_eager=True, seed=0, **kw)
+              **{**CPU_SAFE_ENGINE_ARGS, "kv_cache_memory_bytes": 256 << 20, **kw})
     result = {"policy": args.policy,
               "block_size": llm.llm_engine.vllm_config.cache_config.block_size,
               "repeats": {}, "follow_up": {}}

@@ -18,16 +18,35 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-#: Arguments that make a tiny model fit on a small CPU machine: a fixed KV-cache budget (bytes)
-#: instead of a share of "device" memory, eager execution, a few sequences at a time.
-CPU_SAFE_ARGS: tuple[str, ...] = (
-    "--kv-cache-memory-bytes", str(512 << 20),
-    "--gpu-memory-utilization", "0.05",
-    "--max-model-len", "8192",
-    "--max-num-seqs", "8",
-    "--enforce-eager",
-    "--seed", "0",
-)
+#: Engine arguments that make a tiny model fit on a small CPU machine: a fixed KV-cache budget
+#: (bytes) instead of a share of "device" memory, eager execution, a few sequences at a time. The
+#: one source of the CPU-safe settings, for ``vllm.LLM(**...)`` and (as flags) for ``vllm serve``.
+CPU_SAFE_ENGINE_ARGS: dict[str, object] = {
+    "kv_cache_memory_bytes": 512 << 20,
+    "gpu_memory_utilization": 0.05,
+    "max_model_len": 8192,
+    "max_num_seqs": 8,
+    "enforce_eager": True,
+    "seed": 0,
+}
+
+
+def engine_args_to_flags(engine_args: dict[str, object]) -> tuple[str, ...]:
+    """``{"max_model_len": 8192, "enforce_eager": True}`` -> ``("--max-model-len", "8192",
+    "--enforce-eager")``: vLLM engine arguments as ``vllm serve`` flags (``True`` becomes a bare
+    flag, ``False`` is left out)."""
+    flags: list[str] = []
+    for key, value in engine_args.items():
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            flags.append(flag)
+        elif value is not False:
+            flags += [flag, str(value)]
+    return tuple(flags)
+
+
+#: :data:`CPU_SAFE_ENGINE_ARGS` as ``vllm serve`` flags.
+CPU_SAFE_ARGS: tuple[str, ...] = engine_args_to_flags(CPU_SAFE_ENGINE_ARGS)
 
 #: Arguments of align-mode prefix caching, the configuration this project exists for.
 PREFIX_CACHING_ARGS: tuple[str, ...] = ("--enable-prefix-caching", "--mamba-cache-mode", "align")
