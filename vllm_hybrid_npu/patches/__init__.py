@@ -69,8 +69,11 @@ def apply_patches(target: str) -> list[str]:
 
     names: list[str] = []
     if mode == "all":
-        _common.when_imported("vllm.config", lambda m: _common.wrap_config_checks())
+        _common.when_imported("vllm.config", lambda m: _common.wrap_config_checks(target))
         names.append("VllmConfig.try_verify_and_update_config")
+        from vllm_hybrid_npu.patches import gdn_all_mode
+
+        names += gdn_all_mode.apply(target)
     if target == "npu":
         from vllm_hybrid_npu.patches import ascend_runner
 

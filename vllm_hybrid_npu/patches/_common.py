@@ -265,9 +265,11 @@ def wrap_may_reinitialize_input_batch(cls: type) -> str | None:
 
 
 # --------------------------------------------------------------------------- config checks
-def wrap_config_checks() -> str | None:
+def wrap_config_checks(target: str | None = None) -> str | None:
     """Run our align-mode checks first in ``VllmConfig.try_verify_and_update_config``
-    (vLLM 0.30.0 / 0.32.0 ``vllm/config/vllm.py``), once per config."""
+    (vLLM 0.30.0 / 0.32.0 ``vllm/config/vllm.py``), once per config; with ``target``, then
+    :func:`vllm_hybrid_npu.patches.gdn_all_mode.maybe_switch_to_all` (``'all'`` mode for GDN
+    models under ``VLLM_HYBRID_NPU_CHECKPOINTS=gdn``)."""
     try:
         from vllm.config import VllmConfig
     except Exception as exc:  # pragma: no cover
@@ -287,6 +289,10 @@ def wrap_config_checks() -> str | None:
         model_config = getattr(self, "model_config", None)
         if model_config is not None and not getattr(model_config, "config_updated", False):
             check_align_mode(self)
+            if target is not None:
+                from vllm_hybrid_npu.patches.gdn_all_mode import maybe_switch_to_all
+
+                maybe_switch_to_all(self, target)
         return orig(self, *args, **kwargs)
 
     replace_attr(VllmConfig, "try_verify_and_update_config", _mark(try_verify_and_update_config))
