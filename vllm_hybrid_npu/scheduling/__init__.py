@@ -3,8 +3,11 @@
 * :mod:`.split`: the pure cut logic (no vLLM import).
 * :mod:`.scheduler`: vLLM ``Scheduler``/``AsyncScheduler`` subclasses applying a policy.
 * :func:`install_scheduler_policy`: makes vLLM pick the policy scheduler in this process,
-  selected by ``VLLM_HYBRID_NPU_CHECKPOINTS=upstream|tail|adaptive`` (default
-  :data:`DEFAULT_POLICY`).
+  selected by ``VLLM_HYBRID_NPU_CHECKPOINTS=upstream|tail|adaptive|gdn`` (default
+  :data:`DEFAULT_POLICY`). ``gdn`` is not a scheduling policy: it selects GDN states captured
+  inside the step (vLLM's ``'all'`` mode for GDN models,
+  :mod:`vllm_hybrid_npu.patches.gdn_all_mode`), which needs no extra chunk ends; its scheduler
+  only keeps the per-block states (dense retention).
 * :mod:`.bench_ttft`: time-to-first-token benchmark, upstream vs the policies.
 * :mod:`.lab_policies`: the same policies registered in the hit-rate lab.
 
@@ -23,6 +26,10 @@ logger = logging.getLogger("vllm_hybrid_npu")
 #: Environment variable selecting the checkpoint policy.
 ENV_VAR = "VLLM_HYBRID_NPU_CHECKPOINTS"
 
+#: Values of :data:`ENV_VAR` whose states come from the worker (the step itself), not from
+#: extra chunk ends.
+WORKER_MODES: tuple[str, ...] = ("gdn",)
+
 #: Policy used when :data:`ENV_VAR` is unset or empty (chosen by measurement, see
 #: docs/first-repeat-hits.md).
 DEFAULT_POLICY = "adaptive"
@@ -37,10 +44,10 @@ def selected_policy() -> str:
         ValueError: the variable names no known policy (the message names the variable).
     """
     value = os.environ.get(ENV_VAR, "").strip().lower() or DEFAULT_POLICY
-    if value not in POLICY_NAMES:
+    if value not in POLICY_NAMES + WORKER_MODES:
         raise ValueError(
             f"{ENV_VAR}={os.environ.get(ENV_VAR)!r} is not a checkpoint policy; expected one "
-            f"of {', '.join(POLICY_NAMES)}"
+            f"of {', '.join(POLICY_NAMES + WORKER_MODES)}"
         )
     return value
 

@@ -22,6 +22,12 @@ What a policy changes, and nothing else (vLLM 0.30.0 and 0.32.0,
 
 Both changes apply only when vLLM splits for Mamba (``need_mamba_block_aligned_split``: hybrid
 model, ``mamba_cache_mode == "align"``); otherwise the class behaves exactly as its base.
+
+Policy ``gdn`` (:data:`GDN_POLICY`, ``VLLM_HYBRID_NPU_CHECKPOINTS=gdn``): states are captured
+inside the step in ``'all'`` mode (:mod:`vllm_hybrid_npu.patches.gdn_all_mode`), so there is no
+split to change; only change 2 applies, to a hybrid model in ``'all'`` mode (without it vLLM
+would keep only the replay boundary and junction states and drop the per-block states the step
+just wrote).
 """
 
 from __future__ import annotations
@@ -33,13 +39,17 @@ from vllm_hybrid_npu.scheduling.split import POLICY_NAMES, policy_chunk_tokens
 
 _CLASS_CACHE: dict[tuple[str, type], type] = {}
 
+#: The policy for GDN states captured inside the step (no extra chunk ends, dense retention in
+#: ``'all'`` mode).
+GDN_POLICY = "gdn"
 
-def _has_mamba_align(kv_cache_config: Any, vllm_config: Any) -> bool:
+
+def _has_mamba_align(kv_cache_config: Any, vllm_config: Any, modes=("align",)) -> bool:
     try:
         from vllm.v1.kv_cache_interface import MambaSpec
     except ImportError:  # pragma: no cover - every supported vLLM has it
         return False
-    if getattr(vllm_config.cache_config, "mamba_cache_mode", None) != "align":
+    if getattr(vllm_config.cache_config, "mamba_cache_mode", None) not in modes:
         return False
     return any(isinstance(g.kv_cache_spec, MambaSpec) for g in kv_cache_config.kv_cache_groups)
 
@@ -61,7 +71,11 @@ class CheckpointPolicyMixin:
             and vllm_config is not None
             and kv_cache_config is not None
             and getattr(kv_cache_config, "prefix_cache_retention_interval", None) == 0
-            and _has_mamba_align(kv_cache_config, vllm_config)
+            and _has_mamba_align(
+                kv_cache_config,
+                vllm_config,
+                ("all",) if self.checkpoint_policy == GDN_POLICY else ("align",),
+            )
         ):
             dense = dataclasses.replace(kv_cache_config, prefix_cache_retention_interval=None)
             if "kv_cache_config" in kwargs:
@@ -85,7 +99,7 @@ class CheckpointPolicyMixin:
         num = super()._mamba_block_aligned_split(  # type: ignore[misc]
             request, num_new_tokens, num_new_local_computed_tokens, num_external_computed_tokens
         )
-        if self.checkpoint_policy == "upstream" or num <= 0:
+        if self.checkpoint_policy in ("upstream", GDN_POLICY) or num <= 0:
             return num
         start = (
             request.num_computed_tokens
@@ -102,7 +116,8 @@ def scheduler_class(policy: str, base: type | None = None) -> type:
     """The scheduler class applying ``policy`` on top of ``base``.
 
     Args:
-        policy: one of :data:`.split.POLICY_NAMES`; ``"upstream"`` returns ``base`` itself.
+        policy: one of :data:`.split.POLICY_NAMES` or :data:`GDN_POLICY`; ``"upstream"`` returns
+            ``base`` itself.
         base: vLLM's ``Scheduler`` (default) or ``AsyncScheduler``, or any subclass of
             ``Scheduler`` that keeps ``_mamba_block_aligned_split``.
 
@@ -113,10 +128,10 @@ def scheduler_class(policy: str, base: type | None = None) -> type:
         ValueError: unknown policy; TypeError: ``base`` has no ``_mamba_block_aligned_split``
         (a vLLM without align-mode splitting).
     """
-    if policy not in POLICY_NAMES:
+    if policy not in (*POLICY_NAMES, GDN_POLICY):
         raise ValueError(
             f"VLLM_HYBRID_NPU_CHECKPOINTS={policy!r} is unknown; expected one of "
-            f"{', '.join(POLICY_NAMES)}"
+            f"{', '.join((*POLICY_NAMES, GDN_POLICY))}"
         )
     if base is None:
         from vllm.v1.core.sched.scheduler import Scheduler
