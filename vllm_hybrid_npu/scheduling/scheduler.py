@@ -164,6 +164,8 @@ SCHEDULER_CLASS_NAMES: dict[str, tuple[str, str]] = {
     "AdaptiveCheckpointScheduler": ("adaptive", "Scheduler"),
     "TailCheckpointAsyncScheduler": ("tail", "AsyncScheduler"),
     "AdaptiveCheckpointAsyncScheduler": ("adaptive", "AsyncScheduler"),
+    "GdnCheckpointScheduler": (GDN_POLICY, "Scheduler"),
+    "GdnCheckpointAsyncScheduler": (GDN_POLICY, "AsyncScheduler"),
 }
 
 
