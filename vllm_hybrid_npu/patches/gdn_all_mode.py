@@ -337,21 +337,24 @@ def maybe_switch_to_all(vllm_config: Any, target: str) -> bool:
     if not getattr(cache, "enable_prefix_caching", False):
         return False
     wants_gdn = selected_policy() == "gdn"
-    if wants_gdn and cache.mamba_cache_mode == "align":
-        if target not in SUPPORTED_TARGETS:
-            logger.warning(
-                "%s=gdn: GDN states inside the step are implemented for %s only (not %s); "
-                "staying in align mode", ENV_VAR, ", ".join(SUPPORTED_TARGETS), target,
-            )
-            return False
-        cache.mamba_cache_mode = "all"
-        logger.info("%s=gdn: --mamba-cache-mode align -> all (GDN states at every block boundary)", ENV_VAR)
-    if cache.mamba_cache_mode != "all":
+    switch = wants_gdn and cache.mamba_cache_mode == "align"
+    if switch and target not in SUPPORTED_TARGETS:
+        logger.warning(
+            "%s=gdn: GDN states inside the step are implemented for %s only (not %s); "
+            "staying in align mode", ENV_VAR, ", ".join(SUPPORTED_TARGETS), target,
+        )
+        return False
+    if not switch and cache.mamba_cache_mode != "all":
         return False
     if getattr(vllm_config, "speculative_config", None) is not None:
         raise GdnAllModeConfigError(
             "--mamba-cache-mode all (or VLLM_HYBRID_NPU_CHECKPOINTS=gdn) for GDN models does not "
             "support --speculative-config in vllm-hybrid-npu; use --mamba-cache-mode align"
+        )
+    if switch:
+        cache.mamba_cache_mode = "all"
+        logger.info(
+            "%s=gdn: --mamba-cache-mode align -> all (GDN states at every block boundary)", ENV_VAR
         )
     return True
 
