@@ -1,6 +1,6 @@
 """Cached prompt tokens of shared-prefix repeats and of a follow-up turn, per checkpoint policy.
 
-``python -m vllm_hybrid_npu.scheduling.repro_hits [--policy upstream|tail|adaptive] [--model DIR]``
+``python -m vllm_hybrid_npu.scheduling.repro_hits [--policy upstream|tail|adaptive|gdn] [--model DIR]``
 
 One in-process vLLM engine (align mode, prefix caching on, tiny Qwen3-Next by default). Prints
 one ``RESULT`` line per case and a final JSON object:
@@ -11,8 +11,11 @@ one ``RESULT`` line per case and a final JSON object:
   tokens, then a second turn = first prompt + its output + 50 new tokens; the second turn's
   cached tokens.
 
-``--policy upstream`` uses vLLM's own scheduler class; the others name the policy class with
-``scheduler_cls`` (what the plugin installs by default).
+``--policy upstream`` names vLLM's own ``Scheduler`` with ``scheduler_cls`` (an explicit class
+wins over the plugin's default policy); ``tail`` / ``adaptive`` name the policy class (what the
+plugin installs by default); ``gdn`` runs ``--mamba-cache-mode all`` with
+``GdnCheckpointScheduler`` (what ``VLLM_HYBRID_NPU_CHECKPOINTS=gdn`` selects: GDN states at every
+block boundary inside the step, :mod:`vllm_hybrid_npu.patches.gdn_all_mode`).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import sys
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--policy", default="upstream", choices=["upstream", "tail", "adaptive"])
+    parser.add_argument("--policy", default="upstream", choices=["upstream", "tail", "adaptive", "gdn"])
     parser.add_argument("--model", default=None, help="model directory (default: tiny Qwen3-Next)")
     parser.add_argument("--engine-args", default="{}",
                         help='extra LLM(...) keyword arguments as JSON, e.g. '
@@ -45,12 +48,16 @@ def main(argv: list[str] | None = None) -> int:
     kw = json.loads(args.engine_args)
     if not isinstance(kw, dict):
         raise SystemExit("--engine-args must be a JSON object")
-    if args.policy != "upstream":
+    if args.policy == "upstream":
+        kw["scheduler_cls"] = "vllm.v1.core.sched.scheduler.Scheduler"
+    else:
         kw["scheduler_cls"] = (
             f"vllm_hybrid_npu.scheduling.scheduler.{args.policy.capitalize()}CheckpointScheduler")
-    llm = LLM(model=model, enable_prefix_caching=True, mamba_cache_mode="align",
+    mode = "all" if args.policy == "gdn" else "align"
+    llm = LLM(model=model, enable_prefix_caching=True, mamba_cache_mode=mode,
               **{**CPU_SAFE_ENGINE_ARGS, "kv_cache_memory_bytes": 256 << 20, **kw})
     result = {"policy": args.policy,
+              "mamba_cache_mode": llm.llm_engine.vllm_config.cache_config.mamba_cache_mode,
               "block_size": llm.llm_engine.vllm_config.cache_config.block_size,
               "repeats": {}, "follow_up": {}}
     sp = SamplingParams(max_tokens=4, temperature=0)
