@@ -19,6 +19,12 @@ import random
 
 import pytest
 
+from vllm_hybrid_npu.patches.gdn_all_mode import all_mode_available
+
+pytestmark = pytest.mark.skipif(
+    not all_mode_available(), reason="this vLLM has no --mamba-cache-mode all (vLLM 0.32 removed it)"
+)
+
 ENGINE = dict(kv_cache_memory_bytes=256 << 20, max_num_seqs=4, max_num_batched_tokens=2048)
 
 

@@ -17,7 +17,12 @@ import pytest
 from vllm_hybrid_npu.patches.gdn_all_mode import (
     GDN_CHUNK_SIZE,
     GdnAllModeConfigError,
+    all_mode_available,
     maybe_switch_to_all,
+)
+
+needs_all_mode = pytest.mark.skipif(
+    not all_mode_available(), reason="this vLLM has no --mamba-cache-mode all (vLLM 0.32 removed it)"
 )
 
 
@@ -37,6 +42,15 @@ def tiny_model_dir():
     return default_model_dir
 
 
+@pytest.mark.skipif(all_mode_available(), reason="vLLM has 'all' mode (0.30): switch tested below")
+def test_gdn_policy_without_all_mode_stays_align(tiny_model_dir, monkeypatch, caplog):
+    monkeypatch.setenv("VLLM_HYBRID_NPU_CHECKPOINTS", "gdn")
+    with caplog.at_level(logging.WARNING, logger="vllm_hybrid_npu"):
+        cfg = _config(tiny_model_dir, mamba_cache_mode="align")
+    assert cfg.cache_config.mamba_cache_mode == "align"
+
+
+@needs_all_mode
 def test_gdn_policy_switches_align_to_all(tiny_model_dir, monkeypatch):
     monkeypatch.setenv("VLLM_HYBRID_NPU_CHECKPOINTS", "gdn")
     cfg = _config(tiny_model_dir, mamba_cache_mode="align")
@@ -50,6 +64,7 @@ def test_other_policies_keep_align(tiny_model_dir, monkeypatch):
     assert cfg.cache_config.mamba_cache_mode == "align"
 
 
+@needs_all_mode
 def test_explicit_all_mode_is_kept_for_gdn_model(tiny_model_dir, monkeypatch):
     # upstream falls back to align ("without support for prefix caching with Mamba cache 'all'")
     monkeypatch.setenv("VLLM_HYBRID_NPU_CHECKPOINTS", "upstream")
@@ -60,6 +75,7 @@ def test_explicit_all_mode_is_kept_for_gdn_model(tiny_model_dir, monkeypatch):
     assert cfg.cache_config.block_size < 2048
 
 
+@needs_all_mode
 def test_all_mode_with_speculative_decoding_is_refused(tiny_model_dir, monkeypatch):
     monkeypatch.setenv("VLLM_HYBRID_NPU_CHECKPOINTS", "gdn")
     # vLLM's pydantic VllmConfig re-raises our GdnAllModeConfigError as a ValidationError (also a
@@ -70,6 +86,7 @@ def test_all_mode_with_speculative_decoding_is_refused(tiny_model_dir, monkeypat
                                     "prompt_lookup_max": 3})
 
 
+@needs_all_mode
 def test_all_mode_with_speculative_decoding_is_refused_before_any_change(monkeypatch):
     monkeypatch.setenv("VLLM_HYBRID_NPU_CHECKPOINTS", "gdn")
     cfg = _stub()
@@ -97,6 +114,7 @@ def test_gdn_policy_on_target_without_implementation_stays_align(target, monkeyp
     assert f"not {target}" in caplog.text
 
 
+@needs_all_mode
 def test_gdn_policy_leaves_other_models_and_caching_off_alone(monkeypatch):
     monkeypatch.setenv("VLLM_HYBRID_NPU_CHECKPOINTS", "gdn")
     for cfg in (_stub(arch="MambaForCausalLM"), _stub(caching=False)):

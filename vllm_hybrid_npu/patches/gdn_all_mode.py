@@ -37,8 +37,8 @@ on the CPU target (vLLM 0.30.0, verified here):
 
 Not done: CUDA (vLLM's FLA chunk kernel) and NPU (vllm-ascend's GDN kernels) have no 'all'-mode
 path here; on those targets nothing is patched and vLLM's fallback to ``align`` stays. vLLM 0.32.0
-removed ``'all'`` (its prefill-checkpoint mechanism is the replacement); this module finds no
-``'all'`` mode there and does nothing. Speculative decoding with ``'all'`` is rejected (vLLM's
+removed ``'all'`` (its prefill-checkpoint mechanism is the replacement): there ``gdn`` logs a
+warning and keeps align mode (:func:`all_mode_available`), and the patches have nothing to act on. Speculative decoding with ``'all'`` is rejected (vLLM's
 'all'-mode spec-decode bookkeeping is not mirrored here).
 
 When it can go: when vLLM's GDN backend caches per-block states itself.
@@ -122,6 +122,18 @@ def is_gdn_model(model_config: Any) -> bool:
     archs = getattr(getattr(model_config, "hf_config", None), "architectures", None) or []
     arch = getattr(model_config, "architecture", None)
     return bool(GDN_ARCHITECTURES.intersection([*archs, *([arch] if arch else [])]))
+
+
+def all_mode_available() -> bool:
+    """Whether the installed vLLM has ``--mamba-cache-mode all`` (vLLM 0.30.0: ``MambaCacheMode =
+    Literal["all", "align", "none"]`` in ``vllm/config/cache.py``; 0.32.0 dropped ``"all"``)."""
+    import typing
+
+    try:
+        from vllm.config.cache import MambaCacheMode
+    except ImportError:  # pragma: no cover - every supported vLLM has it
+        return False
+    return "all" in typing.get_args(MambaCacheMode)
 
 
 def build_plan(common_attn_metadata: Any, block_size: int, num_decodes: int) -> GdnStepPlan:
@@ -342,6 +354,12 @@ def maybe_switch_to_all(vllm_config: Any, target: str) -> bool:
         logger.warning(
             "%s=gdn: GDN states inside the step are implemented for %s only (not %s); "
             "staying in align mode", ENV_VAR, ", ".join(SUPPORTED_TARGETS), target,
+        )
+        return False
+    if switch and not all_mode_available():
+        logger.warning(
+            "%s=gdn: this vLLM has no --mamba-cache-mode all (removed in vLLM 0.32); staying in "
+            "align mode", ENV_VAR,
         )
         return False
     if not switch and cache.mamba_cache_mode != "all":
