@@ -2,8 +2,11 @@
 
 * :mod:`.split`: the pure cut logic (no vLLM import).
 * :mod:`.scheduler`: vLLM ``Scheduler``/``AsyncScheduler`` subclasses applying a policy.
+* :mod:`.retention` / :mod:`.lean`: policy ``lean`` (chunk ends at the prompt's last three block
+  boundaries, only those states kept, kept states and their attention blocks evicted as
+  segments, orphaned attention blocks first).
 * :func:`install_scheduler_policy`: makes vLLM pick the policy scheduler in this process,
-  selected by ``VLLM_HYBRID_NPU_CHECKPOINTS=upstream|tail|adaptive|gdn`` (default
+  selected by ``VLLM_HYBRID_NPU_CHECKPOINTS=upstream|tail|adaptive|lean|gdn`` (default
   :data:`DEFAULT_POLICY`). ``gdn`` is not a scheduling policy: it selects GDN states captured
   inside the step (vLLM's ``'all'`` mode for GDN models,
   :mod:`vllm_hybrid_npu.patches.gdn_all_mode`), which needs no extra chunk ends; its scheduler

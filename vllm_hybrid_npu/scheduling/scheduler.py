@@ -148,9 +148,15 @@ def scheduler_class(policy: str, base: type | None = None) -> type:
     cls = _CLASS_CACHE.get(key)
     if cls is None:
         name = f"{policy.capitalize()}Checkpoint{base.__name__}"
+        if policy == "lean":
+            from vllm_hybrid_npu.scheduling.lean import LeanRetentionMixin
+
+            mixin: type = LeanRetentionMixin
+        else:
+            mixin = CheckpointPolicyMixin
         cls = type(
             name,
-            (CheckpointPolicyMixin, base),
+            (mixin, base),
             {"checkpoint_policy": policy, "__module__": __name__, "__qualname__": name},
         )
         _CLASS_CACHE[key] = cls

@@ -21,6 +21,9 @@ is kept:
 * ``upstream``: no extra stop.
 * ``tail``: a stop at every block boundary of the prefill (chunks are whole blocks except the
   last one); every block-aligned prefix of the prompt gets a state on first sight.
+* ``lean``: the stops of :func:`.retention.extra_stops` (the prompt's last three block
+  boundaries, no ladder); its retention and eviction order are in :mod:`.retention` and
+  :mod:`.lean`.
 * ``adaptive``: stops at block boundaries that are a power-of-two number of blocks
   (1, 2, 4, 8, ... blocks) below the prompt's last block boundary: a prompt of ``n`` blocks takes
   about ``log2(n)`` extra steps instead of ``n``, and a later request sharing ``k >= 1`` blocks
@@ -29,7 +32,12 @@ is kept:
 
 from __future__ import annotations
 
-POLICY_NAMES: tuple[str, ...] = ("upstream", "tail", "adaptive")
+POLICY_NAMES: tuple[str, ...] = ("upstream", "tail", "adaptive", "lean")
+
+#: ``lean``'s stops (:mod:`.retention`): the prompt's last ``LEAN_WINDOW`` block boundaries
+#: and, when ``LEAN_LADDER``, the adaptive ladder.
+LEAN_WINDOW = 3
+LEAN_LADDER = False
 
 
 def _check(name: str, value: int, minimum: int) -> None:
@@ -56,6 +64,8 @@ def next_checkpoint_stop(start: int, block_size: int, policy: str) -> int | None
     _check("block_size", block_size, 1)
     if policy == "upstream":
         return None
+    if policy == "lean":
+        raise ValueError("checkpoint policy 'lean' stops depend on the prompt end: use policy_chunk_tokens")
     if policy == "tail":
         return (start // block_size + 1) * block_size
     if policy == "adaptive":
@@ -103,6 +113,11 @@ def policy_chunk_tokens(
     """
     _check("num_new_tokens", num_new_tokens, 0)
     _check("prefill_end", prefill_end, 0)
+    if policy == "lean":
+        from vllm_hybrid_npu.scheduling.retention import extra_stops
+
+        _check("block_size", block_size, 1)
+        return extra_stops(start, num_new_tokens, prefill_end, block_size, LEAN_WINDOW, LEAN_LADDER)
     stop = next_checkpoint_stop(start, block_size, policy)
     if stop is None or num_new_tokens == 0 or start >= prefill_end:
         return num_new_tokens
