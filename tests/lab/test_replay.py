@@ -133,7 +133,13 @@ def test_attention_bound_is_never_below_any_policy(cfg, attn_bytes_per_token):
     bound = _run(cfg, reqs, block_size=256, attention_only=True, kv_bytes=kv)
     load_policy_modules()
     for name in list(POLICIES):
-        res = _run(cfg, reqs, block_size=256, policy=name, kv_bytes=kv)
+        try:
+            res = _run(cfg, reqs, block_size=256, policy=name, kv_bytes=kv)
+        except ValueError as exc:
+            # 'all' mode (gdn-*): vLLM sizes a request's GDN states at one page per block of
+            # max_model_len in every GDN group, which 40 blocks may not hold
+            assert name.startswith("gdn") and "--kv-cache-gib" in str(exc)
+            continue
         assert res.token_hit_rate <= bound.token_hit_rate
         cached, total = infinite_bound(reqs, 256)
         assert res.cached_prompt_tokens <= cached and res.prompt_tokens == total

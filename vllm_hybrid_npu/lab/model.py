@@ -101,7 +101,9 @@ def build_setup(
         kernel_block_size: the attention backend's preferred block size (tokens).
         attention_only: keep only the full-attention layers (the "attention bound" model):
             block size = ``block_size`` or ``kernel_block_size``, no GDN specs.
-        configure: a policy's ``configure(vllm_config)`` hook, called before specs are built.
+        configure: a policy's ``configure(vllm_config)`` hook, called before specs are built
+            (it may switch ``cache_config.mamba_cache_mode`` to ``"all"``: the GDN specs and the
+            block-size alignment follow the config's mode).
 
     Raises ``ValueError`` naming ``--kv-cache-gib`` when the budget cannot hold one request of
     ``max_model_len`` tokens (vLLM's own check), ``--tp`` when heads do not split.
@@ -192,7 +194,7 @@ def build_setup(
                 block_size=cache_config.mamba_block_size,
                 page_size_padded=cache_config.mamba_page_size_padded,
                 mamba_type=MambaAttentionBackendEnum.GDN_ATTN,
-                mamba_cache_mode="align",
+                mamba_cache_mode=cache_config.mamba_cache_mode,
             )
             specs[f"model.layers.{i}.linear_attn"] = spec
             state_bytes += spec.page_size_bytes

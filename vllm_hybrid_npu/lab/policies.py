@@ -96,3 +96,21 @@ register_policy(
         scheduler_class=_upstream_scheduler,
     )
 )
+
+
+def _free_states_scheduler() -> type:
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    from vllm_hybrid_npu.lab.bounds import free_states_scheduler
+
+    return free_states_scheduler(Scheduler)
+
+
+register_policy(
+    Policy(
+        name="free-states",
+        description="reference, not a policy: cached GDN states free and everywhere, running "
+        "requests' states charged (vllm_hybrid_npu/lab/bounds.py)",
+        scheduler_class=_free_states_scheduler,
+    )
+)

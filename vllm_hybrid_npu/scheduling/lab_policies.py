@@ -1,4 +1,4 @@
-"""The checkpoint policies (``tail``, ``adaptive``) registered in the hit-rate lab.
+"""The checkpoint policies (``tail``, ``adaptive``, ``lean`` and lab-only ``lean`` lever variants) registered in the hit-rate lab.
 
 Importing this module registers them in :data:`vllm_hybrid_npu.lab.policies.POLICIES` under the
 names ``VLLM_HYBRID_NPU_CHECKPOINTS`` uses; ``upstream`` is the lab's own entry. Registration is
@@ -17,6 +17,23 @@ DESCRIPTIONS = {
     "tail": "state checkpoint at every block boundary of the prefill, dense state retention",
     "adaptive": "checkpoints at 1, 2, 4, 8... blocks and the prompt's last block boundary, "
     "dense state retention",
+    "lean": "checkpoints at the prompt's last 3 block boundaries; keeps only those, decode "
+    "boundaries and junctions; segment-ordered eviction (orphaned attention blocks first)",
+}
+
+#: Lab-only variants of ``lean`` isolating one lever each (not selectable in the engine):
+#: name -> (description, LeanRetentionMixin attribute overrides)
+LEVERS: dict[str, tuple[str, dict]] = {
+    "lean-r": ("lab-only lever: lean's chunk ends and sparse retention, vLLM's LRU order",
+               {"lean_order": False}),
+    "lean-w1": ("lab-only lever: lean keeping only the prompt's last boundary",
+                {"lean_window": 1}),
+    "lean-w2": ("lab-only lever: lean keeping the prompt's last 2 boundaries",
+                {"lean_window": 2}),
+    "lean-ladder": ("lab-only lever: lean + the adaptive ladder's chunk ends and states",
+                    {"lean_ladder": True}),
+    "lean-hold": ("lab-only lever: lean + holding kept states until the request ends",
+                  {"lean_hold": True}),
 }
 
 
@@ -25,6 +42,67 @@ def _factory(policy: str):
         from vllm_hybrid_npu.scheduling.scheduler import scheduler_class as make
 
         return make(policy)
+
+    return scheduler_class
+
+
+def _lever_factory(name: str, overrides: dict):
+    def scheduler_class() -> type:
+        from vllm_hybrid_npu.scheduling.scheduler import scheduler_class as make
+
+        base = make("lean")
+        cls_name = "Lever" + name.replace("-", "_").title().replace("_", "") + "Scheduler"
+        return type(cls_name, (base,), dict(overrides))
+
+    return scheduler_class
+
+
+#: GDN chunk of the chunked kernels (FLA on CUDA, ``chunk_gated_delta_rule_cpu``): what the
+#: engine's ``gdn`` mode reports as the Mamba chunk size, so 'all' mode aligns blocks to it
+GDN_CHUNK_TOKENS = 64
+
+
+def all_mode(vllm_config) -> None:
+    """Lab ``configure`` hook: vLLM 0.30's ``mamba_cache_mode='all'`` for the GDN model.
+
+    vLLM itself falls back to ``align`` for GDN models (``MambaModelConfig.verify_and_update_config``,
+    vllm/model_executor/models/config.py, no ``supports_mamba_prefix_caching``); the lab forces
+    ``all`` since it simulates the forward pass, as the engine's ``VLLM_HYBRID_NPU_CHECKPOINTS=gdn``
+    does. The Mamba block is aligned to the 64-token GDN chunk (``mamba_block_size`` as a user
+    value, which ``Platform._align_hybrid_block_size`` rounds up to a multiple of the chunk that
+    holds one state page), as the engine's ``get_mamba_chunk_size`` patch makes vLLM do.
+    """
+    cc = vllm_config.cache_config
+    cc.mamba_cache_mode = "all"
+    cc.mamba_block_size = GDN_CHUNK_TOKENS
+    cc.user_specified_mamba_block_size = True
+
+
+#: name -> (description, scheduler policy, LeanRetentionMixin overrides or None)
+GDN_POLICIES: dict[str, tuple[str, str, dict | None]] = {
+    "gdn-checkpoints": (
+        "GDN states captured at every block boundary inside the step (vLLM 'all' mode, "
+        "VLLM_HYBRID_NPU_CHECKPOINTS=gdn), no extra step, dense state retention",
+        "gdn",
+        None,
+    ),
+    "gdn-lean": (
+        "lab-only: 'all'-mode states captured in the step, kept and evicted like lean "
+        "(prompt's last 3 boundaries, decode, junctions; segment-ordered eviction)",
+        "lean",
+        {"lean_modes": ("all",)},
+    ),
+}
+
+
+def _gdn_factory(name: str, policy: str, overrides: dict | None):
+    def scheduler_class() -> type:
+        from vllm_hybrid_npu.scheduling.scheduler import scheduler_class as make
+
+        base = make(policy)
+        if overrides is None:
+            return base
+        return type("Lab" + name.replace("-", " ").title().replace(" ", "") + "Scheduler", (base,), dict(overrides))
 
     return scheduler_class
 
@@ -40,6 +118,21 @@ def register() -> list[str]:
         if name in POLICIES:
             continue
         register_policy(Policy(name=name, description=desc, scheduler_class=_factory(name)))
+        done.append(name)
+    for name, (desc, policy, overrides) in GDN_POLICIES.items():
+        if name in POLICIES:
+            continue
+        register_policy(
+            Policy(name=name, description=desc,
+                   scheduler_class=_gdn_factory(name, policy, overrides), configure=all_mode)
+        )
+        done.append(name)
+    for name, (desc, overrides) in LEVERS.items():
+        if name in POLICIES:
+            continue
+        register_policy(
+            Policy(name=name, description=desc, scheduler_class=_lever_factory(name, overrides))
+        )
         done.append(name)
     return done
 
