@@ -135,13 +135,19 @@ def test_cpu_causal_conv_split_is_exact(block):
     weight = ops.causal_conv1d_weight_pack(torch.randn(dim, WIDTH).bfloat16())
     bias = torch.randn(dim).bfloat16()
 
+    import inspect
+
+    # the packed-weight flag is ``is_vnni`` in vLLM 0.30.0, ``is_weight_packed`` in 0.32.0
+    params = inspect.signature(ops.causal_conv1d_fwd_cpu).parameters
+    packed = {"is_vnni" if "is_vnni" in params else "is_weight_packed": True}
+
     def run(lo, hi, states, has_init):
         return ops.causal_conv1d_fwd_cpu(
             # vLLM passes its SD-layout cache transposed: (slots, dim, width - 1) strided view
             x=x[lo:hi].t(), weight=weight, bias=bias, conv_states=states.transpose(1, 2),
             query_start_loc=torch.tensor([0, hi - lo], dtype=torch.int32),
             cache_indices=torch.tensor([1], dtype=torch.int32),
-            has_initial_state=torch.tensor([has_init]), silu_activation=True, is_vnni=True,
+            has_initial_state=torch.tensor([has_init]), silu_activation=True, **packed,
         ).t()
 
     def states():  # SD layout: (slots, width - 1, dim); slot 1 is the request's
