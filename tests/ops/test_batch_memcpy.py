@@ -92,7 +92,7 @@ class Arena:
     ``add(size, src_mis, dst_mis)`` places a non-overlapping copy; ``add_shift(size, shift)``
     places a copy whose destination is its source moved by ``shift`` bytes (overlapping when
     ``|shift| < size``). Offsets are relative to the arena base, which is 512-byte aligned, so
-    ``*_mis`` give the address residues mod 8.
+    ``*_mis`` give the address residues mod 16 (drawn at random when not given).
     """
 
     def __init__(self, rng: np.random.Generator):
@@ -105,20 +105,20 @@ class Arena:
 
     def _place(self, nbytes: int, mis: int) -> int:
         self._gap()
-        self.end += (mis - self.end) % 8
+        self.end += (mis - self.end) % 16
         off = self.end
         self.end += nbytes
         return off
 
     def add(self, size: int, src_mis: int | None = None, dst_mis: int | None = None) -> None:
-        s = self._place(size, int(self.rng.integers(8)) if src_mis is None else src_mis)
-        d = self._place(size, int(self.rng.integers(8)) if dst_mis is None else dst_mis)
+        s = self._place(size, int(self.rng.integers(16)) if src_mis is None else src_mis)
+        d = self._place(size, int(self.rng.integers(16)) if dst_mis is None else dst_mis)
         if self.rng.random() < 0.5:  # destinations both above and below their sources
             s, d = d, s
         self.copies.append((s, d, size))
 
     def add_shift(self, size: int, shift: int, mis: int | None = None) -> None:
-        base = self._place(size + abs(shift), int(self.rng.integers(8)) if mis is None else mis)
+        base = self._place(size + abs(shift), int(self.rng.integers(16)) if mis is None else mis)
         s = base + (abs(shift) if shift < 0 else 0)
         self.copies.append((s, s + shift, size))
 
@@ -171,6 +171,49 @@ def test_misaligned_addresses(target, rng):
     arena.add(int(rng.integers(20000, 30000)), 2, 6)  # u32 body
     arena.add(int(rng.integers(20000, 30000)), 1, 5)  # u32 body after 3 head bytes
     arena.add(int(rng.integers(20000, 30000)), 1, 2)  # bytes
+    arena.run(device, impl)
+
+
+def test_sixteen_byte_relative_alignment(target, rng):
+    """Copies whose addresses agree mod 16 (the kernel's 16-byte path: a 0-15 byte head, whole
+    16-byte units, a 0-15 byte tail) next to pairs 8 apart mod 16 (the 8-byte path), with sizes
+    that end inside a block, on a block edge and past several blocks and tiles."""
+    device, impl = target
+    arena = Arena(rng)
+    long = 200_000 if device.type != "cpu" or impl == "torch" else 40_000
+    for mis in range(16):
+        arena.add(int(rng.integers(1, 40)), mis, mis)  # shorter than the head: bytes only
+        arena.add(int(rng.integers(40, long)), mis, mis)
+        arena.add(int(rng.integers(40, long)), mis, (mis + 8) % 16)
+    arena.add(16384 * 3, 0, 0)  # whole blocks, no remainder
+    arena.add(16384 * 3 + 16, 0, 0)  # one unit past a block edge
+    arena.run(device, impl)
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "cyclic", "contiguous-8byte"])
+def test_tile_layouts(target, rng, monkeypatch, layout):
+    """Both tile layouts of the Triton kernel (contiguous ranges, block-cyclic), forced through
+    the launch configuration, on copies that split into many tiles with uneven remainders;
+    ``contiguous-8byte`` also compiles the kernel without its 16-byte path (the NPU setting)."""
+    device, impl = target
+    if impl != "triton":
+        pytest.skip("tile layouts exist in the Triton kernel only")
+    import dataclasses
+
+    from vllm_hybrid_npu.ops import _triton_copy
+
+    orig = _triton_copy.target_config
+    threshold = 1 if layout == "cyclic" else 1 << 30
+    wide16 = layout != "contiguous-8byte"
+    monkeypatch.setattr(_triton_copy, "target_config", lambda t, i: dataclasses.replace(
+        orig(t, i), cyclic_min_tiles=threshold, wide16=wide16))
+    arena = Arena(rng)
+    big = 2**20 if device.type != "cpu" else 60_000
+    for _ in range(3):
+        arena.add(big + int(rng.integers(0, 50_000)))  # random residues: 16/8/4/2/1-byte paths
+    arena.add(big, 0, 0)
+    arena.add(int(rng.integers(1, 5000)))
+    arena.add(0)
     arena.run(device, impl)
 
 
