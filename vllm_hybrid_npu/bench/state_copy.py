@@ -5,10 +5,12 @@ Run: ``python -m vllm_hybrid_npu.bench.state_copy [--vllm-mamba-utils PATH] [--j
 1. Measures the device's copy bandwidth: one large ``Tensor.copy_`` (default 1 GiB), counting
    bytes read plus bytes written.
 2. For workloads shaped like real GDN state copies in align mode (per GDN layer and request one
-   fp32 SSM state ``[num_v_heads, k_dim, v_dim]`` and one bf16 conv state
+   SSM state ``[num_v_heads, k_dim, v_dim]`` - fp32 for Qwen3.5, bf16 for Qwen3-Next as vLLM
+   allocates them by default, plus Qwen3-Next with an fp32 SSM cache - and one bf16 conv state
    ``[conv_dim, kernel - 1]``, tp = 1; see :data:`MODELS`), 1, 8 and 64 requests, plus
-   conv-state-only batches, times each implementation and prints time, GB/s (read + write) and
-   the ratio to the bandwidth of step 1:
+   conv-state-only batches, times each implementation and prints time, GB/s (read + write),
+   the ratio to the bandwidth of step 1 (``ratio``, the figure issue 4's targets use) and the
+   ratio to one contiguous ``copy_`` of the same total bytes (``/copy_``):
 
    * ``ours``: ``batch_memcpy(impl="triton", check_values=False)`` (the production call);
    * ``torch``: ``batch_memcpy(impl="torch")`` (the fallback: a ``copy_`` per copy);
@@ -17,6 +19,12 @@ Run: ``python -m vllm_hybrid_npu.bench.state_copy [--vllm-mamba-utils PATH] [--j
      file given with ``--vllm-mamba-utils`` (for machines without vLLM);
    * ``ascend-hoisted``: the same extraction from ``--ascend-variant PATH``, a file holding
      vllm-ascend's hoisted-cast ``batch_memcpy`` (optional).
+
+Per workload and in the same run, graph-timed like the kernels: ``copy_ same bytes`` (one
+contiguous ``Tensor.copy_`` of the batch's total bytes: what the device achieves for that many
+bytes in one launch; ``--no-contiguous-ref`` skips it), ``empty launch (1 program)`` (an empty
+Triton kernel, 256 launches per graph: the launch-latency floor) and ``ours, all sizes 0`` (our
+kernel on the same address tensors with every size 0, >= 64 launches per graph: its fixed cost).
 
 Timing: each batch exists in K copies over different cache blocks (K x batch >= 512 MiB where
 memory allows, so repeated calls do not hit in L2). ``graph``: K calls captured in one CUDA
@@ -47,7 +55,13 @@ from pathlib import Path
 
 @dataclasses.dataclass(frozen=True)
 class GdnModel:
-    """GDN state geometry of a model (public config.json values, tp = 1)."""
+    """GDN state geometry of a model (public config.json values, tp = 1).
+
+    ``ssm_dtype_bytes``: bytes per SSM-state element as vLLM 0.30 allocates it: the model's
+    ``mamba_ssm_dtype`` when its config has one (Qwen3.5: float32, applied in
+    ``vllm/model_executor/models/config.py``), else ``--mamba-ssm-cache-dtype auto`` = the model
+    dtype (Qwen3-Next: bfloat16).
+    """
 
     name: str
     gdn_layers: int
@@ -56,10 +70,11 @@ class GdnModel:
     k_dim: int
     v_dim: int
     conv_kernel: int
+    ssm_dtype_bytes: int = 4
 
     @property
-    def ssm_bytes(self) -> int:  # fp32 [num_v_heads, k_dim, v_dim]
-        return self.num_v_heads * self.k_dim * self.v_dim * 4
+    def ssm_bytes(self) -> int:  # [num_v_heads, k_dim, v_dim]
+        return self.num_v_heads * self.k_dim * self.v_dim * self.ssm_dtype_bytes
 
     @property
     def conv_dim(self) -> int:  # q, k (num_k_heads * k_dim each) and v (num_v_heads * v_dim)
@@ -71,12 +86,15 @@ class GdnModel:
 
 
 #: Qwen3.5-35B-A3B: num_hidden_layers 40, full_attention_interval 4 -> 30 linear-attention
-#: layers; Qwen3-Next-80B-A3B: 48 layers, interval 4 -> 36. Both: linear_num_key_heads 16,
-#: linear_num_value_heads 32, linear_key_head_dim 128, linear_value_head_dim 128,
-#: linear_conv_kernel_dim 4.
+#: layers, mamba_ssm_dtype float32; Qwen3-Next-80B-A3B: 48 layers, interval 4 -> 36, no
+#: mamba_ssm_dtype (vLLM's default SSM cache dtype is then the model's, bfloat16; the
+#: ``-fp32ssm`` entry is the same model run with ``--mamba-ssm-cache-dtype float32``). Both:
+#: linear_num_key_heads 16, linear_num_value_heads 32, linear_key_head_dim 128,
+#: linear_value_head_dim 128, linear_conv_kernel_dim 4.
 MODELS = {
-    "qwen3.5-35b-a3b": GdnModel("Qwen3.5-35B-A3B", 30, 16, 32, 128, 128, 4),
-    "qwen3-next-80b-a3b": GdnModel("Qwen3-Next-80B-A3B", 36, 16, 32, 128, 128, 4),
+    "qwen3.5-35b-a3b": GdnModel("Qwen3.5-35B-A3B", 30, 16, 32, 128, 128, 4, 4),
+    "qwen3-next-80b-a3b": GdnModel("Qwen3-Next-80B-A3B", 36, 16, 32, 128, 128, 4, 2),
+    "qwen3-next-80b-a3b-fp32ssm": GdnModel("Qwen3-Next-80B-A3B (fp32 SSM)", 36, 16, 32, 128, 128, 4, 4),
 }
 
 
@@ -118,8 +136,9 @@ class Workload:
         L = model.gdn_layers
         self.conv = torch.empty((L, nb, model.conv_dim, model.conv_kernel - 1),
                                 dtype=torch.bfloat16, device=device)
+        ssm_dtype = {4: torch.float32, 2: torch.bfloat16}[model.ssm_dtype_bytes]
         self.ssm = None if conv_only else torch.empty(
-            (L, nb, model.num_v_heads, model.k_dim, model.v_dim), dtype=torch.float32, device=device)
+            (L, nb, model.num_v_heads, model.k_dim, model.v_dim), dtype=ssm_dtype, device=device)
         for pool in (self.conv, self.ssm):
             if pool is not None:
                 pool.view(torch.uint8).random_(0, 256)
@@ -252,8 +271,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-torch", action="store_true", help="skip the torch fallback")
     p.add_argument("--sweep", action="store_true", help="also time launch-parameter variants of our kernel")
     p.add_argument("--json-out", metavar="PATH", help="write all rows and metadata as JSON")
-    p.add_argument("--contiguous-ref", action="store_true",
-                   help="also time one contiguous copy_ of each workload's byte count")
+    p.add_argument("--contiguous-ref", action="store_true", default=True,
+                   help="time one contiguous copy_ of each workload's byte count (default; the flag "
+                        "is kept for old command lines)")
+    p.add_argument("--no-contiguous-ref", dest="contiguous_ref", action="store_false",
+                   help="skip the same-size copy_ reference")
     p.add_argument("--host-overhead", action="store_true",
                    help="also print each implementation's host time per call (smallest conv batch)")
     args = p.parse_args(argv)
@@ -262,6 +284,10 @@ def main(argv: list[str] | None = None) -> int:
     import triton
 
     from vllm_hybrid_npu.ops import _triton_copy, batch_memcpy
+
+    @triton.jit
+    def _empty_kernel(x):  # the launch-latency floor: one program, no work
+        pass
 
     if not torch.cuda.is_available():
         print("no CUDA device: this benchmark times device copies (NPU timing not implemented)",
@@ -294,6 +320,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_torch:
         impls["torch"] = lambda s, d, n: batch_memcpy(s, d, n, impl="torch", check_values=False)
 
+    probe = torch.empty(16, device=device)
     bw = measure_bandwidth(torch, device, args.bandwidth_bytes)
     meta = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -307,15 +334,18 @@ def main(argv: list[str] | None = None) -> int:
           f"triton {triton.__version__}; vLLM kernel: {vllm_src}")
     print(f"# device copy bandwidth (read+write, {args.bandwidth_bytes >> 20} MiB copy_): {bw / 1e9:.0f} GB/s")
     rows = []
-    hdr = f"{'model':<20} {'batch':<9} {'req':>4} {'copies':>6} {'MiB':>8} {'impl':<28} {'mode':<6} {'us':>9} {'GB/s':>7} {'ratio':>6} {'x vllm':>7}"
+    hdr = (f"{'model':<20} {'batch':<9} {'req':>4} {'copies':>6} {'MiB':>8} {'impl':<28} {'mode':<6} "
+           f"{'us':>9} {'GB/s':>7} {'ratio':>6} {'/copy_':>6} {'x vllm':>7}")
     print(hdr)
 
     def emit(row):
         rows.append(row)
         vs = f"{row['speedup_vs_vllm']:.2f}" if row.get("speedup_vs_vllm") else ""
-        print(f"{row['model']:<20} {row['batch']:<9} {row['requests']:>4} {row['copies']:>6} "
+        vc = f"{row['vs_same_copy']:.2f}" if row.get("vs_same_copy") else ""
+        print(f"{row['model'][:20]:<20} {row['batch']:<9} {row['requests']:>4} {row['copies']:>6} "
               f"{row['moved_bytes'] / 2**20:>8.1f} {row['impl']:<28} {row['mode']:<6} "
-              f"{row['seconds'] * 1e6:>9.1f} {row['GBps']:>7.0f} {row['ratio']:>6.2f} {vs:>7}", flush=True)
+              f"{row['seconds'] * 1e6:>9.2f} {row['GBps']:>7.0f} {row['ratio']:>6.2f} {vc:>6} {vs:>7}",
+              flush=True)
 
     sweep_cfgs = []
     if args.sweep:
@@ -324,7 +354,9 @@ def main(argv: list[str] | None = None) -> int:
                                      (16384, 4, 16, 32, 16384), (16384, 4, 32, 32, 16384),
                                      (16384, 4, 16, 16, 32768), (16384, 4, 8, 8, 16384),
                                      (32768, 8, 16, 16, 32768), (16384, 4, 16, 64, 16384)]:
-            cfg = _triton_copy.LaunchConfig(sms * pps, sms * ips, bb, nw, 1024, mt)
+            cfg = dataclasses.replace(_triton_copy.target_config("cuda", device.index),
+                                      max_programs=sms * pps, target_items=sms * ips,
+                                      block_bytes=bb, num_warps=nw, min_tile_bytes=mt)
             name = f"ours[b{bb // 1024}k,w{nw},p{pps},i{ips},m{mt // 1024}k]"
             sweep_cfgs.append((name, cfg))
 
@@ -342,6 +374,32 @@ def main(argv: list[str] | None = None) -> int:
                         cands[name] = (lambda c: lambda s, d, n: _triton_copy.launch(
                             _triton_copy.batch_memcpy_kernel, s, d, n, c))(cfg)
                 results = {}
+                # Same-run references for this size, graph-timed like the kernels:
+                # * one contiguous copy_ of the batch's total bytes (K rotating buffer pairs): what
+                #   the device achieves for this many bytes in one launch;
+                # * an empty Triton kernel, one program: the launch-latency floor;
+                # * our kernel on the same address tensors with every size 0: its fixed cost
+                #   (same grid, address loads, no bytes).
+                same_copy = None
+                if args.contiguous_ref:
+                    bufs = [(torch.empty(wl.copied, dtype=torch.uint8, device=device).random_(0, 256),
+                             torch.empty(wl.copied, dtype=torch.uint8, device=device))
+                            for _ in range(wl.sets)]
+                    same_copy = time_graph(torch, lambda i: bufs[i][1].copy_(bufs[i][0]),
+                                           [(i,) for i in range(len(bufs))], args.reps)
+                    del bufs
+                    gbps = 2 * wl.copied / same_copy / 1e9
+                    emit({**base, "impl": "copy_ same bytes", "mode": "graph", "seconds": same_copy,
+                          "GBps": gbps, "ratio": gbps * 1e9 / bw, "vs_same_copy": 1.0})
+                t = time_graph(torch, lambda: _empty_kernel[(1,)](probe), [()] * 256, args.reps)
+                emit({**base, "impl": "empty launch (1 program)", "mode": "graph", "seconds": t,
+                      "GBps": 0.0, "ratio": 0.0})
+                zero = [(s, d, torch.zeros_like(n)) for s, d, n in wl.batches]
+                zero = (zero * (64 // len(zero) + 1))[:max(64, len(zero))]
+                t = time_graph(torch, impls["ours"], zero, args.reps)
+                emit({**base, "impl": "ours, all sizes 0", "mode": "graph", "seconds": t,
+                      "GBps": 0.0, "ratio": 0.0})
+                del zero
                 for name, fn in cands.items():
                     if not wl.check(torch, fn):
                         print(f"!! {name}: WRONG BYTES on {base}", flush=True)
@@ -357,21 +415,12 @@ def main(argv: list[str] | None = None) -> int:
                         gbps = 2 * wl.copied / t / 1e9
                         row = {**base, "impl": name, "mode": mode, "seconds": t, "GBps": gbps,
                                "ratio": gbps * 1e9 / bw}
+                        if same_copy:
+                            row["vs_same_copy"] = same_copy / t
                         ref = results.get(("vllm", mode))
                         if name != "vllm" and ref:
                             row["speedup_vs_vllm"] = ref / t
                         emit(row)
-                # Reference: the same byte count as ONE contiguous copy_ per call (K rotating pairs)
-                bufs = [(torch.empty(wl.copied, dtype=torch.uint8, device=device),
-                         torch.empty(wl.copied, dtype=torch.uint8, device=device))
-                        for _ in range(wl.sets)] if args.contiguous_ref else []
-                if bufs:
-                    t = time_graph(torch, lambda i: bufs[i][1].copy_(bufs[i][0]),
-                                   [(i,) for i in range(len(bufs))], args.reps)
-                    gbps = 2 * wl.copied / t / 1e9
-                    emit({**base, "impl": "copy_ same bytes", "mode": "graph", "seconds": t,
-                          "GBps": gbps, "ratio": gbps * 1e9 / bw})
-                del bufs
                 if args.host_overhead and r == requests[0] and conv_only:
                     cfg0 = _triton_copy.target_config("cuda", device.index)
                     launch_only = {"ours (kernel launch only)": lambda s, d, n: _triton_copy.launch(
