@@ -75,3 +75,14 @@ def test_bad_value_names_the_variable():
         env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0
     assert "VLLM_HYBRID_NPU_CHECKPOINTS='everywhere'" in proc.stderr
+
+
+def test_lean_installs_on_both_bases():
+    proc = _probe("lean")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["first"] == out["second"] == ["scheduler:lean"]
+    assert out["policy"] == "lean"
+    assert out["sync"] == "LeanCheckpointScheduler" and not out["sync_is_async"]
+    assert out["async"] == "LeanCheckpointAsyncScheduler" and out["async_is_async"]
+    assert out["explicit_is_scheduler"]

@@ -126,6 +126,13 @@ class LeanRetentionMixin:
         for gid in self._lean_mamba:
             if not all(hasattr(managers[gid], a) for a in ("remove_skipped_blocks", "pop_blocks_for_free")):
                 return "this vLLM's MambaManager lacks remove_skipped_blocks/pop_blocks_for_free"
+        from vllm.v1.core.single_type_kv_cache_manager import SingleTypeKVCacheManager
+
+        base_free_impl = getattr(SingleTypeKVCacheManager, "free", None)
+        for m in managers:
+            # the ordered free replaces exactly "free_blocks(reversed(pop_blocks_for_free))"
+            if type(m).free is not base_free_impl:
+                return f"{type(m).__name__}.free is not vLLM's plain free"
         block_size = sizes.pop()
         self._lean_block_size = block_size
         self._lean_held: dict[str, list[Any]] = {}

@@ -1,6 +1,6 @@
 """Cached prompt tokens of shared-prefix repeats and of a follow-up turn, per checkpoint policy.
 
-``python -m vllm_hybrid_npu.scheduling.repro_hits [--policy upstream|tail|adaptive|gdn] [--model DIR]``
+``python -m vllm_hybrid_npu.scheduling.repro_hits [--policy upstream|tail|adaptive|lean|gdn] [--model DIR]``
 
 One in-process vLLM engine (align mode, prefix caching on, tiny Qwen3-Next by default). Prints
 one ``RESULT`` line per case and a final JSON object:
@@ -29,7 +29,7 @@ import sys
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--policy", default="upstream", choices=["upstream", "tail", "adaptive", "gdn"])
+    parser.add_argument("--policy", default="upstream", choices=["upstream", "tail", "adaptive", "lean", "gdn"])
     parser.add_argument("--model", default=None, help="model directory (default: tiny Qwen3-Next)")
     parser.add_argument("--engine-args", default="{}",
                         help='extra LLM(...) keyword arguments as JSON, e.g. '

@@ -170,6 +170,8 @@ SCHEDULER_CLASS_NAMES: dict[str, tuple[str, str]] = {
     "AdaptiveCheckpointScheduler": ("adaptive", "Scheduler"),
     "TailCheckpointAsyncScheduler": ("tail", "AsyncScheduler"),
     "AdaptiveCheckpointAsyncScheduler": ("adaptive", "AsyncScheduler"),
+    "LeanCheckpointScheduler": ("lean", "Scheduler"),
+    "LeanCheckpointAsyncScheduler": ("lean", "AsyncScheduler"),
     "GdnCheckpointScheduler": (GDN_POLICY, "Scheduler"),
     "GdnCheckpointAsyncScheduler": (GDN_POLICY, "AsyncScheduler"),
 }
