@@ -221,6 +221,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--policy", nargs="+", default=["upstream", "adaptive"])
     p.add_argument("--sample-every", type=int, default=20)
     args = p.parse_args(argv)
+    # vLLM logs to stdout by default; keep stdout for the JSON (as the hitrate CLI does)
+    import os
+
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     print(json.dumps(run(args), indent=1))
     return 0
 

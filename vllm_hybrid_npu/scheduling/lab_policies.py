@@ -34,6 +34,8 @@ LEVERS: dict[str, tuple[str, dict]] = {
                     {"lean_ladder": True}),
     "lean-hold": ("lab-only lever: lean + holding kept states until the request ends",
                   {"lean_hold": True}),
+    "lean-nodecode": ("lab-only lever: lean without the states crossed in decode",
+                      {"lean_decode": False}),
 }
 
 

@@ -47,7 +47,8 @@ class LeanRetentionMixin:
     ``lean_ladder`` (keep the adaptive ladder's states), ``lean_retain`` (sparse retention with
     the kept boundaries; False = vLLM's dense retention), ``lean_hold`` (hold kept states until
     the request is freed), ``lean_order`` (segment-ordered eviction), ``lean_low_first`` (ladder
-    states never hit leave before the request's other blocks).
+    states never hit leave before the request's other blocks), ``lean_decode`` (keep the
+    boundaries crossed in decode).
     """
 
     checkpoint_policy: str = "lean"
@@ -57,6 +58,7 @@ class LeanRetentionMixin:
     lean_hold: bool = False
     lean_order: bool = True
     lean_low_first: bool = True
+    lean_decode: bool = True
     #: Mamba cache modes the hooks act in: ``align`` (the engine policy); the lab's
     #: ``gdn-lean`` uses ``all`` (states captured in the step, kept like ``lean``)
     lean_modes: tuple[str, ...] = ("align",)
@@ -144,7 +146,9 @@ class LeanRetentionMixin:
             def get_replay_boundaries(request: Any) -> tuple[int, ...]:
                 extra = kept_boundaries(
                     request.num_prompt_tokens,
-                    max(request.num_tokens, request.num_prompt_tokens),
+                    max(request.num_tokens, request.num_prompt_tokens)
+                    if self.lean_decode
+                    else request.num_prompt_tokens,
                     block_size,
                     self.lean_window,
                     self.lean_ladder,
