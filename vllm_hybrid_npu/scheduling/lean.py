@@ -1,5 +1,5 @@
-"""Scheduler mixin of the ``lean`` checkpoint policy: sparse state retention, held states and
-segment-ordered eviction (the rules are in :mod:`.retention`, the measurements in
+"""Scheduler mixin of the ``lean`` checkpoint policy: sparse state retention and segment-ordered
+eviction (the rules are in :mod:`.retention`, the measurements in
 docs/first-repeat-hits.md).
 
 What it changes in vLLM 0.30.0 (``vllm/v1/core``), all on the scheduler's own objects, set up in
@@ -11,15 +11,20 @@ What it changes in vLLM 0.30.0 (``vllm/v1/core``), all on the scheduler's own ob
    and shared-prefix junctions keep a Mamba state, ``MambaManager.reachable_block_mask``), with
    ``KVCacheCoordinator.get_replay_boundaries`` (instance attribute) returning vLLM's boundaries
    plus :func:`.retention.kept_boundaries`.
-3. Hold: while a ``MambaManager.remove_skipped_blocks`` call of this scheduler frees a state
-   block that carries a prefix-cache hash (a kept state) and no other request references, the
-   block stays referenced by its request (``BlockPool.free_blocks`` of this pool is wrapped)
-   until ``KVCacheManager.free`` for that request.
-4. Eviction order: ``KVCacheManager.free(request)`` (instance attribute) pops the request's
-   blocks from every group (``SingleTypeKVCacheManager.pop_blocks_for_free``), adds the held
-   ones, and returns them to the pool in :func:`.retention.eviction_order`: orphaned attention
-   blocks to the front of the free queue, then kept-state segments tail first (LRU among
-   requests as upstream).
+3. Eviction order: ``KVCacheManager.free(request)`` (instance attribute) pops the request's
+   blocks from every group (``SingleTypeKVCacheManager.pop_blocks_for_free``), looks up the
+   request's kept states that it released earlier and are still cached (``BlockPool.touch`` takes
+   them out of the free queue), and returns everything to the pool in
+   :func:`.retention.eviction_order`: orphaned attention blocks to the front of the free queue,
+   then kept-state segments tail first, appended (LRU among requests, as upstream).
+4. Hold (off in the engine policy; the lab's ``lean-hold`` lever measures it): while a
+   ``MambaManager.remove_skipped_blocks`` call of this scheduler frees a state block that carries
+   a prefix-cache hash (a kept state) and no other request references, the block stays
+   referenced by its request (``BlockPool.free_blocks`` of this pool is wrapped) until
+   ``KVCacheManager.free`` for that request.
+
+Not verified: speculative decoding (EAGLE/MTP) with ``lean`` (its chunk ends do not model
+EAGLE's dropped block), vLLM 0.32.
 
 The hooks need the vLLM 0.30 internals named above; when one is missing (another vLLM
 version), when the model has no Mamba/GDN group, when the mode is not align, or when the groups'

@@ -21,8 +21,9 @@ request's attention blocks, and is evicted while the request still runs. Dense r
   last boundary); everything else stays request-local (vLLM's
   ``prefix_cache_retention_interval=0``). Ladder states never hit and decode states below the
   latest are *low value*: they leave the cache first among the request's blocks;
-* **hold**: a kept state the request no longer needs for its own computation stays referenced
-  by the request until the request is freed, instead of entering the LRU queue on its own;
+* **hold** (an option, off in ``lean``: it cost more pages than it saved in the lab): a kept
+  state the request no longer needs for its own computation stays referenced by the request
+  until the request is freed, instead of entering the LRU queue on its own;
 * **eviction order** (:func:`eviction_order`): when a request is freed, its cached blocks enter
   the free queue as segments, each kept state directly before the attention blocks that only it
   makes usable, tail segment first, and attention blocks past the last kept state (orphans) at
