@@ -39,6 +39,7 @@ import logging
 from typing import Any
 
 from vllm_hybrid_npu.scheduling.retention import eviction_order, extra_stops, kept_boundaries
+from vllm_hybrid_npu.scheduling.split import LEAN_LADDER, LEAN_WINDOW
 
 logger = logging.getLogger("vllm_hybrid_npu")
 
@@ -57,8 +58,8 @@ class LeanRetentionMixin:
     """
 
     checkpoint_policy: str = "lean"
-    lean_window: int = 3
-    lean_ladder: bool = False
+    lean_window: int = LEAN_WINDOW
+    lean_ladder: bool = LEAN_LADDER
     lean_retain: bool = True
     lean_hold: bool = False
     lean_order: bool = True
