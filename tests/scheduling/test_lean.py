@@ -63,23 +63,25 @@ def test_lean_hits_a_prefix_ending_one_block_before_the_prompt_end(cfg):
 
 def test_lean_keeps_only_its_boundaries(cfg):
     # one 4000-token prompt (15 full blocks, last boundary 3840), 1 output token: lean keeps
-    # the window {3328, 3584, 3840}: 3 states; tail keeps one per block boundary crossed by a
-    # step end (15); upstream only the replay boundary (1); the ladder adds 256, 512, 1024, 2048.
+    # the window {3584, 3840}: 2 states; tail keeps one per block boundary crossed by a step end
+    # (15); upstream only the replay boundary (1); a window of 3 adds 3328, the ladder 256, 512,
+    # 1024, 2048.
     rows = [(4000, 1, [1, 2, 3, 4, 5, 6, 7, 8])]
-    assert _run(cfg, rows, "lean").cached_states == 3
+    assert _run(cfg, rows, "lean").cached_states == 2
     assert _run(cfg, rows, "tail").cached_states == 15
     assert _run(cfg, rows, "upstream").cached_states == 1
-    assert _run(cfg, rows, "lean-w2").cached_states == 2
-    assert _run(cfg, rows, "lean-ladder").cached_states == 7
+    assert _run(cfg, rows, "lean-w3").cached_states == 3
+    assert _run(cfg, rows, "lean-ladder").cached_states == 6
 
 
 def test_lean_keeps_the_decode_boundaries(cfg):
     # a 1000-token prompt with 300 output tokens crosses 1024 and 1280 in decode: both are kept
-    # (each was the latest when decode crossed it), with the window {256, 512, 768}: 5 states
-    # (4 with a window of 2); upstream keeps the replay boundary only.
+    # (each was the latest when decode crossed it), with the window {512, 768}: 4 states
+    # (2 without decode states, 5 with a window of 3); upstream keeps the replay boundary only.
     row = (1000, 300, [50, 51])
-    assert _run(cfg, [row], "lean").cached_states == 5
-    assert _run(cfg, [row], "lean-w2").cached_states == 4
+    assert _run(cfg, [row], "lean").cached_states == 4
+    assert _run(cfg, [row], "lean-nodecode").cached_states == 2
+    assert _run(cfg, [row], "lean-w3").cached_states == 5
     assert _run(cfg, [row], "upstream").cached_states == 1
 
 
@@ -144,20 +146,18 @@ def _freed_order(cfg, policy, row):
 
 
 def test_lean_frees_blocks_as_segments(cfg):
-    # 2000-token prompt: blocks 0..6 full, last boundary 1792. lean keeps states at 1280, 1536,
-    # 1792 (blocks 4, 5, 6). Freed order (front of the queue first): segment 6 (its state, attn
-    # 6), segment 5, segment 4 (state 4, attn 4 .. 0). A state is 3 blocks (one per GDN group).
+    # 2000-token prompt: blocks 0..6 full, last boundary 1792. lean keeps states at 1536 and
+    # 1792 (blocks 5, 6). Freed order (front of the queue first): segment 6 (its state, attn 6),
+    # then segment 5 (state 5, attn 5 .. 0). A state is 3 blocks (one per GDN group).
     row = (2000, 1, [60, 61, 62, 63])
     S, A = "state", "attn"
     assert _freed_order(cfg, "lean", row) == (
-        [(S, 6)] * 3 + [(A, 6)] + [(S, 5)] * 3 + [(A, 5)] + [(S, 4)] * 3
-        + [(A, 4), (A, 3), (A, 2), (A, 1), (A, 0)]
+        [(S, 6)] * 3 + [(A, 6)] + [(S, 5)] * 3 + [(A, i) for i in range(5, -1, -1)]
     )
     # with the ladder (256, 512, 1024 = blocks 0, 1, 3, never hit: low value) those leave first
     assert _freed_order(cfg, "lean-ladder", row) == (
         [(S, 0)] * 3 + [(S, 1)] * 3 + [(S, 3)] * 3
-        + [(S, 6)] * 3 + [(A, 6)] + [(S, 5)] * 3 + [(A, 5)] + [(S, 4)] * 3
-        + [(A, 4), (A, 3), (A, 2), (A, 1), (A, 0)]
+        + [(S, 6)] * 3 + [(A, 6)] + [(S, 5)] * 3 + [(A, i) for i in range(5, -1, -1)]
     )
     # upstream (vLLM's order): GDN groups first, then attention, each tail first
     got = _freed_order(cfg, "upstream", row)

@@ -2,7 +2,7 @@
 
 * :mod:`.split`: the pure cut logic (no vLLM import).
 * :mod:`.scheduler`: vLLM ``Scheduler``/``AsyncScheduler`` subclasses applying a policy.
-* :mod:`.retention` / :mod:`.lean`: policy ``lean`` (chunk ends at the prompt's last three block
+* :mod:`.retention` / :mod:`.lean`: policy ``lean`` (chunk ends at the prompt's last two block
   boundaries, only those states kept, kept states and their attention blocks evicted as
   segments, orphaned attention blocks first).
 * :func:`install_scheduler_policy`: makes vLLM pick the policy scheduler in this process,

@@ -17,7 +17,7 @@ DESCRIPTIONS = {
     "tail": "state checkpoint at every block boundary of the prefill, dense state retention",
     "adaptive": "checkpoints at 1, 2, 4, 8... blocks and the prompt's last block boundary, "
     "dense state retention",
-    "lean": "checkpoints at the prompt's last 3 block boundaries; keeps only those, decode "
+    "lean": "checkpoints at the prompt's last 2 block boundaries; keeps only those, decode "
     "boundaries and junctions; segment-ordered eviction (orphaned attention blocks first)",
 }
 
@@ -28,14 +28,16 @@ LEVERS: dict[str, tuple[str, dict]] = {
                {"lean_order": False}),
     "lean-w1": ("lab-only lever: lean keeping only the prompt's last boundary",
                 {"lean_window": 1}),
-    "lean-w2": ("lab-only lever: lean keeping the prompt's last 2 boundaries",
-                {"lean_window": 2}),
+    "lean-w3": ("lab-only lever: lean keeping the prompt's last 3 boundaries",
+                {"lean_window": 3}),
     "lean-ladder": ("lab-only lever: lean + the adaptive ladder's chunk ends and states",
                     {"lean_ladder": True}),
     "lean-hold": ("lab-only lever: lean + holding kept states until the request ends",
                   {"lean_hold": True}),
     "lean-nodecode": ("lab-only lever: lean without the states crossed in decode",
                       {"lean_decode": False}),
+    "lean-supersede": ("lab-only lever: lean + a hit sends the window states just below it to "
+                       "the front of the free queue", {"lean_supersede": True}),
 }
 
 
@@ -90,7 +92,7 @@ GDN_POLICIES: dict[str, tuple[str, str, dict | None]] = {
     ),
     "gdn-lean": (
         "lab-only: 'all'-mode states captured in the step, kept and evicted like lean "
-        "(prompt's last 3 boundaries, decode, junctions; segment-ordered eviction)",
+        "(prompt's last 2 boundaries, decode, junctions; segment-ordered eviction)",
         "lean",
         {"lean_modes": ("all",)},
     ),

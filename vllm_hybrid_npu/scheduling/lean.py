@@ -54,7 +54,8 @@ class LeanRetentionMixin:
     the kept boundaries; False = vLLM's dense retention), ``lean_hold`` (hold kept states until
     the request is freed), ``lean_order`` (segment-ordered eviction), ``lean_low_first`` (ladder
     states never hit leave before the request's other blocks), ``lean_decode`` (keep the
-    boundaries crossed in decode).
+    boundaries crossed in decode), ``lean_supersede`` (on a hit, the free cached states of the
+    window boundaries just below it go to the front of the free queue).
     """
 
     checkpoint_policy: str = "lean"
@@ -65,6 +66,7 @@ class LeanRetentionMixin:
     lean_order: bool = True
     lean_low_first: bool = True
     lean_decode: bool = True
+    lean_supersede: bool = False
     #: Mamba cache modes the hooks act in: ``align`` (the engine policy); the lab's
     #: ``gdn-lean`` uses ``all`` (states captured in the step, kept like ``lean``)
     lean_modes: tuple[str, ...] = ("align",)
@@ -211,6 +213,8 @@ class LeanRetentionMixin:
                         group = blocks.blocks[gid] if hasattr(blocks, "blocks") else blocks[gid]
                         if group and not group[-1].is_null and group[-1].block_hash is not None:
                             hit_ids[group[-1].block_id] = group[-1].block_hash
+                    if self.lean_supersede:
+                        self._lean_supersede_below(request, hit // block_size)
                 return result
 
             mgr.get_computed_blocks = get_computed_blocks
@@ -223,6 +227,26 @@ class LeanRetentionMixin:
 
             mgr.free = free
         return None
+
+    def _lean_supersede_below(self, request: Any, hit_blocks: int) -> None:
+        """Move the free cached states of the ``lean_window - 1`` boundaries just below a hit
+        at ``hit_blocks`` blocks to the front of the free queue: a later turn of the same
+        conversation resumed at the hit, so the earlier turn's other window states are unlikely
+        to be reused."""
+        pool = self.kv_cache_manager.block_pool
+        queue = pool.free_block_queue
+        front = []
+        for i in range(max(0, hit_blocks - self.lean_window), hit_blocks - 1):
+            if i >= len(request.block_hashes):
+                break
+            cached = pool.get_cached_block(request.block_hashes[i], self._lean_mamba)
+            if cached is None or any(b.ref_cnt != 0 or b.is_null for b in cached):
+                continue
+            for b in cached:
+                queue.remove(b)
+                front.append(b)
+        if front:
+            queue.prepend_n(front)
 
     def _lean_should_hold(self, request_id: str, block: Any) -> bool:
         """Hold a kept state of the prompt's last-boundary window or of decode, not a ladder state."""

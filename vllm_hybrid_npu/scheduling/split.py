@@ -21,7 +21,7 @@ is kept:
 * ``upstream``: no extra stop.
 * ``tail``: a stop at every block boundary of the prefill (chunks are whole blocks except the
   last one); every block-aligned prefix of the prompt gets a state on first sight.
-* ``lean``: the stops of :func:`.retention.extra_stops` (the prompt's last three block
+* ``lean``: the stops of :func:`.retention.extra_stops` (the prompt's last two block
   boundaries, no ladder); its retention and eviction order are in :mod:`.retention` and
   :mod:`.lean`.
 * ``adaptive``: stops at block boundaries that are a power-of-two number of blocks
@@ -36,7 +36,7 @@ POLICY_NAMES: tuple[str, ...] = ("upstream", "tail", "adaptive", "lean")
 
 #: ``lean``'s stops (:mod:`.retention`): the prompt's last ``LEAN_WINDOW`` block boundaries
 #: and, when ``LEAN_LADDER``, the adaptive ladder.
-LEAN_WINDOW = 3
+LEAN_WINDOW = 2
 LEAN_LADDER = False
 
 
