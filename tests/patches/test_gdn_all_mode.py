@@ -31,6 +31,12 @@ def _config(tiny_model_dir, **kw):
 
     from vllm_hybrid_npu.tools.server import CPU_SAFE_ENGINE_ARGS
 
+    # the patches this test exercises, installed whatever earlier tests of the process did
+    # (apply_patches runs once per process, possibly in another VLLM_HYBRID_NPU_PATCHES mode)
+    from vllm_hybrid_npu.patches import _common, gdn_all_mode
+
+    _common.wrap_config_checks("cpu")
+    gdn_all_mode.apply("cpu")
     args = {**CPU_SAFE_ENGINE_ARGS, "enable_prefix_caching": True, **kw}
     return EngineArgs(model=str(tiny_model_dir("qwen3_next")), **args).create_engine_config()
 

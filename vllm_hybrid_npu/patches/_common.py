@@ -289,10 +289,12 @@ def wrap_config_checks(target: str | None = None) -> str | None:
         model_config = getattr(self, "model_config", None)
         if model_config is not None and not getattr(model_config, "config_updated", False):
             check_align_mode(self)
-            if target is not None:
-                from vllm_hybrid_npu.patches.gdn_all_mode import maybe_switch_to_all
+            # the target is resolved per call: a wrapper installed once (idempotent) serves
+            # every later apply_patches call in the process
+            from vllm_hybrid_npu.patches.gdn_all_mode import maybe_switch_to_all
+            from vllm_hybrid_npu.target import detect_target
 
-                maybe_switch_to_all(self, target)
+            maybe_switch_to_all(self, target or detect_target())
         return orig(self, *args, **kwargs)
 
     replace_attr(VllmConfig, "try_verify_and_update_config", _mark(try_verify_and_update_config))
