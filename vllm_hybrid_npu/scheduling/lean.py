@@ -106,8 +106,11 @@ class LeanRetentionMixin:
         )
         if num <= 0:
             return num
-        start = request.num_computed_tokens + num_new_local_computed_tokens + num_external_computed_tokens
-        prefill_end = max(request.num_prompt_tokens, request.num_tokens - 1)
+        from vllm_hybrid_npu.scheduling.scheduler import chunk_span
+
+        start, prefill_end = chunk_span(
+            request, num_new_local_computed_tokens, num_external_computed_tokens
+        )
         return extra_stops(
             start, num, prefill_end, self.cache_config.block_size, self.lean_window, self.lean_ladder
         )

@@ -54,6 +54,15 @@ def _has_mamba_align(kv_cache_config: Any, vllm_config: Any, modes=("align",)) -
     return any(isinstance(g.kv_cache_spec, MambaSpec) for g in kv_cache_config.kv_cache_groups)
 
 
+def chunk_span(request: Any, local_computed: int = 0, external_computed: int = 0) -> tuple[int, int]:
+    """``(start, prefill_end)`` of a chunk, in tokens, as vLLM 0.30/0.32's
+    ``Scheduler._mamba_block_aligned_split`` computes them: the first token to schedule
+    (computed + new local and external hits) and the end of the prefill (the prompt, or the
+    replayed output of a resumed request)."""
+    start = request.num_computed_tokens + local_computed + external_computed
+    return start, max(request.num_prompt_tokens, request.num_tokens - 1)
+
+
 class CheckpointPolicyMixin:
     """Mixin placed before vLLM's ``Scheduler`` (or ``AsyncScheduler``) in the MRO.
 
@@ -101,12 +110,9 @@ class CheckpointPolicyMixin:
         )
         if self.checkpoint_policy in ("upstream", GDN_POLICY) or num <= 0:
             return num
-        start = (
-            request.num_computed_tokens
-            + num_new_local_computed_tokens
-            + num_external_computed_tokens
+        start, prefill_end = chunk_span(
+            request, num_new_local_computed_tokens, num_external_computed_tokens
         )
-        prefill_end = max(request.num_prompt_tokens, request.num_tokens - 1)
         return policy_chunk_tokens(
             start, num, prefill_end, self.cache_config.block_size, self.checkpoint_policy
         )
