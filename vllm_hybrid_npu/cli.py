@@ -21,30 +21,28 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "vllm_hybrid_npu.tools.demo",
         "serve a hybrid model with --enable-prefix-caching --mamba-cache-mode align and show hits",
     ),
-    "hitrate": (
-        "vllm_hybrid_npu.lab.cli",
-        "replay a request trace through vLLM's scheduler and report prefix-cache hit rates",
-    ),
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """Return the top-level parser with one subparser per entry of :data:`SUBCOMMANDS`."""
-    parser = argparse.ArgumentParser(
-        prog="vllm-hybrid-npu",
-        description="Prefix caching for hybrid (GDN/Mamba + attention) models on vLLM / vllm-ascend.",
-    )
+def build_parser(
+    prog: str = "vllm-hybrid-npu",
+    subcommands: dict[str, tuple[str, str]] | None = None,
+    description: str = "Prefix caching for hybrid (GDN/Mamba + attention) models on vLLM / vllm-ascend.",
+) -> argparse.ArgumentParser:
+    """Return the top-level parser with one subparser per entry of ``subcommands`` (default
+    :data:`SUBCOMMANDS`; the lab's console script passes its own)."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
     from vllm_hybrid_npu import __version__
 
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name, (module_name, help_text) in SUBCOMMANDS.items():
+    for name, (module_name, help_text) in (subcommands or SUBCOMMANDS).items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         p.set_defaults(_module=module_name)
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as exc:
-            if exc.name and exc.name.startswith("vllm_hybrid_npu"):
+            if exc.name and exc.name.startswith(("vllm_hybrid_npu", "benchmarks")):
                 p.set_defaults(_missing=str(exc))
                 continue
             raise
@@ -52,9 +50,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Parse ``argv`` (default ``sys.argv[1:]``), run the subcommand and return its exit code."""
-    parser = build_parser()
+def main(argv: list[str] | None = None, **parser_kwargs) -> int:
+    """Parse ``argv`` (default ``sys.argv[1:]``), run the subcommand and return its exit code.
+
+    ``parser_kwargs`` go to :func:`build_parser` (``prog``, ``subcommands``, ``description``)."""
+    parser = build_parser(**parser_kwargs)
     args = parser.parse_args(argv)
     if getattr(args, "_missing", None):
         parser.error(f"{args.command} is not available in this installation: {args._missing}")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_hybrid_npu.lab.presets import TINY_HYBRID
+from vllm_hybrid_npu_lab.presets import TINY_HYBRID
 
 #: The tiny hybrid of the lab (3 GDN layers + 1 full-attention layer). Attention page per
 #: token and layer = 2 (K, V) x 1 head x 64 x 2 bytes = 256 bytes.

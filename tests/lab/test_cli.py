@@ -1,10 +1,10 @@
-"""``vllm-hybrid-npu hitrate`` end to end on a tiny trace: JSON schema, numbers, bad input."""
+"""``vllm-hybrid-npu-lab hitrate`` end to end on a tiny trace: JSON schema, numbers, bad input."""
 
 from __future__ import annotations
 
 import json
 
-from vllm_hybrid_npu.cli import main
+from vllm_hybrid_npu_lab.__main__ import main
 
 
 def test_hitrate_json(tmp_path, tiny_model_dir, capsys, write_trace):

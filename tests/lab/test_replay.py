@@ -12,11 +12,11 @@ import time
 
 import pytest
 
-from vllm_hybrid_npu.lab.model import build_setup
-from vllm_hybrid_npu.lab.policies import POLICIES, get_policy, load_policy_modules
-from vllm_hybrid_npu.lab.presets import resolve_model
-from vllm_hybrid_npu.lab.replay import replay
-from vllm_hybrid_npu.lab.trace import TraceRequest, infinite_bound
+from vllm_hybrid_npu_lab.model import build_setup
+from vllm_hybrid_npu_lab.policies import POLICIES, get_policy, load_policy_modules
+from vllm_hybrid_npu_lab.presets import resolve_model
+from vllm_hybrid_npu_lab.replay import replay
+from vllm_hybrid_npu_lab.trace import TraceRequest, infinite_bound
 
 BIG = 64 << 20  # bytes: no eviction in these traces
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_hybrid_npu.lab.trace import (
+from vllm_hybrid_npu_lab.trace import (
     TRACE_BLOCK,
     TraceRequest,
     infinite_bound,

@@ -12,11 +12,11 @@ import random
 
 import pytest
 
-from vllm_hybrid_npu.lab.model import build_setup
-from vllm_hybrid_npu.lab.policies import get_policy
-from vllm_hybrid_npu.lab.presets import TINY_HYBRID, resolve_model
-from vllm_hybrid_npu.lab.replay import replay
-from vllm_hybrid_npu.lab.trace import TraceRequest
+from vllm_hybrid_npu_lab.model import build_setup
+from vllm_hybrid_npu_lab.policies import get_policy
+from vllm_hybrid_npu_lab.presets import TINY_HYBRID, resolve_model
+from vllm_hybrid_npu_lab.replay import replay
+from vllm_hybrid_npu_lab.trace import TraceRequest
 from vllm_hybrid_npu.scheduling.scheduler import scheduler_class
 
 BS = 256
@@ -123,7 +123,7 @@ def _hash_index(cfg, row):
     from vllm.sampling_params import SamplingParams
     from vllm.v1.request import Request
 
-    from vllm_hybrid_npu.lab.trace import prompt_token_ids
+    from vllm_hybrid_npu_lab.trace import prompt_token_ids
 
     tr = _reqs([row])[0]
     hash_fn = get_hash_fn_by_name("sha256")

@@ -13,10 +13,10 @@ import json
 
 import pytest
 
-from vllm_hybrid_npu.lab.model import build_setup
-from vllm_hybrid_npu.lab.presets import TINY_HYBRID, resolve_model
-from vllm_hybrid_npu.lab.replay import replay
-from vllm_hybrid_npu.lab.trace import TraceRequest
+from vllm_hybrid_npu_lab.model import build_setup
+from vllm_hybrid_npu_lab.presets import TINY_HYBRID, resolve_model
+from vllm_hybrid_npu_lab.replay import replay
+from vllm_hybrid_npu_lab.trace import TraceRequest
 from vllm_hybrid_npu.scheduling.scheduler import CheckpointPolicyMixin, scheduler_class
 
 TINY = TINY_HYBRID

@@ -20,7 +20,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
-from vllm_hybrid_npu.lab.trace import TraceRequest, prompt_token_ids
+from vllm_hybrid_npu_lab.trace import TraceRequest, prompt_token_ids
 
 #: at most this many arrived requests wait inside the scheduler; later arrivals wait outside
 #: (in arrival order) so memory stays bounded. With FCFS scheduling the scheduler never looks
@@ -103,7 +103,7 @@ def replay(
 
     Args:
         requests: trace requests in arrival order.
-        setup: a :class:`vllm_hybrid_npu.lab.model.Setup` built for this replay alone.
+        setup: a :class:`vllm_hybrid_npu_lab.model.Setup` built for this replay alone.
         scheduler_class: vLLM's ``Scheduler`` or a subclass (a policy's ``scheduler_class()``).
         step_ms: simulated fixed cost of one engine step, milliseconds.
         tokens_per_s: simulated throughput, scheduled tokens per second.

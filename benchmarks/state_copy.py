@@ -1,6 +1,6 @@
 """Benchmark of the state-copy op (``vllm_hybrid_npu.ops.batch_memcpy``) on a CUDA or NPU device.
 
-Run: ``python -m vllm_hybrid_npu.bench.state_copy [--vllm-mamba-utils PATH] [--json-out PATH]``.
+Run: ``python -m benchmarks.state_copy [--vllm-mamba-utils PATH] [--json-out PATH]``.
 
 1. Measures the device's copy bandwidth: one large ``Tensor.copy_`` (default 1 GiB), counting
    bytes read plus bytes written.
@@ -256,7 +256,7 @@ def host_overhead(torch, impls, batch, emit_note, calls: int = 300) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m vllm_hybrid_npu.bench.state_copy",
+    p = argparse.ArgumentParser(prog="python -m benchmarks.state_copy",
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("--models", default=",".join(MODELS), help="comma list of " + ", ".join(MODELS))
     p.add_argument("--requests", default="1,8,64", help="comma list of request counts")
@@ -327,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
         "device": props.name, "sms": props.multi_processor_count,
         "torch": torch.__version__, "triton": triton.__version__,
         "vllm_kernel": vllm_src, "bandwidth_bytes": args.bandwidth_bytes,
-        "bandwidth_GBps": bw / 1e9, "command": " ".join(["python -m vllm_hybrid_npu.bench.state_copy"] + (argv if argv is not None else sys.argv[1:])),
+        "bandwidth_GBps": bw / 1e9, "command": " ".join(["python -m benchmarks.state_copy"] + (argv if argv is not None else sys.argv[1:])),
         "our_config": dataclasses.asdict(_triton_copy.target_config("cuda", device.index)),
     }
     print(f"# {meta['date']} {props.name} ({props.multi_processor_count} SMs), torch {torch.__version__}, "

@@ -1,9 +1,9 @@
 """Where the hybrid's hit rate goes: a replay instrumented to split the gap to the attention bound.
 
-``python -m vllm_hybrid_npu.lab.decompose --trace FILE [--model M] [--tp N] [--kv-cache-gib X]
+``python -m vllm_hybrid_npu_lab.decompose --trace FILE [--model M] [--tp N] [--kv-cache-gib X]
 [--limit N] [--policy NAME ...] [--sample-every STEPS]`` (prints one JSON object)
 
-For each policy the replay (:func:`vllm_hybrid_npu.lab.replay.replay`, unchanged) runs a
+For each policy the replay (:func:`vllm_hybrid_npu_lab.replay.replay`, unchanged) runs a
 subclass of the policy's scheduler that only *observes*:
 
 * per request, at the ``KVCacheManager.get_computed_blocks`` call that admitted it (vLLM 0.30,
@@ -160,11 +160,11 @@ def _sample(sched: Any) -> dict[str, int]:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Replay every ``--policy`` instrumented; return ``{policy: numbers}`` (see module doc)."""
-    from vllm_hybrid_npu.lab.model import build_setup
-    from vllm_hybrid_npu.lab.policies import get_policy
-    from vllm_hybrid_npu.lab.presets import resolve_model
-    from vllm_hybrid_npu.lab.replay import replay
-    from vllm_hybrid_npu.lab.trace import read_trace
+    from vllm_hybrid_npu_lab.model import build_setup
+    from vllm_hybrid_npu_lab.policies import get_policy
+    from vllm_hybrid_npu_lab.presets import resolve_model
+    from vllm_hybrid_npu_lab.replay import replay
+    from vllm_hybrid_npu_lab.trace import read_trace
 
     _, cfg = resolve_model(args.model)
     requests = read_trace(args.trace, args.limit)
@@ -212,7 +212,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point (see module doc); prints JSON."""
-    p = argparse.ArgumentParser(prog="python -m vllm_hybrid_npu.lab.decompose")
+    p = argparse.ArgumentParser(prog="python -m vllm_hybrid_npu_lab.decompose")
     p.add_argument("--trace", required=True)
     p.add_argument("--model", default="qwen3.5-35b-a3b")
     p.add_argument("--tp", type=int, default=1)

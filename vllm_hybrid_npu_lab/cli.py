@@ -1,4 +1,4 @@
-"""``vllm-hybrid-npu hitrate``: replay a trace through vLLM's scheduler and report hit rates.
+"""``vllm-hybrid-npu-lab hitrate``: replay a trace through vLLM's scheduler and report hit rates.
 
 Prints a table (or one JSON object with ``--json``) with, per policy, the token hit rate
 (cached prompt tokens / prompt tokens), the share of requests with any hit, prompt tokens
@@ -22,8 +22,8 @@ DEFAULT_MODEL = "qwen3.5-35b-a3b"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``hitrate`` options to ``parser``."""
-    from vllm_hybrid_npu.lab.policies import POLICIES, load_policy_modules
-    from vllm_hybrid_npu.lab.presets import PRESETS
+    from vllm_hybrid_npu_lab.policies import POLICIES, load_policy_modules
+    from vllm_hybrid_npu_lab.presets import PRESETS
 
     load_policy_modules()
 
@@ -76,7 +76,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _validate(args: argparse.Namespace) -> None:
-    from vllm_hybrid_npu.lab.policies import get_policy
+    from vllm_hybrid_npu_lab.policies import get_policy
 
     for name in args.policy:
         get_policy(name)
@@ -110,11 +110,11 @@ def run_sweep(args: argparse.Namespace) -> dict[str, Any]:
     ``attention_bound``, ``infinite_bound``, ``policies``: name -> replay numbers, plus
     ``attention`` and ``infinite`` detail objects) with ``runs`` listing every point.
     """
-    from vllm_hybrid_npu.lab.model import build_setup
-    from vllm_hybrid_npu.lab.policies import get_policy
-    from vllm_hybrid_npu.lab.presets import resolve_model
-    from vllm_hybrid_npu.lab.replay import replay, stderr_progress
-    from vllm_hybrid_npu.lab.trace import infinite_bound, read_trace
+    from vllm_hybrid_npu_lab.model import build_setup
+    from vllm_hybrid_npu_lab.policies import get_policy
+    from vllm_hybrid_npu_lab.presets import resolve_model
+    from vllm_hybrid_npu_lab.replay import replay, stderr_progress
+    from vllm_hybrid_npu_lab.trace import infinite_bound, read_trace
 
     model_name, cfg = resolve_model(args.model)
     requests = read_trace(args.trace, args.limit)
@@ -264,7 +264,7 @@ def run(args: argparse.Namespace) -> int:
         _validate(args)
         report = run_sweep(args)
     except ValueError as exc:
-        print(f"vllm-hybrid-npu hitrate: error: {exc}", file=sys.stderr)
+        print(f"vllm-hybrid-npu-lab hitrate: error: {exc}", file=sys.stderr)
         return 2
     if args.json:
         print(json.dumps(report, indent=2))

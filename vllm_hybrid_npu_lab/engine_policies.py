@@ -1,6 +1,6 @@
 """The checkpoint policies (``tail``, ``adaptive``, ``lean`` and lab-only ``lean`` lever variants) registered in the hit-rate lab.
 
-Importing this module registers them in :data:`vllm_hybrid_npu.lab.policies.POLICIES` under the
+Importing this module registers them in :data:`vllm_hybrid_npu_lab.policies.POLICIES` under the
 names ``VLLM_HYBRID_NPU_CHECKPOINTS`` uses; ``upstream`` is the lab's own entry. Registration is
 idempotent (a second import, or a name already registered by this module, is skipped).
 
@@ -11,7 +11,7 @@ over vLLM's ``Scheduler``: the very class the plugin installs in the engine (the
 
 from __future__ import annotations
 
-from vllm_hybrid_npu.lab.policies import POLICIES, Policy, register_policy
+from vllm_hybrid_npu_lab.policies import POLICIES, Policy, register_policy
 
 DESCRIPTIONS = {
     "tail": "state checkpoint at every block boundary of the prefill, dense state retention",

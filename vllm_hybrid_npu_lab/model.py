@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vllm_hybrid_npu.lab.presets import layer_types
+from vllm_hybrid_npu_lab.presets import layer_types
 
 _MODEL_CONFIG_CACHE: dict[str, Any] = {}
 
@@ -93,7 +93,7 @@ def build_setup(
     """Build the vLLM configs and KV-cache config of one replay.
 
     Args:
-        cfg: text-config dict (see :func:`vllm_hybrid_npu.lab.presets.resolve_model`).
+        cfg: text-config dict (see :func:`vllm_hybrid_npu_lab.presets.resolve_model`).
         tp: tensor-parallel size; KV heads and GDN heads are split over it as vLLM does.
         kv_cache_bytes: KV-cache memory of ONE worker (one TP rank), bytes.
         block_size: ``--block-size`` (tokens); for the hybrid vLLM raises it when the attention

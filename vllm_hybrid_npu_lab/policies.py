@@ -33,7 +33,7 @@ from typing import Any, Callable
 
 #: modules that register more policies on import (issue 7: ``tail``, ``adaptive``); a module
 #: that is not installed is skipped, any other import error propagates
-POLICY_MODULES: tuple[str, ...] = ("vllm_hybrid_npu.scheduling.lab_policies",)
+POLICY_MODULES: tuple[str, ...] = ("vllm_hybrid_npu_lab.engine_policies",)
 
 
 def _noop(vllm_config: Any) -> None:
@@ -101,7 +101,7 @@ register_policy(
 def _free_states_scheduler() -> type:
     from vllm.v1.core.sched.scheduler import Scheduler
 
-    from vllm_hybrid_npu.lab.bounds import free_states_scheduler
+    from vllm_hybrid_npu_lab.bounds import free_states_scheduler
 
     return free_states_scheduler(Scheduler)
 
@@ -110,7 +110,7 @@ register_policy(
     Policy(
         name="free-states",
         description="reference, not a policy: cached GDN states free and everywhere, running "
-        "requests' states charged (vllm_hybrid_npu/lab/bounds.py)",
+        "requests' states charged (vllm_hybrid_npu_lab/bounds.py)",
         scheduler_class=_free_states_scheduler,
     )
 )

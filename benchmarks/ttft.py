@@ -1,6 +1,6 @@
 """Time to first token of cold requests, upstream vs the checkpoint policies.
 
-``python -m vllm_hybrid_npu.scheduling.bench_ttft [--model DIR] [--blocks 1 2 ... 8]
+``python -m benchmarks.ttft [--model DIR] [--blocks 1 2 ... 8]
 [--repeats 5] [--policies upstream tail adaptive] [--json FILE]``
 
 One real vLLM engine (in-process engine core, align mode, prefix caching on, enforce-eager)
@@ -137,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m vllm_hybrid_npu.scheduling.bench_ttft",
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.ttft",
                                      description=__doc__.splitlines()[0])
     add_arguments(parser)
     return run(parser.parse_args(argv))

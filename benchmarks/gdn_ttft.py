@@ -1,6 +1,6 @@
 """Cold-request time to first token: GDN in-step checkpoints vs upstream align mode (issue 8).
 
-``python -m vllm_hybrid_npu.bench.gdn_ttft [--model DIR] [--blocks 1 2 4 8] [--repeats 5]
+``python -m benchmarks.gdn_ttft [--model DIR] [--blocks 1 2 4 8] [--repeats 5]
 [--json FILE]``
 
 Two real vLLM engines on the same tiny model, alive at the same time (each with its own
@@ -140,7 +140,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m vllm_hybrid_npu.bench.gdn_ttft",
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.gdn_ttft",
                                      description=__doc__.splitlines()[0])
     add_arguments(parser)
     return run(parser.parse_args(argv))

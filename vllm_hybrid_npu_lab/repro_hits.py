@@ -1,6 +1,6 @@
 """Cached prompt tokens of shared-prefix repeats and of a follow-up turn, per checkpoint policy.
 
-``python -m vllm_hybrid_npu.scheduling.repro_hits [--policy upstream|tail|adaptive|lean|gdn] [--model DIR]``
+``python -m vllm_hybrid_npu_lab.repro_hits [--policy upstream|tail|adaptive|lean|gdn] [--model DIR]``
 
 One in-process vLLM engine (align mode, prefix caching on, tiny Qwen3-Next by default). Prints
 one ``RESULT`` line per case and a final JSON object:
