@@ -9,11 +9,16 @@ nearly tied, a greedy token can flip; after a flip the two runs continue from di
 :func:`compare_greedy` accepts exactly that and nothing more: the runs agree token for token up
 to their first difference; at every position up to there the chosen token's logprob differs by
 at most ``bound`` between the runs; a first difference is allowed only at a near-tie, where
-each run's token is within ``bound`` (logprob) of the other's in *both* runs. A wrong or missing
-state (a wrong block copied, a state from another request, zeros) changes the distribution by
-far more than the bound (checked: ``test_greedy_compare.py``), so it fails. The bound
-(:data:`LOGPROB_BOUND`) comes from a measurement on fresh prompts: ``e2e/measure_on_off.py``,
-numbers in ``docs/testing.md``.
+each run's token is within ``bound`` (logprob) of the other's in *both* runs, and both are in
+each other's top logprobs. :data:`LOGPROB_BOUND` comes from a measurement on fresh prompts
+(``e2e/measure_on_off.py``; numbers, commands and dates in docs/testing.md).
+
+What it cannot see (measured, docs/testing.md): the tiny random-weight model's next-token
+distribution depends mostly on the last few hundred tokens; the same last 96 tokens after two
+*different* 3,072-token prefixes gave the same greedy tokens in 14 of 15 draws, with logprobs
+within 0.17 nats. A wrong state handed over at a block boundary far back therefore barely shows
+in the outputs, whatever the comparison; those bugs are caught by the exact unit tests (the
+state-copy plan and the GDN round runner against references: tests/core).
 """
 
 from __future__ import annotations
@@ -22,8 +27,9 @@ from dataclasses import dataclass, field
 
 #: Largest |logprob difference| (nats) allowed between two schedules of the same computation,
 #: for the chosen token and for a near-tie. Measured with ``python e2e/measure_on_off.py``
-#: (docs/testing.md): see there for the largest difference seen and the margin kept.
-LOGPROB_BOUND = 0.25
+#: (docs/testing.md, 2026-11-23): largest seen 0.48 (a shared token) and 0.63 (the losing side of
+#: a near-tie) over 70 fresh requests, 507 positions; 1.0 keeps a 1.6x margin.
+LOGPROB_BOUND = 1.0
 
 
 @dataclass
