@@ -13,12 +13,12 @@ each run's token is within ``bound`` (logprob) of the other's in *both* runs, an
 each other's top logprobs. :data:`LOGPROB_BOUND` comes from a measurement on fresh prompts
 (``e2e/measure_on_off.py``; numbers, commands and dates in docs/testing.md).
 
-What it cannot see (measured, docs/testing.md): the tiny random-weight model's next-token
-distribution depends mostly on the last few hundred tokens; the same last 96 tokens after two
-*different* 3,072-token prefixes gave the same greedy tokens in 14 of 15 draws, with logprobs
-within 0.17 nats. A wrong state handed over at a block boundary far back therefore barely shows
-in the outputs, whatever the comparison; those bugs are caught by the exact unit tests (the
-state-copy plan and the GDN round runner against references: tests/core).
+Power (measured, docs/testing.md): with transformers' GDN initialisation the tiny model forgets
+a state within a few tokens, and the same last 96 tokens after two *different* 3,072-token
+prefixes gave the same greedy tokens in 14 of 15 draws (logprobs within 0.17 nats): no output
+comparison can see a wrong state there. The e2e tests therefore compare outputs of the
+``make-model --gdn-memory long`` checkpoint, where the same control failed the rule in 8 of 8
+draws, at the first token.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """GDN states at every block boundary inside the step (issue 8), on the real engine (CPU).
 
-Two in-process vLLM 0.30 engines on the tiny random Qwen3-Next, one after the other:
+Two in-process vLLM 0.30 engines on the tiny random Qwen3-Next (``--gdn-memory long``: a state
+handed over at a hit shapes the outputs hundreds of tokens later), one after the other:
 
 * *off*: prefix caching off (upstream's GDN path, one pass per prompt);
 * *gdn*: ``--enable-prefix-caching --mamba-cache-mode all`` with the plugin's GDN 'all'-mode path
@@ -41,7 +42,9 @@ def _engine(tiny_model_dir, **kw):
 
     from vllm_hybrid_npu.tools.server import CPU_SAFE_ENGINE_ARGS
 
-    return LLM(model=str(tiny_model_dir("qwen3_next")), **{**CPU_SAFE_ENGINE_ARGS, **ENGINE, **kw})
+    # long GDN memory: a wrong state handed over at a hit would show in the outputs
+    return LLM(model=str(tiny_model_dir("qwen3_next", gdn_memory="long")),
+               **{**CPU_SAFE_ENGINE_ARGS, **ENGINE, **kw})
 
 
 def _gen(llm, prompts, max_tokens):
