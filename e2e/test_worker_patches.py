@@ -257,7 +257,7 @@ def test_served_metrics_and_log_line(tiny_model_dir):
 
         before = counters()
         assert before == {"vllm_hybrid_npu:state_copies_total": 0.0, "vllm_hybrid_npu:state_copy_bytes_total": 0.0}
-        prompt = [11 + (i * 7) % 1900 for i in range(700)]  # > 2 blocks of 256 tokens
+        prompt = [11 + (i * 7) % 1900 for i in range(1000)]  # > 2 blocks of 384 tokens
         for _ in range(2):
             r = requests.post(srv.base_url + "/v1/completions", json={
                 "model": "model", "prompt": prompt, "max_tokens": 4, "temperature": 0}, timeout=300)

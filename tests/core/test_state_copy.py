@@ -115,7 +115,7 @@ def _gdn_spec() -> MambaSpec:
 
 
 @pytest.fixture
-def setup(monkeypatch):
+def setup(monkeypatch, torch_gen):
     gdn = _gdn_spec()
     layers = ["l0.linear_attn", "l1.linear_attn"]
     kvc = KVCacheConfig(
@@ -127,7 +127,7 @@ def setup(monkeypatch):
             KVCacheGroupSpec(["l2.attn"], FullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=8, dtype=torch.bfloat16)),
         ],
     )
-    g = torch.Generator().manual_seed(torch.seed() % (2**31))
+    g = torch_gen  # the test's fresh seed (conftest.py; printed if it fails)
     fc = {}
     for name in layers:
         conv = torch.randn((NUM_BLOCKS, *CONV_SHAPE), generator=g).to(torch.bfloat16)
