@@ -42,3 +42,20 @@ def test_scheduler_cls_row_names_every_policy_scheduler():
     row = next(line for line in text.splitlines() if line.startswith("| `--scheduler-cls`"))
     missing = sorted(set(SCHEDULER_CLASS_NAMES) - set(CLASS.findall(row)))
     assert not missing, f"docs/configuration.md's --scheduler-cls row lacks {missing}"
+
+
+def test_lab_policy_table_lists_the_registry():
+    """docs/hitrate-lab.md's "Registered:" table names exactly the lab's registered policies."""
+    from vllm_hybrid_npu_lab.policies import POLICIES, load_policy_modules
+
+    load_policy_modules()
+    text = (ROOT / "docs" / "hitrate-lab.md").read_text()
+    m = re.search(r"Registered:\s*\n\s*\n(\|.*\n\|[-| ]+\|\n(?:\|.*\n)+)", text)
+    assert m, "docs/hitrate-lab.md has no table after 'Registered:'"
+    named = set()
+    for row in m.group(1).splitlines()[2:]:
+        first = row.strip().strip("|").split("|")[0]
+        named |= set(re.findall(r"`([^`]+)`", first))
+    assert named == set(POLICIES), (
+        f"missing from the table: {sorted(set(POLICIES) - named)}; "
+        f"not registered: {sorted(named - set(POLICIES))}")
