@@ -12,7 +12,8 @@ Implementations:
 * ``"triton"``: :mod:`vllm_hybrid_npu.ops._triton_copy` (one kernel for CUDA Triton and
   triton-ascend; on CPU tensors it runs under the Triton interpreter).
 * ``"torch"``: :mod:`vllm_hybrid_npu.ops._torch_copy` (a ``copy_`` per copy; syncs to read the
-  addresses; for 310P-class NPUs and CPUs without triton).
+  addresses; for CPUs without triton and CUDA without Triton; NPU tensors are refused: on 310P
+  the plugin keeps vllm-ascend's own tensor-copy path).
 
 Selection: environment variable ``VLLM_HYBRID_NPU_COPY_IMPL`` = ``auto`` (default) | ``triton``
 | ``torch``, or the ``impl=`` argument. ``auto`` picks ``triton`` on CUDA when triton imports,
