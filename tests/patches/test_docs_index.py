@@ -26,7 +26,8 @@ def test_compatibility_md_lists_the_support_matrix():
     text = (DOCS / "compatibility.md").read_text()
     m = re.search(r"<!-- matrix:begin -->\n(.*?)<!-- matrix:end -->", text, re.S)
     assert m, "docs/compatibility.md lacks the matrix markers"
-    rows = [r for r in m.group(1).splitlines() if r.startswith("| ") and not r.startswith("| target")]
+    rows = [r for r in m.group(1).splitlines()
+            if r.startswith("| ") and not r.startswith(("| target", "| ---"))]
     got = {tuple(c.strip().strip("`") for c in r.strip("|").split("|")[:3]) for r in rows}
     want = {(r.target, r.vllm, r.vllm_ascend or "-") for r in SUPPORT_MATRIX}
     assert got == want
