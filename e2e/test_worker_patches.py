@@ -79,15 +79,17 @@ KV_NORMAL = 12_000_000  # bytes: ~60 blocks of 384 tokens (~90 of 256) for the t
 KV_TINY = 2_400_000  # bytes: ~18 blocks: 4 concurrent requests preempt each other
 
 
-#: ``ours``: the plugin with our copy launcher forced on CPU; ``upstream``: nothing patched.
+#: ``ours``: the plugin with our copy launcher forced on CPU and vLLM's own schedule (no
+#: checkpoint policy, so both modes run the same schedule); ``upstream``: nothing patched.
 MODES = {
-    "ours": {"VLLM_HYBRID_NPU_COPY_KERNEL": "ours"},
+    "ours": {"VLLM_HYBRID_NPU_COPY_KERNEL": "ours", "VLLM_HYBRID_NPU_CHECKPOINTS": "upstream"},
     "upstream": {"VLLM_HYBRID_NPU_PATCHES": "none"},
 }
 
 
 def _run(mode: str, configs: dict) -> dict:
-    drop = ("VLLM_PLUGINS", "VLLM_HYBRID_NPU_PATCHES", "VLLM_HYBRID_NPU_COPY_KERNEL")
+    drop = ("VLLM_PLUGINS", "VLLM_HYBRID_NPU_PATCHES", "VLLM_HYBRID_NPU_COPY_KERNEL",
+            "VLLM_HYBRID_NPU_CHECKPOINTS")
     env = {k: v for k, v in os.environ.items() if k not in drop}
     env.update(MODES[mode])
     proc = subprocess.run(
