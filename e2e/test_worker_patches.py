@@ -60,6 +60,9 @@ for name, cfg in json.loads(sys.argv[1]).items():
     }
     del llm, runner
     gc.collect()
+from vllm.v1.worker import mamba_utils
+from vllm_hybrid_npu.patches.registry import is_ours
+results["_launcher_ours"] = is_ours(mamba_utils.batch_memcpy)
 print("RESULT " + json.dumps(results))
 """
 
@@ -143,6 +146,7 @@ def test_prompts_shorter_and_longer_than_the_block(next_runs):
 
 def test_ours_equals_upstream_tokens_and_cached_counts(next_runs):
     ours, upstream = next_runs
+    assert ours["_launcher_ours"] is True and upstream["_launcher_ours"] is False
     for name in ("pc", "tiny"):
         assert _tokens(ours[name]) == _tokens(upstream[name]), name
         assert _cached(ours[name]) == _cached(upstream[name]), name
