@@ -51,22 +51,40 @@ def register(var: EnvVar) -> str:
 
 register(EnvVar(
     name="VLLM_HYBRID_NPU_PATCHES",
-    values=("all", "kernel", "none"),
+    values=("auto", "none"),
     kind="",
-    default="all",
+    default="auto",
     read_by="`patches.apply_patches` (every vLLM process)",
-    effect="`all`: config checks, block-table sizing, our state-copy plan and kernel, counters; "
-    "`kernel`: vLLM's / vllm-ascend's own plan, only the copy kernel is ours (counted); `none`: no "
-    "worker patch (upstream worker path, no counters); the checkpoint policy has its own switch "
-    "below and applies in every mode",
+    effect="`auto`: the registry applies each entry where the stack lacks the capability or ours "
+    "is measured better ([patches.md](patches.md)); `none`: nothing applied (vLLM / vllm-ascend "
+    "unchanged; the load line says `no patches: VLLM_HYBRID_NPU_PATCHES=none`)",
+))
+register(EnvVar(
+    name="VLLM_HYBRID_NPU_COPY_KERNEL",
+    values=("auto", "ours", "upstream"),
+    kind="",
+    default="auto",
+    read_by="registry entries `copy-kernel*` (`patches.vllm_mamba_utils`)",
+    effect="which kernel launches the align-mode state copies under vLLM's / vllm-ascend's own "
+    "plan: `auto` = ours on CUDA (measured faster) and under vllm-ascend's batched and layerwise "
+    "paths (not on 310P), vLLM's elsewhere (CPU); `ours` = also on CPU; `upstream` = never ours",
+))
+register(EnvVar(
+    name="VLLM_HYBRID_NPU_ALLOW_UNSUPPORTED",
+    values=None,
+    kind="`1` (anything else: off)",
+    default="unset",
+    read_by="`support.unsupported_reason`",
+    effect="apply the patches on a stack outside the support matrix "
+    "([compatibility.md](compatibility.md)); each registry entry's own versions still decide",
 ))
 register(EnvVar(
     name="VLLM_HYBRID_NPU_CHECKPOINTS",
     values=("upstream", "tail", "adaptive", "lean", "gdn"),
     kind="",
-    default="adaptive",
-    read_by="`scheduling.install_scheduler_policy`, called by `apply_patches` in every process "
-    "and every patch mode",
+    default="per target: `upstream` on NPU, `adaptive` on CUDA and CPU (`scheduling.DEFAULT_POLICY`)",
+    read_by="`scheduling.selected_policy`; registry entry `checkpoint-policy` "
+    "(`SchedulerConfig.get_scheduler_cls`)",
     effect="checkpoint policy of the scheduler: `upstream` = vLLM's own chunk ends and retention "
     "(nothing installed); `tail` = a chunk end (a state) at every block boundary of a prefill; "
     "`adaptive` = chunk ends at power-of-two block distances below the prompt's last block "
@@ -75,7 +93,8 @@ register(EnvVar(
     "at every block boundary from inside the step: `--mamba-cache-mode align` becomes `all` for "
     "GDN models on CPU, scheduler `GdnCheckpointScheduler` (dense retention, no extra chunk "
     "ends); on CUDA/NPU a warning and align mode ([gdn-checkpoints.md](gdn-checkpoints.md)). "
-    "Shown as `scheduler:<policy>` in the plugin's log line; an explicit `--scheduler-cls` wins",
+    "The entry `checkpoint-policy` shows as applied in the load line unless the policy is "
+    "`upstream`; an explicit `--scheduler-cls` wins",
 ))
 register(EnvVar(
     name="VLLM_HYBRID_NPU_COPY_IMPL",

@@ -66,9 +66,16 @@ def _readers():
 
         return detect_target()
 
+    def copy_kernel():
+        from vllm_hybrid_npu.patches.vllm_mamba_utils import copy_kernel_choice
+
+        return copy_kernel_choice()
+
     # name -> (reader, whether it returns the setting itself, so the default can be checked;
     # COPY_IMPL's reader returns the resolved implementation, "auto" never comes back)
-    return {"VLLM_HYBRID_NPU_PATCHES": (patches, True), "VLLM_HYBRID_NPU_CHECKPOINTS": (checkpoints, True),
+    # CHECKPOINTS' default is per target (its reader returns the resolved policy)
+    return {"VLLM_HYBRID_NPU_PATCHES": (patches, True), "VLLM_HYBRID_NPU_CHECKPOINTS": (checkpoints, False),
+            "VLLM_HYBRID_NPU_COPY_KERNEL": (copy_kernel, True),
             "VLLM_HYBRID_NPU_COPY_IMPL": (copy_impl, False), "VLLM_HYBRID_NPU_TARGET": (target, False)}
 
 
