@@ -26,9 +26,8 @@ from __future__ import annotations
 
 import uuid
 
-from greedy_compare import LOGPROB_BOUND, Sequence, compare_greedy
-
 import pytest
+from greedy_compare import LOGPROB_BOUND, Sequence, compare_greedy  # e2e/greedy_compare.py
 
 from vllm_hybrid_npu.scheduling import DEFAULT_POLICY
 from vllm_hybrid_npu.scheduling.scheduler import SCHEDULER_CLASS_NAMES
