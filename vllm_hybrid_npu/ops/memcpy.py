@@ -140,11 +140,16 @@ def active_impl(device: torch.device | str | None = None, impl: str | None = Non
     return choice
 
 
+#: dtypes accepted for ``sizes``: int64, and int32 as vLLM 0.30 / 0.32's ``MambaCopyBuffers``
+#: allocate it (``vllm/v1/worker/mamba_utils.py``), so the launcher needs no conversion launch.
+_SIZE_DTYPES = (torch.int64, torch.int32)
+
+
 def _validate(src_ptrs, dst_ptrs, sizes, device, check_values: bool) -> None:
     T, I64 = torch.Tensor, torch.int64
     if (  # fast path of the structural checks (the common, valid call)
         isinstance(src_ptrs, T) and isinstance(dst_ptrs, T) and isinstance(sizes, T)
-        and src_ptrs.dtype == I64 and dst_ptrs.dtype == I64 and sizes.dtype == I64
+        and src_ptrs.dtype == I64 and dst_ptrs.dtype == I64 and sizes.dtype in _SIZE_DTYPES
         and src_ptrs.dim() == 1 and src_ptrs.shape == dst_ptrs.shape == sizes.shape
         and src_ptrs.device == dst_ptrs.device == sizes.device and device is None
     ):
@@ -155,8 +160,12 @@ def _validate(src_ptrs, dst_ptrs, sizes, device, check_values: bool) -> None:
     for name, t in named:
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"batch_memcpy: {name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dtype != torch.int64:
-            raise TypeError(f"batch_memcpy: {name} must have dtype torch.int64, got {t.dtype}")
+        allowed = _SIZE_DTYPES if name == "sizes" else (torch.int64,)
+        if t.dtype not in allowed:
+            raise TypeError(
+                f"batch_memcpy: {name} must have dtype "
+                f"{' or '.join(str(d) for d in allowed)}, got {t.dtype}"
+            )
         if t.dim() != 1:
             raise ValueError(f"batch_memcpy: {name} must be 1-D [N], got shape {tuple(t.shape)}")
     n = src_ptrs.shape[0]
@@ -213,7 +222,7 @@ def batch_memcpy(
     Args:
         src_ptrs: int64 ``[N]``, source byte addresses in the memory of the tensors' device.
         dst_ptrs: int64 ``[N]``, destination byte addresses, same device.
-        sizes: int64 ``[N]``, byte counts (>= 0; 0 copies nothing). ``N`` may be 0.
+        sizes: int64 or int32 ``[N]``, byte counts (>= 0; 0 copies nothing). ``N`` may be 0.
         device: if given, the device the copies must run on; tensors elsewhere are an error
             (e.g. CPU tensors on a CUDA/NPU worker).
         impl: ``auto`` | ``triton`` | ``torch``; ``None`` reads ``$VLLM_HYBRID_NPU_COPY_IMPL``.
@@ -227,7 +236,8 @@ def batch_memcpy(
     copy's destination must not overlap another copy's source or destination.
 
     Raises:
-        TypeError: an argument is not an int64 tensor.
+        TypeError: an argument is not a tensor of the dtype above (uint64 addresses, as vLLM
+            allocates them, are passed as ``t.view(torch.int64)``: same bits, no copy).
         ValueError: shapes differ or are not 1-D; tensors on different devices or not on
             ``device``; (``check_values``) a negative size or a null address.
         RuntimeError: ``triton`` forced where it cannot run (see :func:`active_impl`).
