@@ -12,7 +12,8 @@ Implementations:
 * ``"triton"``: :mod:`vllm_hybrid_npu.ops._triton_copy` (one kernel for CUDA Triton and
   triton-ascend; on CPU tensors it runs under the Triton interpreter).
 * ``"torch"``: :mod:`vllm_hybrid_npu.ops._torch_copy` (a ``copy_`` per copy; syncs to read the
-  addresses; for 310P-class NPUs and CPUs without triton).
+  addresses; for CPUs without triton and CUDA without Triton; NPU tensors are refused: on 310P
+  the plugin keeps vllm-ascend's own tensor-copy path).
 
 Selection: environment variable ``VLLM_HYBRID_NPU_COPY_IMPL`` = ``auto`` (default) | ``triton``
 | ``torch``, or the ``impl=`` argument. ``auto`` picks ``triton`` on CUDA when triton imports,
@@ -262,3 +263,36 @@ def batch_memcpy(
             _triton_copy.launch(kernel, src_ptrs, dst_ptrs, sizes, cfg)
     else:
         _triton_copy.launch(kernel, src_ptrs, dst_ptrs, sizes, cfg)
+
+
+def warm_up(device: torch.device | str) -> int:
+    """Compile (JIT) every kernel variant :func:`batch_memcpy` can launch on ``device``, so the
+    first align-mode step does not pay Triton's compile time.
+
+    Copies 64 bytes between two scratch buffers on ``device`` with int32 and int64 ``sizes`` (vLLM
+    and vllm-ascend allocate int32) and with contiguous and block-cyclic tiles; synchronises the
+    device once at the end (start-up, not the step path).
+
+    Returns:
+        Number of launches made (int; 0 when the torch implementation is active there).
+
+    Raises:
+        RuntimeError: a copy came back wrong (the message names the variant).
+    """
+    dev = torch.device(device)
+    if active_impl(dev) != "triton":
+        return 0
+    cfg = _triton_copy.target_config(dev.type, dev.index or 0)
+    kernel = _triton_copy.interpreted_kernel() if dev.type == "cpu" else _triton_copy.batch_memcpy_kernel
+    src = torch.arange(64, dtype=torch.uint8, device=dev)
+    launches = 0
+    for size_dtype in (torch.int32, torch.int64):
+        for tiles in sorted({1, min(cfg.cyclic_min_tiles, _triton_copy.MAX_TILES_PER_COPY)}):
+            dst = torch.zeros_like(src)
+            ptrs = torch.tensor([[src.data_ptr()], [dst.data_ptr()]], dtype=torch.int64, device=dev)
+            sizes = torch.tensor([64], dtype=size_dtype, device=dev)
+            _triton_copy.launch(kernel, ptrs[0], ptrs[1], sizes, cfg, tiles=tiles)
+            launches += 1
+            if not torch.equal(dst.cpu(), src.cpu()):
+                raise RuntimeError(f"batch_memcpy warm-up copy wrong ({size_dtype}, {tiles} tiles)")
+    return launches

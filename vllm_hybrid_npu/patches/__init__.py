@@ -8,6 +8,8 @@ One module per patched upstream module (or, for ``gdn_all_mode``, per feature), 
 * :mod:`.vllm_config_scheduler` - ``SchedulerConfig.get_scheduler_cls``: the checkpoint policy.
 * :mod:`.vllm_mamba_utils` - vLLM's ``mamba_utils.batch_memcpy`` launcher (CUDA).
 * :mod:`.vllm_ascend_mamba_utils` - vllm-ascend's copy launchers (batched and layerwise).
+* :mod:`.worker_warmup` - the workers' ``compile_or_warm_up_model``: our kernel compiled at
+  start-up.
 * :mod:`.gdn_all_mode` - GDN states inside the step (``VLLM_HYBRID_NPU_CHECKPOINTS=gdn``, CPU).
 * :mod:`.vllm_v1_core_sched_scheduler` - ``Scheduler.schedule`` / ``make_stats`` and
   ``KVCacheManager.free`` / ``pop_blocks_for_free``: state-move and miss-reason counters carried
@@ -38,6 +40,7 @@ PATCH_MODULES = (
     "vllm_hybrid_npu.patches.vllm_config_scheduler",
     "vllm_hybrid_npu.patches.vllm_mamba_utils",
     "vllm_hybrid_npu.patches.vllm_ascend_mamba_utils",
+    "vllm_hybrid_npu.patches.worker_warmup",
     "vllm_hybrid_npu.patches.gdn_all_mode",
     "vllm_hybrid_npu.patches.vllm_v1_core_sched_scheduler",
 )
@@ -90,3 +93,21 @@ def apply_patches(target: str | None = None, stack: Stack | None = None) -> Load
 def unapply_patches() -> None:
     """Undo every patch of this process and forget pending ones (tests)."""
     unapply_all()
+
+
+def index_markdown() -> str:
+    """The registry as a Markdown table (``docs/patches.md`` holds it between
+    ``<!-- registry:begin -->`` and ``<!-- registry:end -->``; a test compares the two)."""
+    rows = [
+        "| entry | upstream target | targets | vLLM | vllm-ascend | on failure | why | until |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for p in all_patches():
+        trigger = f" (at import of `{p.trigger}`)" if p.trigger else ""
+        rows.append(
+            f"| `{p.name}` | `{p.module}:{p.qualname}`{trigger} | {', '.join(p.targets)} "
+            f"| {', '.join(p.vllm)} | {', '.join(p.vllm_ascend) if p.vllm_ascend else 'any'} "
+            f"| {'error' if p.behaviour_changing else 'warning, upstream kept'} | {p.why} "
+            f"| {p.until} |"
+        )
+    return "\n".join(rows) + "\n"

@@ -193,7 +193,7 @@ def _apply_one(patch: Patch, stack: Stack, late: bool) -> None:
         module = sys.modules.get(patch.module) or importlib.import_module(patch.module)
         owner, attr = _resolve(module, patch.qualname)
         upstream = _upstream_object(owner, attr)
-        if is_ours(upstream):  # already applied in this process
+        if any(name == patch.name for *_, name in _replaced):  # already applied here
             with _lock:
                 REPORT.pending.pop(patch.name, None)
                 if patch.name not in REPORT.applied:
