@@ -318,11 +318,12 @@ def _make_pop(upstream: Any, stack: Stack) -> Any:
 
 _ALL = ("npu", "cuda", "cpu")
 _WHY = (
-    "align-mode state moves and prefix-cache miss reasons counted in the scheduler, in memory, "
-    "and exported on the API server's /metrics through SchedulerStats (no worker hook, no "
-    "file, no host sync); users report sub-block misses invisible in logs and metrics "
-    "(vllm #53749, #48401, #40696)"
+    "counts align-mode state moves (+ bytes) and prefix-cache misses by reason from the "
+    "schedule, in memory (no worker hook, file or host sync); sub-block misses are invisible "
+    "upstream (vllm #53749, #48401, #40696)"
 )
+_WHY_STATS = "carries those counts to the API server's /metrics in SchedulerStats.vllm_hybrid_npu"
+_WHY_FREE = "remembers the blocks a request released as cached (miss reason evicted vs new)"
 _UNTIL = "vLLM exports align-mode state moves and prefix-cache miss reasons itself"
 
 PATCHES = [
@@ -345,7 +346,7 @@ PATCHES = [
         vllm=("0.23.0", "0.30.0", "0.32.0"),
         signature=("self",),
         make=_make_make_stats,
-        why=_WHY,
+        why=_WHY_STATS,
         until=_UNTIL,
     ),
     Patch(
@@ -356,7 +357,7 @@ PATCHES = [
         vllm=("0.23.0", "0.30.0", "0.32.0"),
         signature=("self", "request"),
         make=_make_free,
-        why=_WHY + ": blocks released by a request were cached (evicted vs new misses)",
+        why=_WHY_FREE,
         until=_UNTIL,
     ),
     Patch(
@@ -367,7 +368,7 @@ PATCHES = [
         vllm=("0.30.0", "0.32.0"),
         signature=("self", "request"),
         make=_make_pop,
-        why=_WHY + ": blocks released by a request were cached (evicted vs new misses)",
+        why=_WHY_FREE,
         until=_UNTIL,
     ),
 ]
