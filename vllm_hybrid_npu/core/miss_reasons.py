@@ -17,19 +17,25 @@ tokens a KV connector loads; ``NewRequestData.num_computed_tokens`` at first sch
 ``partial_block``
     ``N - max(R, H)``: tokens past the last hash-block boundary a hit can reach (a prompt or a
     shared prefix shorter than one block, the tail of every prompt, and a whole last block when
-    ``N`` is a multiple of ``U``).
+    ``N`` is a multiple of ``U``); plus, with a hash block finer than the cache block
+    (``--prefix-match-unit``), hash blocks in ``[max(A, H), R)`` past the last cache entry that
+    were computed before but never got an entry of their own: vLLM registers entries only at
+    full cache blocks and at each prompt's last hash boundary, so a shared prefix that ends
+    inside a cache block is not reachable even though its tokens were computed.
 ``no_state``
     ``min(A, R) - H``: attention blocks cached, but no GDN/Mamba state (conv + SSM state) at
     any boundary past ``H`` (align mode keeps a state only at some block boundaries).
 ``evicted``
-    hash blocks in ``[max(A, H), R)`` that were cached on the device before (recorded with
-    :meth:`MissTracker.on_cached`) and are gone now (this block or an earlier one of the chain).
+    tokens in ``[max(A, H), R)`` up to the last hash block that had a cache entry before
+    (recorded with :meth:`MissTracker.on_cached`) and has none now (this entry or an earlier
+    block of the chain was evicted from the device).
 ``evicted_host``
     the same, when a KV offloading connector (host tier) is configured: the block fell out of
     the device and of the host tier (the connector did not serve it).
 ``new``
-    hash blocks in ``[max(A, H), R)`` never cached before (as far as the bounded memory of
-    :class:`SeenBlocks` reaches: a block cached longer ago than its capacity counts as ``new``).
+    hash blocks in ``[max(A, H), R)`` past the last former cache entry that were never computed
+    before (as far as the bounded memory of :class:`SeenBlocks` reaches: a block cached longer
+    ago than its capacity counts as ``new``).
 
 The five counts add up to ``N - H`` exactly.
 """
@@ -44,13 +50,17 @@ REASONS: tuple[str, ...] = ("partial_block", "no_state", "evicted", "evicted_hos
 #: Default number of block hashes :class:`SeenBlocks` remembers when no capacity is given.
 DEFAULT_SEEN_CAPACITY = 1 << 18
 
+#: What :class:`SeenBlocks` knows of a hash block: never computed, computed without a cache
+#: entry of its own (inside a cache block, not a prompt's last hash boundary), had an entry.
+NEVER, COMPUTED, ENTRY = 0, 1, 2
+
 
 def classify_miss(
     num_tokens: int,
     hit_tokens: int,
     cached_prefix_tokens: int,
     hash_block_size: int,
-    seen: Callable[[int], bool] | Sequence[bool],
+    seen: Callable[[int], int] | Sequence[int],
     host_tier: bool = False,
 ) -> dict[str, int]:
     """Split the ``num_tokens - hit_tokens`` missed prompt tokens of one request by reason.
@@ -61,9 +71,11 @@ def classify_miss(
         cached_prefix_tokens: longest prefix an attention group holds on the device (tokens);
             values below ``hit_tokens`` are taken as ``hit_tokens``.
         hash_block_size: tokens per hash block (``U``), int > 0.
-        seen: ``seen(j)`` (or ``seen[j]``) tells whether hash block ``j`` (0-based, covering
-            tokens ``[j*U, (j+1)*U)``) was cached on the device before; only asked for blocks
-            in ``[max(A, H) // U, R // U)``.
+        seen: ``seen(j)`` (or ``seen[j]``) for hash block ``j`` (0-based, tokens
+            ``[j*U, (j+1)*U)``): :data:`ENTRY` (or True) when it had a device cache entry
+            before, :data:`COMPUTED` when it was computed but never had an entry of its own,
+            :data:`NEVER` (or False) otherwise; only asked for blocks in
+            ``[max(A, H) // U, R // U)``.
         host_tier: a KV offloading connector (host tier) is configured: blocks seen before are
             ``evicted_host`` instead of ``evicted``.
 
@@ -87,24 +99,42 @@ def classify_miss(
         return out
     attn = min(max(cached_prefix_tokens, hit_tokens), reach)
     out["no_state"] = attn - hit_tokens
-    is_seen = seen if callable(seen) else seen.__getitem__
+    state = seen if callable(seen) else seen.__getitem__
+    if attn >= reach:
+        return out
+    # [attn, reach) in hash blocks; attn may sit inside a hash block only if H did (a connector
+    # hit that is not block-aligned): that block's tokens past attn go with the block's verdict.
+    first, last = attn // u, (reach - 1) // u
+    verdicts = [_verdict(state(j)) for j in range(first, last + 1)]
+    # an entry at block k covered every block <= k of its chain: all of them were reachable
+    k = max((i for i, v in enumerate(verdicts) if v >= ENTRY), default=-1)
     evicted_key = "evicted_host" if host_tier else "evicted"
-    # [attn, reach): attn may sit inside a hash block only if H did (a connector hit that is
-    # not block-aligned): that block's tokens past attn go with the block's verdict.
-    start = attn
-    while start < reach:
-        j = start // u
-        end = min((j + 1) * u, reach)
-        out[evicted_key if is_seen(j) else "new"] += end - start
-        start = end
+    for i, v in enumerate(verdicts):
+        lo = max((first + i) * u, attn)
+        n = min((first + i + 1) * u, reach) - lo
+        if i <= k:
+            out[evicted_key] += n
+        elif v >= COMPUTED:
+            out["partial_block"] += n
+        else:
+            out["new"] += n
     return out
+
+
+def _verdict(v: int | bool) -> int:
+    if v is True:
+        return ENTRY
+    if v is False or v is None:
+        return NEVER
+    return int(v)
 
 
 class SeenBlocks:
     """Bounded memory of block hashes that were cached on the device (oldest forgotten first).
 
-    Keys are vLLM's ``BlockHash`` values (bytes) or anything hashable. ``capacity`` (blocks,
-    int > 0) bounds the memory: about 100 bytes per remembered block with 32-byte hashes.
+    Keys are vLLM's ``BlockHash`` values (bytes) or anything hashable, each with what is known of
+    it (:data:`COMPUTED` or :data:`ENTRY`; an ENTRY stays ENTRY). ``capacity`` (blocks, int > 0)
+    bounds the memory: about 100 bytes per remembered block with 32-byte hashes.
 
     Raises:
         ValueError: ``capacity`` <= 0.
@@ -114,15 +144,15 @@ class SeenBlocks:
         if capacity <= 0:
             raise ValueError(f"SeenBlocks capacity must be > 0 blocks, got {capacity}")
         self.capacity = int(capacity)
-        self._d: dict[Hashable, None] = {}
+        self._d: dict[Hashable, int] = {}
 
-    def add(self, hashes: Iterable[Hashable]) -> None:
-        """Remember ``hashes`` (re-adding one makes it the newest)."""
+    def add(self, hashes: Iterable[Hashable], state: int = ENTRY) -> None:
+        """Remember ``hashes`` as ``state`` (re-adding one makes it the newest; the stronger
+        state wins)."""
         d = self._d
         for h in hashes:
-            if h in d:
-                del d[h]
-            d[h] = None
+            old = d.pop(h, NEVER)
+            d[h] = max(old, state)
         extra = len(d) - self.capacity
         if extra > 0:
             it = iter(d)
@@ -131,6 +161,10 @@ class SeenBlocks:
 
     def __contains__(self, h: Hashable) -> bool:
         return h in self._d
+
+    def state(self, h: Hashable) -> int:
+        """:data:`NEVER`, :data:`COMPUTED` or :data:`ENTRY` for hash ``h``."""
+        return self._d.get(h, NEVER)
 
     def __len__(self) -> int:
         return len(self._d)
@@ -148,14 +182,17 @@ class MissTracker:
       block hashes and computed tokens: its full blocks were cached and can be evicted later.
 
     Attributes:
-        hash_block_size: tokens per hash block (int > 0).
+        hash_block_size: tokens per hash block (int > 0; ``--prefix-match-unit`` or the block
+            size).
+        block_size: tokens per cache block (int, a multiple of ``hash_block_size``).
         host_tier: whether a KV offloading connector is configured (bool).
         seen: the :class:`SeenBlocks` memory.
         totals: ``{reason: tokens}`` since creation (ints); also ``"requests"`` and
             ``"prompt_tokens"`` (classified requests and their tokens) and ``"hit_tokens"``.
 
     Raises:
-        ValueError: ``hash_block_size`` <= 0 or ``capacity`` <= 0.
+        ValueError: ``hash_block_size`` <= 0, ``capacity`` <= 0, or ``block_size`` not a
+            positive multiple of ``hash_block_size``.
     """
 
     def __init__(
@@ -163,10 +200,17 @@ class MissTracker:
         hash_block_size: int,
         host_tier: bool = False,
         capacity: int = DEFAULT_SEEN_CAPACITY,
+        block_size: int | None = None,
     ) -> None:
         if hash_block_size <= 0:
             raise ValueError(f"hash_block_size must be > 0 tokens, got {hash_block_size}")
+        if block_size is not None and (block_size <= 0 or block_size % hash_block_size):
+            raise ValueError(
+                f"block_size={block_size} must be a positive multiple of "
+                f"hash_block_size={hash_block_size} (--prefix-match-unit)"
+            )
         self.hash_block_size = int(hash_block_size)
+        self.block_size = int(block_size) if block_size else self.hash_block_size
         self.host_tier = bool(host_tier)
         self.seen = SeenBlocks(capacity)
         self.totals: dict[str, int] = self._zero()
@@ -196,14 +240,14 @@ class MissTracker:
             ``{reason: tokens}`` of this request (see :func:`classify_miss`).
         """
         hit = min(max(int(hit_tokens), 0), int(num_tokens))
-        seen = self.seen
+        get = self.seen._d.get
         nh = len(block_hashes)
         counts = classify_miss(
             int(num_tokens),
             hit,
             int(cached_prefix_tokens),
             self.hash_block_size,
-            lambda j: j < nh and block_hashes[j] in seen,
+            lambda j: get(block_hashes[j], NEVER) if j < nh else NEVER,
             self.host_tier,
         )
         for acc in (self.totals, self._pending):
@@ -214,11 +258,39 @@ class MissTracker:
             acc["hit_tokens"] += hit
         return counts
 
-    def on_cached(self, block_hashes: Sequence[Hashable], num_computed_tokens: int) -> None:
-        """Remember the full hash blocks of ``num_computed_tokens`` computed tokens as cached."""
-        n = min(max(int(num_computed_tokens), 0) // self.hash_block_size, len(block_hashes))
-        if n:
-            self.seen.add(block_hashes[:n])
+    def on_cached(
+        self,
+        block_hashes: Sequence[Hashable],
+        num_computed_tokens: int,
+        block_size: int | None = None,
+        num_prompt_tokens: int | None = None,
+    ) -> None:
+        """Remember what a request that releases its blocks left in the device cache.
+
+        Args:
+            block_hashes: the request's hash-block hashes.
+            num_computed_tokens: tokens computed (int); only full hash blocks count.
+            block_size: cache block size (tokens, a multiple of ``hash_block_size``); None means
+                :attr:`block_size`. vLLM registers a cache entry at each full cache block and
+                (when it ends inside a cache block) at the prompt's last hash boundary; the
+                other computed hash blocks are remembered as computed without an entry.
+            num_prompt_tokens: the request's prompt tokens (for its last hash boundary); None
+                when unknown (no tail entry).
+        """
+        u = self.hash_block_size
+        n = min(max(int(num_computed_tokens), 0) // u, len(block_hashes))
+        if not n:
+            return
+        scale = max(int(block_size or self.block_size) // u, 1)
+        if scale == 1:
+            self.seen.add(block_hashes[:n], ENTRY)
+            return
+        self.seen.add(block_hashes[:n], COMPUTED)
+        self.seen.add([block_hashes[i] for i in range(scale - 1, n, scale)], ENTRY)
+        if num_prompt_tokens:
+            tail = int(num_prompt_tokens) // u
+            if 0 < tail <= n and tail % scale:
+                self.seen.add([block_hashes[tail - 1]], ENTRY)
 
     def drain(self) -> dict[str, int]:
         """Counts since the previous :meth:`drain` (same keys as :attr:`totals`); resets them."""

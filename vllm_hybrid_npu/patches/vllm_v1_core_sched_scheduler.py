@@ -144,7 +144,10 @@ class StepCounters:
             hbs = int(getattr(scheduler, "hash_block_size", None) or cache_config.block_size)
             kvc = scheduler.kv_cache_config
             cap = max(4 * int(getattr(kvc, "num_blocks", 0)) * max(cache_config.block_size // hbs, 1), 1 << 16)
-            self.tracker = MissTracker(hbs, host_tier=_host_tier(scheduler), capacity=cap)
+            self.tracker = MissTracker(
+                hbs, host_tier=_host_tier(scheduler), capacity=cap,
+                block_size=int(cache_config.block_size),
+            )
             setattr(kvm, TRACKER_ATTR, self.tracker)
         self._broken = False
 
@@ -295,7 +298,9 @@ def _make_make_stats(upstream: Any, stack: Stack) -> Any:
 def _remember_cached(kvm: Any, request: Any) -> None:
     tracker = kvm.__dict__.get(TRACKER_ATTR)
     if tracker is not None:
-        tracker.on_cached(request.block_hashes, request.num_computed_tokens)
+        tracker.on_cached(
+            request.block_hashes, request.num_computed_tokens, None, request.num_prompt_tokens
+        )
 
 
 def _make_free(upstream: Any, stack: Stack) -> Any:
