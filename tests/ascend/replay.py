@@ -117,6 +117,19 @@ class RunnerSource:
                 raise RuntimeError(f"{path}: expected one mamba {k} block in execute_model, "
                                    f"found {len(found[k])}")
         self.blocks = {k: self._compile(v[0]) for k, v in found.items() if v}
+        #: runner lines that must run in the replay (over all cases of a configuration)
+        self.key_lines = {}
+        for blocks in found.values():
+            for st in (blocks[0] if blocks else []):
+                for n in ast.walk(st):
+                    text = ast.unparse(n.func) if isinstance(n, ast.Call) else (
+                        ast.unparse(n) if isinstance(n, ast.Assign) else "")
+                    for key in ("mamba_utils.preprocess_mamba", "mamba_utils.do_mamba_copy_block",
+                                "mamba_copy_connector = connector", "prepare_mamba_state_copy",
+                                "mamba_copy_connector.finish_mamba_state_copy",
+                                "mamba_utils.stage_postprocess_inputs_to_gpu"):
+                        if text == key:
+                            self.key_lines[key] = n.lineno
         self.spans = {k: (v[0][0].lineno, v[0][-1].end_lineno) for k, v in found.items() if v}
         self.has_layerwise_branch = "finish" in self.blocks
 
@@ -134,8 +147,11 @@ class RunnerSource:
 
 
 @contextmanager
-def trace_lines(path: str, sink: set):
+def trace_lines(path: str, sink: set, on: bool = True):
     """Record the line numbers executed in code objects compiled from ``path``."""
+    if not on:
+        yield
+        return
 
     def local(frame, event, arg):
         if event == "line":
@@ -181,6 +197,7 @@ class Sim:
         self.running: list[Req] = []
         self.preempted: list[Req] = []
         self.n = 0
+        self.t = 0  # steps taken
         self.finished_ids: set[str] = set()
         self.preempted_ids: set[str] = set()
 
@@ -208,7 +225,8 @@ class Sim:
             r = Req(f"req-{self.n}", rng.randint(1, 7 * BLOCK_SIZE), rng.randint(1, 6))
             r.block_ids = [[] for _ in range(1 + len(MAMBA_GROUPS))]
             self.running.append(r)
-        if self.preempted and rng.random() < 0.6:
+        self.t += 1
+        if self.preempted and (self.t == 5 or rng.random() < 0.6):
             r = self.preempted.pop(0)
             # resumed with a prefix-cache hit of whole blocks (possibly none)
             hit = rng.randint(0, r.computed // BLOCK_SIZE) * BLOCK_SIZE
@@ -258,7 +276,7 @@ class Sim:
             if r.out >= r.max_out:
                 self.running.remove(r)
                 self.finished_ids.add(r.rid)
-            elif r.computed >= BLOCK_SIZE and rng.random() < 0.12:
+            elif r.computed >= BLOCK_SIZE and (rng.random() < 0.12 or (self.t == 3 and not self.preempted_ids)):
                 self.running.remove(r)
                 self.preempted.append(r)
                 self.preempted_ids.add(r.rid)
@@ -286,9 +304,10 @@ def main(argv=None) -> int:
     ap.add_argument("--soc", required=True, choices=sorted(ascend_env.BUILD_INFO))
     ap.add_argument("--seed", type=int, required=True)
     ap.add_argument("--launcher", default="plugin", choices=("plugin", "standin", "upstream"))
-    ap.add_argument("--steps", type=int, default=8)
-    ap.add_argument("--device", default="cpu", choices=("cpu", "meta"),
-                    help="device of the runner's staged buffers; meta: the host-sync check")
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--sync-check", action="store_true",
+                    help="then replay the cases again with the runner's staged buffers on the meta "
+                         "device and the copy launchers monitored for host syncs, uploads, files")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     result = {"ascend": args.ascend, "soc": args.soc, "seed": args.seed, "launcher": args.launcher,
@@ -374,20 +393,54 @@ def run(args, result) -> None:
 
     runner_src = RunnerSource(ascend_root / "vllm_ascend/worker/model_runner_v1.py")
     result["runner_spans"] = runner_src.spans
-
-    connectors = CONNECTORS if runner_src.has_layerwise_branch else ("none", "plain")
+    result["key_lines"] = runner_src.key_lines
+    connectors = CONNECTORS if runner_src.has_layerwise_branch else ("none", "plain", "layerwise")
     rng_master = random.Random(args.seed)
-    for connector in connectors:
-        for spec_blocks in (0, 2):
-            name = f"{connector}-spec{spec_blocks}"
-            case_seed = rng_master.randrange(2**31)
-            try:
-                out = replay_case(args, runner_src, rec, mamba_utils, pmu, torch, connector,
-                                  spec_blocks, case_seed, triton_ok)
-                result["cases"][name] = {"ok": True, "seed": case_seed, **out}
-            except Exception:
-                result["cases"][name] = {"ok": False, "seed": case_seed,
-                                         "error": traceback.format_exc()[-6000:]}
+    plan = [(c, b, rng_master.randrange(2**31)) for c in connectors for b in (0, 2)]
+    run_cases(args, result, "cpu", "", plan, runner_src, rec, mamba_utils, pmu, torch, triton_ok)
+    if args.sync_check and triton_ok:
+        # the same cases with the staged buffers on the meta device, launchers monitored
+        report, monitored = install_sync_monitor(pmu, mamba_utils, torch)
+        result["sync_check"] = report
+        run_cases(args, result, "meta", "meta:", plan, runner_src, rec, mamba_utils, pmu, torch,
+                  triton_ok)
+        # control: a launcher that validates values (one device-to-host sync) must be caught
+        control = {"launcher_calls": 0, "kernel_launches": 0, "copies_launched": 0, "violations": []}
+        report_ref = dict(report)
+        report.clear()
+        report.update(control)
+        import vllm_hybrid_npu.ops as ops
+
+        def syncing(src_ptrs, dst_ptrs, sizes):
+            ops.batch_memcpy(src_ptrs, dst_ptrs, sizes.to(torch.int64), check_values=True)
+
+        saved = (getattr(pmu, "_batch_memcpy_triton", None), mamba_utils.batch_memcpy)
+        if saved[0] is not None:
+            pmu._batch_memcpy_triton = monitored(syncing)
+        mamba_utils.batch_memcpy = monitored(syncing)
+        run_cases(args, result, "meta", "control:", plan[:1], runner_src, rec, mamba_utils, pmu,
+                  torch, triton_ok)
+        result["sync_control"] = dict(report)
+        report.clear()
+        report.update(report_ref)
+        if saved[0] is not None:
+            pmu._batch_memcpy_triton = saved[0]
+        mamba_utils.batch_memcpy = saved[1]
+
+
+def run_cases(args, result, device, prefix, plan, runner_src, rec, mamba_utils, pmu, torch,
+              triton_ok):
+    for connector, spec_blocks, case_seed in plan:
+        name = f"{prefix}{connector}-spec{spec_blocks}"
+        lines: set[int] = set()
+        try:
+            out = replay_case(args, device, runner_src, rec, mamba_utils, pmu, torch, connector,
+                              spec_blocks, case_seed, triton_ok, lines)
+            result["cases"][name] = {"ok": True, "seed": case_seed, **out}
+        except Exception:
+            result["cases"][name] = {"ok": False, "seed": case_seed,
+                                     "runner_lines": sorted(l for l in lines if l > 0),
+                                     "error": traceback.format_exc()[-6000:]}
 
 
 def qualname(fn):
@@ -414,6 +467,96 @@ def install_standin(pmu, mamba_utils, ops):
         pmu._batch_memcpy_triton = launcher
         if mamba_utils.batch_memcpy is old:
             mamba_utils.batch_memcpy = launcher
+
+
+# --------------------------------------------------------------------------- host-sync check
+
+
+def install_sync_monitor(pmu, mamba_utils, torch) -> dict:
+    """``--sync-check``: the runner's staged buffers live on the meta device (a device whose
+    memory the host cannot read), our Triton launch is recorded instead of compiled (the device
+    launch), and every call of the installed copy launchers runs under a monitor that records
+    host syncs (``aten._local_scalar_dense``: ``.item()``, ``bool()``, ``int()``; ``.tolist()``,
+    ``.cpu()``, ``.numpy()``; copies from a device tensor to the host), host-to-device uploads
+    (a CPU tensor copied to the device: pageable, since vLLM's CPU-side buffers are not pinned
+    here) and files opened / replaced. Returns the live report dict and the wrapper."""
+    import builtins
+    import io
+
+    from torch.overrides import TorchFunctionMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from vllm_hybrid_npu.ops import _triton_copy
+
+    report = {"launcher_calls": 0, "kernel_launches": 0, "copies_launched": 0, "violations": []}
+
+    class FakeKernel:  # stands for the compiled kernel: a device launch reads nothing on the host
+        def __getitem__(self, grid):
+            def launch(src_ptrs, dst_ptrs, sizes, n_copies, tiles, **kw):
+                report["kernel_launches"] += 1
+                report["copies_launched"] += int(n_copies)
+                for t in (src_ptrs, dst_ptrs, sizes):
+                    if t.device.type != "meta":
+                        report["violations"].append(f"kernel argument on {t.device}")
+                return None
+            return launch
+
+    _triton_copy.batch_memcpy_kernel = FakeKernel()
+    _triton_copy.FAST_LAUNCH = False
+
+    class Funcs(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            name = getattr(func, "__name__", str(func))
+            if name in ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__index__",
+                        "__float__"):
+                report["violations"].append(f"host sync: Tensor.{name}")
+            return func(*args, **(kwargs or {}))
+
+    class Dispatch(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            name = str(func)
+            if "_local_scalar_dense" in name:
+                report["violations"].append(f"host sync: {name}")
+            tensors = [a for a in args if isinstance(a, torch.Tensor)]
+            if "copy_" in name or "_to_copy" in name:
+                devs = {t.device.type for t in tensors}
+                out_dev = kwargs.get("device")
+                if "copy_" in name and len(tensors) >= 2:
+                    dst, src = tensors[0], tensors[1]
+                    if src.device.type == "cpu" and dst.device.type != "cpu":
+                        report["violations"].append(f"upload from host memory: {name}")
+                    if src.device.type != "cpu" and dst.device.type == "cpu":
+                        report["violations"].append(f"download to host: {name}")
+                elif out_dev is not None and "cpu" in devs and torch.device(out_dev).type != "cpu":
+                    report["violations"].append(f"upload from host memory: {name}")
+            return func(*args, **kwargs)
+
+    real_open, real_io_open, real_replace, real_rename = builtins.open, io.open, os.replace, os.rename
+
+    def monitored(fn):
+        def wrapper(*a, **k):
+            report["launcher_calls"] += 1
+
+            def no_file(*x, **y):
+                report["violations"].append(f"file access: {x[:1]}")
+                return real_open(*x, **y)
+
+            builtins.open = io.open = no_file
+            os.replace = os.rename = no_file
+            try:
+                with Funcs(), Dispatch():
+                    return fn(*a, **k)
+            finally:
+                builtins.open, io.open, os.replace, os.rename = (real_open, real_io_open,
+                                                                 real_replace, real_rename)
+        wrapper.__wrapped__ = fn
+        return wrapper
+
+    if getattr(pmu, "_batch_memcpy_triton", None) is not None:
+        pmu._batch_memcpy_triton = monitored(pmu._batch_memcpy_triton)
+    mamba_utils.batch_memcpy = monitored(mamba_utils.batch_memcpy)
+    return report, monitored
 
 
 # --------------------------------------------------------------------------- connectors
@@ -444,15 +587,18 @@ MULTI_METHODS = STORE_METHODS + ("_configure_layerwise_reuse_completion",
                                  "_wait_for_external_slot_release")
 
 
-def class_from_source(path: Path, class_name: str, methods, namespace: dict) -> type:
-    """A class carrying the named methods of ``class_name`` in ``path``, compiled from the file
-    (own file name and line numbers) over ``namespace`` as module globals."""
+def class_from_source(path: Path, class_name: str, methods, namespace: dict,
+                      required=("wait_for_layer_load",)) -> type:
+    """A class carrying the named methods of ``class_name`` in ``path`` (those the release has;
+    ``required`` ones must exist), compiled from the file (own file name and line numbers) over
+    ``namespace`` as module globals."""
     tree = ast.parse(path.read_text())
     cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == class_name)
     defs = {n.name: n for n in cls.body if isinstance(n, ast.FunctionDef)}
-    missing = [m for m in methods if m not in defs]
+    missing = [m for m in required if m not in defs]
     if missing:
         raise RuntimeError(f"{path}: {class_name} has no {missing}")
+    methods = [m for m in methods if m in defs]
     ns = dict(namespace)
     exec(compile(ast.Module(body=[defs[m] for m in methods], type_ignores=[]), str(path), "exec"), ns)
     return type(class_name, (), {m: ns[m] for m in methods})
@@ -469,9 +615,11 @@ def make_connector(kind: str, rec: Recorder, ascend_root: Path, mamba_utils):
     if kind == "none":
         return None
     g = {"mamba_utils": mamba_utils, "Any": object}
+    layerwise = kind in ("layerwise", "multi")
+    # 0.23.0.post1's AscendStoreConnector has no mamba-copy methods (its runner does not ask)
     Store = class_from_source(ascend_root / STORE_FILE, "AscendStoreConnector", STORE_METHODS, g)
     store = Store()
-    store.use_layerwise = kind in ("layerwise", "multi")
+    store.use_layerwise = layerwise
     store._current_step_has_real_forward = False
     store._mamba_copy_bufs = None
     store._mamba_state = None
@@ -480,7 +628,8 @@ def make_connector(kind: str, rec: Recorder, ascend_root: Path, mamba_utils):
     store.is_producer = False
     if kind != "multi":
         return store
-    Multi = class_from_source(ascend_root / MULTI_FILE, "AscendMultiConnector", MULTI_METHODS, g)
+    Multi = class_from_source(ascend_root / MULTI_FILE, "AscendMultiConnector", MULTI_METHODS, g,
+                              required=MULTI_METHODS)
     multi = Multi()
     multi._connectors = [store]
     multi._configure_layerwise_reuse_completion()
@@ -505,8 +654,8 @@ def connector_step_begin(conn) -> None:
 # --------------------------------------------------------------------------- one case
 
 
-def replay_case(args, runner_src, rec, mamba_utils, pmu, torch, connector, spec_blocks, seed,
-                triton_ok):
+def replay_case(args, device_name, runner_src, rec, mamba_utils, pmu, torch, connector, spec_blocks, seed,
+                triton_ok, lines):
     from vllm.config import CacheConfig
     from vllm.distributed.kv_transfer import kv_transfer_state
     from vllm.distributed.kv_transfer import get_kv_transfer_group, has_kv_transfer_group
@@ -553,7 +702,7 @@ def replay_case(args, runner_src, rec, mamba_utils, pmu, torch, connector, spec_
         if hasattr(Qwen3NextForCausalLM, "get_mamba_state_copy_funcs"):
             get_mamba_state_copy_funcs = Qwen3NextForCausalLM.get_mamba_state_copy_funcs
 
-    device = torch.device(args.device)
+    device = torch.device(device_name)
 
     class Runner:  # vLLM's own methods over the runner attributes they read
         _get_mamba_bufs = GPUModelRunner._get_mamba_bufs
@@ -588,7 +737,6 @@ def replay_case(args, runner_src, rec, mamba_utils, pmu, torch, connector, spec_
     import numpy as np
 
     sim = Sim(rng, num_spec, spec_blocks)
-    lines: set[int] = set()
     totals = {"steps": 0, "copies": 0, "bytes": 0, "launcher_calls": 0, "per_layer_calls": 0,
               "tensor_copies": 0, "resumed": 0, "preempted": 0, "finished": 0,
               "accept_bias_max": 0}
@@ -631,7 +779,7 @@ def replay_case(args, runner_src, rec, mamba_utils, pmu, torch, connector, spec_
               "has_kv_transfer_group": has_kv_transfer_group,
               "get_kv_transfer_group": get_kv_transfer_group}
         n_calls = len(rec.calls)
-        with trace_lines(runner_src.path, lines):
+        with trace_lines(runner_src.path, lines, on=device_name == "cpu"):
             exec(runner_src.blocks["preprocess"], ns)
         bufs = ns["preprocess_bufs"]
         plan = upstream_plan(bufs, triton_ok)
@@ -640,7 +788,7 @@ def replay_case(args, runner_src, rec, mamba_utils, pmu, torch, connector, spec_
                                  f"the block tables say {sorted(expected_rows)}")
         if conn is not None:
             connector_step_begin(conn)
-        with trace_lines(runner_src.path, lines):
+        with trace_lines(runner_src.path, lines, on=device_name == "cpu"):
             exec(runner_src.blocks["copy"], ns)
             rec.layer = None
             # the model forward: each layer waits for its own KV load (vLLM's
@@ -655,7 +803,9 @@ def replay_case(args, runner_src, rec, mamba_utils, pmu, torch, connector, spec_
         layerwise = ns.get("mamba_copy_connector") is not None
         calls = rec.calls[n_calls:]
         launched = [row for c in calls for row in c["rows"]]
-        if triton_ok:
+        if device_name == "meta":
+            pass  # rows live on the meta device; the sync report counts the copies launched
+        elif triton_ok:
             if sorted(launched) != sorted(plan):
                 raise AssertionError(f"step {step}: launched rows {sorted(launched)} != plan {sorted(plan)}")
             if layerwise:
@@ -673,7 +823,7 @@ def replay_case(args, runner_src, rec, mamba_utils, pmu, torch, connector, spec_
             totals["tensor_copies"] += len(plan)
         if rec.upstream_kernel_launches:
             raise AssertionError("vllm-ascend's Triton batch_memcpy_kernel was launched")
-        if args.device == "cpu":
+        if device_name == "cpu":
             for l in states:
                 got = forward_context[l].raw
                 if not torch.equal(got, expect[l]):
@@ -690,8 +840,11 @@ def replay_case(args, runner_src, rec, mamba_utils, pmu, torch, connector, spec_
         sim.after(batch, scheduled, spec)
     kv_transfer_state._KV_CONNECTOR_AGENT = None
     spans = runner_src.spans
-    ran = sorted(lines)
-    return {"totals": totals, "runner_lines": ran,
+    ran = sorted(l for l in lines if l > 0)
+    funcs = (runner._get_ascend_mamba_state_copy_funcs()
+             if hasattr(runner, "_get_ascend_mamba_state_copy_funcs")
+             else runner.model.get_mamba_state_copy_func())
+    return {"totals": totals, "runner_lines": ran, "copy_funcs_type": type(funcs).__name__,
             "runner_lines_in_spans": {k: [l for l in ran if a <= l <= b] for k, (a, b) in spans.items()}}
 
 
