@@ -1,56 +1,32 @@
 """Contract of our NPU patches with the real vllm-ascend 0.30.0rc2 source (parsed, not imported:
 vllm-ascend cannot be imported without CANN / torch-npu).
 
-The sdist comes from the package registry with pip (``SOC_VERSION=ascend910b1``, build metadata
-needs ``setuptools_scm``) and is cached in ``$VLLM_HYBRID_NPU_CACHE/sdist`` (default
-``~/.cache/vllm-hybrid-npu/sdist``). Every class, method, attribute, call and signature that
+The sdist comes from the package registry with pip and is cached in
+``$VLLM_HYBRID_NPU_CACHE/sdist`` (default ``~/.cache/vllm-hybrid-npu/sdist``), through the helper
+the Ascend replay tests share (``tests/ascend/upstream.py``). Every class, method, attribute, call and signature that
 :mod:`vllm_hybrid_npu.patches.ascend_runner` relies on is checked here.
 """
 
 from __future__ import annotations
 
 import ast
-import os
-import subprocess
 import sys
 import tarfile
 from pathlib import Path
 
 import pytest
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from ascend import upstream  # noqa: E402  (tests/ascend/upstream.py: pip download + cache)
+
 VERSION = "0.30.0rc2"
-SDIST = f"vllm_ascend-{VERSION}.tar.gz"
 ROOT = f"vllm_ascend-{VERSION}/"
-
-
-def _cache_dir() -> Path:
-    base = os.environ.get("VLLM_HYBRID_NPU_CACHE") or os.path.expanduser("~/.cache/vllm-hybrid-npu")
-    return Path(base) / "sdist"
-
-
-def _download(dest: Path) -> Path:
-    dest.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "SOC_VERSION": os.environ.get("SOC_VERSION", "ascend910b1")}
-    cmd = [
-        sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-        "--no-build-isolation", f"vllm-ascend=={VERSION}", "-d", str(dest),
-    ]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
-    if proc.returncode != 0 or not (dest / SDIST).exists():
-        raise RuntimeError(
-            f"could not download the vllm-ascend {VERSION} sdist with pip (needs network to the "
-            f"registry and setuptools_scm installed): {' '.join(cmd)}\n{proc.stdout[-2000:]}\n"
-            f"{proc.stderr[-3000:]}"
-        )
-    return dest / SDIST
 
 
 @pytest.fixture(scope="module")
 def src():
     """``relative path -> source text`` of every .py file of the vllm_ascend package."""
-    path = _cache_dir() / SDIST
-    if not path.exists():
-        path = _download(_cache_dir())
+    path = upstream.sdist(VERSION)
     out = {}
     with tarfile.open(path) as tar:
         for m in tar.getmembers():
