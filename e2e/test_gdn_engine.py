@@ -77,8 +77,16 @@ class Scenario:
 
 @pytest.fixture(scope="module")
 def runs(tiny_model_dir):
+    from vllm_hybrid_npu.patches import apply_patches, registry
+
     mp = pytest.MonkeyPatch()
     mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    # the registry as the plugin applies it in a process started with
+    # VLLM_HYBRID_NPU_CHECKPOINTS=gdn (whatever an earlier test of this process applied)
+    mp.setenv("VLLM_HYBRID_NPU_CHECKPOINTS", "gdn")
+    registry.unapply_all()
+    report = apply_patches("cpu")
+    assert not report.failed and "gdn-switch" in report.applied + list(report.pending), report.line()
     results = {}
     for name, kw in [
         ("off", dict(enable_prefix_caching=False)),
@@ -108,6 +116,7 @@ def runs(tiny_model_dir):
         results[name] = r
         del llm
     yield sc, results["off"], results["gdn"]
+    registry.unapply_all()
     mp.undo()
 
 
