@@ -340,13 +340,14 @@ def run(args, result) -> None:
 
     rec = Recorder()
     plugin_report = None
+    report = None
     if args.launcher == "plugin":
         from vllm_hybrid_npu import patches
+        from vllm_hybrid_npu.support import Stack
 
-        plugin_report = patches.apply_patches("npu")
-        result["plugin_report"] = {
-            k: list(getattr(plugin_report, k, []) or []) for k in ("applied", "skipped", "failed")
-        } if hasattr(plugin_report, "applied") else {"legacy": list(plugin_report)}
+        # the stack vllm-ascend's process would detect (its distributions are not installed here)
+        report = patches.apply_patches("npu", Stack(target="npu", vllm=vllm_version,
+                                                    vllm_ascend=args.ascend))
 
     pmu_name = "vllm_ascend.patch.worker.patch_mamba_utils"
     import importlib
@@ -357,6 +358,10 @@ def run(args, result) -> None:
 
     if args.launcher == "standin":
         install_standin(pmu, mamba_utils, ops)
+    if report is not None:  # after the import: the registry's post-import hook has run
+        result["plugin_report"] = {"applied": list(report.applied), "pending": dict(report.pending),
+                                   "skipped": dict(report.skipped), "failed": dict(report.failed),
+                                   "unsupported": report.unsupported}
 
     # instrumentation: upstream's Triton kernel must never launch; our launcher's rows recorded
     class UpstreamKernel:

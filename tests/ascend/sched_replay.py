@@ -8,7 +8,8 @@ What runs: vllm-ascend's ``vllm_ascend/patch/platform/patch_mamba_block_aligned_
 ``Scheduler._mamba_block_aligned_split``) and ``patch_balance_schedule.py`` (rebinds
 ``vllm.v1.core.sched.scheduler.Scheduler`` to ``BalanceScheduler``, whose ``schedule()`` is
 vllm-ascend's copy of vLLM's when balance scheduling is enabled), imported for real; then the
-plugin's scheduler policy (``vllm_hybrid_npu.scheduling.install_scheduler_policy``); then the
+plugin's registry (``vllm_hybrid_npu.patches.apply_patches("npu", stack)``: its
+``checkpoint-policy`` entry wraps ``SchedulerConfig.get_scheduler_cls``); then the
 scheduler class comes from vLLM's own ``SchedulerConfig.get_scheduler_cls`` (what
 ``EngineCore`` calls) and runs a few requests of a tiny hybrid (GDN + attention, align mode)
 through the hit-rate lab's replay (vLLM's real ``Scheduler`` and KV-cache manager; only the
@@ -84,10 +85,14 @@ def run(args, result) -> None:
 
     vllm_scheduler._mamba_block_aligned_split = counting
 
-    from vllm_hybrid_npu import scheduling
+    from vllm_hybrid_npu import patches
+    from vllm_hybrid_npu.support import Stack
 
-    installed = scheduling.install_scheduler_policy()
-    result["installed"] = installed
+    # the plugin's registry as an NPU process of this stack applies it; the policy is chosen by
+    # VLLM_HYBRID_NPU_CHECKPOINTS (set above; upstream is the NPU default)
+    report = patches.apply_patches("npu", Stack(target="npu", vllm="0.30.0", vllm_ascend=ASCEND))
+    result["installed"] = [n for n in report.applied if n == "checkpoint-policy"]
+    result["failed"] = dict(report.failed)
 
     from vllm_hybrid_npu_lab.model import build_setup
     from vllm_hybrid_npu_lab.presets import TINY_HYBRID

@@ -11,10 +11,10 @@ The schedule comes from a fresh seed per session, printed in every failure; reru
 ``VLLM_HYBRID_NPU_TEST_SEED=<seed>``. The sdists and vLLM 0.23's sources are fetched with pip and
 cached (tests/ascend/upstream.py); a failed fetch fails the tests.
 
-Which launcher swap is replayed: the plugin's own (``vllm_hybrid_npu.patches.apply_patches("npu")``)
-once its registry API (``unapply_patches``) exists, otherwise the harness's stand-in
-(``replay.install_standin``) - ``test_plugin_launcher_swap_is_replayed`` is an expected failure
-until then.
+The launcher swap replayed is the plugin's own: ``vllm_hybrid_npu.patches.apply_patches("npu",
+stack)`` before vllm-ascend's ``patch_mamba_utils`` is imported (its post-import hook swaps the
+launchers). ``replay.py --launcher standin`` replays a local stand-in instead (harness check) and
+``--launcher upstream`` vllm-ascend alone (its Triton kernel launch is then reported).
 """
 
 from __future__ import annotations
@@ -44,13 +44,7 @@ UPSTREAM_310P_LAYERWISE_BUG = (
     "(patch_mamba_utils.py: nothing fills _layer_tensor_copy_pairs); the plugin does not fix it yet")
 
 
-def _registry_present() -> bool:
-    from vllm_hybrid_npu import patches
-
-    return hasattr(patches, "unapply_patches")
-
-
-LAUNCHER = "plugin" if _registry_present() else "standin"
+LAUNCHER = "plugin"
 _results: dict = {}
 
 
@@ -169,10 +163,14 @@ def test_no_host_sync_upload_or_file_on_the_copy_launch(ascend):
     assert any("host sync" in v for v in control["violations"]), control
 
 
-@pytest.mark.xfail(not _registry_present(), strict=True,
-                   reason="the plugin's launcher-swap registry (issue #12 items 1-3) is not on this "
-                          "branch yet: the replay runs the harness's stand-in swap")
-def test_plugin_launcher_swap_is_replayed():
-    res = replay("0.30.0rc2", "A2")
-    assert res["launcher"] == "plugin"
-    assert res["plugin_report"]["failed"] == []
+@pytest.mark.parametrize("ascend,soc", CONFIGS)
+def test_plugin_registry_applied_the_launcher_entries(ascend, soc):
+    """The registry's load report after vllm-ascend's ``patch_mamba_utils`` ran: both launcher
+    entries applied on A2, skipped with the 310P reason on 310P; nothing failed."""
+    rep = replay(ascend, soc)["plugin_report"]
+    assert rep["unsupported"] is None and rep["failed"] == {}, rep
+    names = ("copy-kernel-ascend", "copy-kernel-ascend-vllm")
+    if soc == "A2":
+        assert set(names) <= set(rep["applied"]), rep
+    else:
+        assert all("310P" in rep["skipped"].get(n, "") for n in names), rep

@@ -1,8 +1,9 @@
 """vllm-ascend 0.30.0rc2's scheduler patches + the plugin's checkpoint policy (issue #12 item 4).
 
 ``tests/ascend/sched_replay.py`` imports vllm-ascend's ``patch_mamba_block_aligned_split`` (the
-split wrapper) and ``patch_balance_schedule`` (``BalanceScheduler``) for real, installs the
-plugin's policy (``tail``: a checkpoint stop at every block boundary of the prefill), takes the
+split wrapper) and ``patch_balance_schedule`` (``BalanceScheduler``) for real, applies the
+plugin's registry with ``VLLM_HYBRID_NPU_CHECKPOINTS=tail`` (a checkpoint stop at every block
+boundary of the prefill; the NPU default is ``upstream``), takes the
 scheduler class from vLLM's ``SchedulerConfig.get_scheduler_cls`` and replays four requests
 sharing a random prefix through vLLM's real scheduler and KV-cache manager (the lab's replay).
 Balance scheduling on (vllm-ascend's copied ``schedule()`` runs) and off (``super().schedule``).
@@ -39,7 +40,7 @@ def composed(request, tmp_path_factory):
 
 
 def test_policy_class_wraps_balance_scheduler_and_ascend_split(composed):
-    assert composed["installed"] == ["scheduler:tail"]
+    assert composed["installed"] == ["checkpoint-policy"] and composed["failed"] == {}
     mro = composed["mro"]
     policy = mro.index("vllm_hybrid_npu.scheduling.scheduler.CheckpointPolicyMixin")
     balance = mro.index("vllm_ascend.patch.platform.patch_balance_schedule.BalanceScheduler")
