@@ -13,7 +13,9 @@ Compiled as the plugin launches it on NPU (:func:`vllm_hybrid_npu.ops._triton_co
 for ``"npu"``: ``NPU_BLOCK_BYTES``, no 16-byte path, contiguous tiles, no eviction hints), for
 int64 sizes (our API) and int32 sizes (what vLLM's ``MambaCopyBuffers`` stage), each with 16-byte
 aligned and unaligned address tensors (a layerwise per-layer slice ``gpu[start:end]`` is aligned
-only for even ``start``).
+only for some ``start``): the specialisation must not depend on that alignment, otherwise the
+first step with a new alignment compiles (seconds on NPU) inside ``execute_model`` whatever was
+warmed up.
 """
 
 from __future__ import annotations
@@ -124,8 +126,9 @@ def test_front_end_and_ascend_adapter_pass_then_cann_stage_fails(compiled, case)
     # the failure is the CANN stage (triton-ascend names its ``npubin`` stage, linalg -> binary
     # through bishengir-compile, ConvertLinalgRToBinary): the Ascend toolkit is missing
     assert c["error_stage"] == "ConvertLinalgRToBinary", c["error"]
-    want = [0, 1, 2] if case.endswith("-aligned") else []
-    assert c["divisibility_16"] == want, "address tensors specialised as the JIT does"
+    # one variant whatever the address tensors' alignment, so a warm-up at load covers every
+    # call of the step path (per-layer slices gpu[start:end] are 16-byte aligned or not)
+    assert c["divisibility_16"] == [], "address tensors must not be specialised on alignment"
     assert "ASCEND_HOME_PATH" in c["error"] or "bishengir" in c["error"], c["error"]
 
 

@@ -207,7 +207,13 @@ def _overlapping_copy(src, dst, size, ELEM: tl.constexpr, UNIT: tl.constexpr,
                       dist // UNIT, dst < src, BLOCK_BYTES // 32)
 
 
-@triton.jit(do_not_specialize=["n_copies", "tiles_per_copy"])
+# One compiled variant per ``sizes`` dtype: the address tensors are never specialised on 16-byte
+# alignment (the kernel reads one scalar from each per work item, so the hint buys nothing), so
+# a warm-up launch covers every call of the step path - vllm-ascend's per-layer slices
+# ``gpu[start:end]`` are 16-byte aligned or not depending on ``start``, and a batched call's
+# tensors are aligned where a warm-up's may not be.
+@triton.jit(do_not_specialize=["n_copies", "tiles_per_copy"],
+            do_not_specialize_on_alignment=["src_ptrs", "dst_ptrs", "sizes"])
 def batch_memcpy_kernel(src_ptrs, dst_ptrs, sizes, n_copies, tiles_per_copy,
                         BLOCK_BYTES: tl.constexpr, GRANULE_BYTES: tl.constexpr,
                         MIN_TILE_BYTES: tl.constexpr, WIDE16: tl.constexpr,
