@@ -123,15 +123,6 @@ register(EnvVar(
     effect="where the default tiny model is built (`models/tiny-<arch>-s<seed>`) and the "
     "vllm-ascend source distribution is cached",
 ))
-register(EnvVar(
-    name="VLLM_HYBRID_NPU_METRICS_DIR",
-    values=None,
-    kind="directory",
-    default="a fresh temporary directory, created by the top-level process",
-    read_by="`metrics`",
-    effect="set by the plugin itself and inherited by engine/worker processes: per-process "
-    "counter files summed at scrape time; do not set it by hand",
-))
 
 
 def markdown_table() -> str:

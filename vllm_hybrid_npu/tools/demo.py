@@ -7,6 +7,10 @@
    answers. Every request is a streamed ``/v1/chat/completions`` call with greedy sampling; the
    server reports cached prompt tokens (``usage.prompt_tokens_details.cached_tokens``) and the
    output token ids (``return_token_ids``). Time to first token (TTFT) is measured by the client.
+   Afterwards the plugin's counters are read from the server's ``/metrics``: align-mode state
+   moves and bytes, and the prompt tokens that missed the prefix cache by reason
+   (``vllm_hybrid_npu:prefix_cache_miss_tokens_total{reason=...}``), plus the server's
+   start-up line naming the block size and the shortest prefix that can hit.
 3. Replays the same request bodies against a second server with prefix caching off and compares
    the output token ids, which must be identical.
 
@@ -28,6 +32,7 @@ from vllm_hybrid_npu.tools.server import (
     VllmServer,
     block_size_from_metrics,
     counter_from_metrics,
+    counters_by_label,
 )
 
 SYSTEM_PROMPT_PARAGRAPH = (
@@ -246,6 +251,11 @@ def run(args: argparse.Namespace) -> int:
         metrics_text = server.metrics()
         state_copies = counter_from_metrics(metrics_text, "vllm_hybrid_npu:state_copies_total")
         state_copy_bytes = counter_from_metrics(metrics_text, "vllm_hybrid_npu:state_copy_bytes_total")
+        miss_reasons = counters_by_label(
+            metrics_text, "vllm_hybrid_npu:prefix_cache_miss_tokens_total", "reason"
+        )
+        hit_unit_lines = [l for l in server.log_text().splitlines()
+                          if "vllm-hybrid-npu: block size" in l]
     except ServerError as exc:
         log(str(exc))
         return 2
@@ -288,6 +298,8 @@ def run(args: argparse.Namespace) -> int:
             "plugin_log": plugin_lines[:1],
             "state_copies": state_copies,
             "state_copy_bytes": state_copy_bytes,
+            "miss_reasons": {k: int(v) for k, v in miss_reasons.items()},
+            "hit_unit_log": hit_unit_lines[:1],
         }, indent=2))
     else:
         out = [format_table(results), ""]
@@ -300,9 +312,16 @@ def run(args: argparse.Namespace) -> int:
                    f"misses {fmt(summary['mean_ttft_ms_miss'])}")
         if plugin_lines:
             out.append("plugin: " + plugin_line_text(plugin_lines[0]))
+        if hit_unit_lines:
+            out.append("server: " + hit_unit_lines[0].split("vllm-hybrid-npu: ", 1)[-1])
         if state_copies is not None:
-            out.append(f"align-mode state copies (server /metrics): {state_copies:.0f} copies, "
-                       f"{state_copy_bytes:.0f} bytes")
+            out.append(f"align-mode state moves (server /metrics): {state_copies:.0f} moves, "
+                       f"{state_copy_bytes:.0f} bytes copied")
+        if miss_reasons:
+            missed = sum(miss_reasons.values())
+            out.append(f"prompt tokens that missed the prefix cache, by reason (server /metrics, "
+                       f"{missed:.0f} tokens): " + ", ".join(
+                           f"{k} {v:.0f}" for k, v in sorted(miss_reasons.items(), key=lambda kv: -kv[1])))
         if outputs_match is None:
             out.append("outputs vs prefix caching off: not checked (--skip-baseline)")
         elif outputs_match:
