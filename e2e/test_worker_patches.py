@@ -12,7 +12,7 @@ forced to 128 tokens (< the block size, so states cross steps inside a block), 6
 Prompts are drawn fresh from the run's seed (printed on failure; ``VLLM_HYBRID_NPU_TEST_SEED``
 replays it, see conftest.py). Comparisons of the *same schedule* (mode ``ours`` vs ``upstream``,
 both with vLLM's own schedule) are exact: tokens, cached counts and logprobs. Comparisons across *different* schedules
-(caching on vs off, a cache hit vs the computed round, preempted vs not) are not bit-exact by
+(caching on vs off, a cache hit vs the computed round) are not bit-exact by
 construction: vLLM 0.30.0's CPU GDN prefill kernel is bf16 only and a 128-token budget shared by
 4 requests splits prompts off the 64-token grid, so the last bits differ and a greedy token at a
 near-tie of the random-weight model can flip (measured: 9 of 40 requests diverge, every time at
