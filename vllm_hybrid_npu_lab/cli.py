@@ -182,20 +182,15 @@ def upstream_best(policies: dict[str, Any]) -> dict[str, Any] | None:
     return {**policies[best_name], "setting": best_name}
 
 
-def miss_reasons_hook(requests: Any, results: dict[str, Any]) -> Any:
-    """Miss reasons of the default policy's replay, or ``None`` while no classifier is installed.
-
-    Hook for issue 15 item 5: when ``vllm_hybrid_npu.core.miss_reasons`` exists (a pure
-    classifier of why a prompt missed the prefix cache), the report's ``miss_reasons`` will carry
-    its counts; until then the key is present and ``null``.
-    """
-    try:
-        import importlib
-
-        importlib.import_module("vllm_hybrid_npu.core.miss_reasons")
-    except ImportError:
+def miss_reasons_of(policies: dict[str, Any], default: str) -> dict[str, Any] | None:
+    """The report's ``miss_reasons``: ``{"policy": name, "reasons": {reason: tokens}}`` of the
+    default policy's replay (else the first replayed policy), or ``None`` while the runtime has
+    no miss classifier (``vllm_hybrid_npu.core.miss_reasons``, issue 15 item 5: the replay
+    feeds its ``MissTracker`` when the module is importable)."""
+    name = default if default in policies else next(iter(policies), None)
+    if name is None or policies[name].get("miss_reasons") is None:
         return None
-    return None
+    return {"policy": name, "reasons": policies[name]["miss_reasons"]}
 
 
 def run_sweep(args: argparse.Namespace) -> dict[str, Any]:
@@ -304,7 +299,7 @@ def run_sweep(args: argparse.Namespace) -> dict[str, Any]:
                     )
     report = dict(runs[0])
     report["default_policy"] = DEFAULT_POLICY
-    report["miss_reasons"] = miss_reasons_hook(requests, report["policies"])
+    report["miss_reasons"] = miss_reasons_of(report["policies"], DEFAULT_POLICY)
     report["runs"] = runs
     return report
 

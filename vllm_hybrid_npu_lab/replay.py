@@ -96,6 +96,9 @@ class ReplayResult:
     #: host tier transfers: bytes and simulated seconds of loads/stores, seconds requests waited
     #: for their loads (arrival of the load job to its completion, summed)
     host: dict[str, Any] = field(default_factory=dict)
+    #: missed prompt tokens by reason (``vllm_hybrid_npu.core.miss_reasons.MissTracker``
+    #: totals), ``None`` when the runtime has no miss classifier (issue 15 item 5)
+    miss_reasons: dict[str, int] | None = None
     #: prompt tokens found cached at first scheduling, per request in trace order (not in JSON)
     cached_per_request: list[int] = field(default_factory=list, repr=False)
 
@@ -127,6 +130,16 @@ def _count_cached_states(scheduler: Any) -> int:
             keys.add(block.block_hash)
         count += sum(1 for key in keys if get_group_id(key) == first)
     return count
+
+
+def _miss_tracker(setup: Any, host_tier: bool) -> Any:
+    """A ``MissTracker`` of the runtime's miss classifier (``vllm_hybrid_npu.core.miss_reasons``,
+    issue 15 item 5) for this replay, or ``None`` while that module is not installed."""
+    try:
+        from vllm_hybrid_npu.core.miss_reasons import MissTracker
+    except ImportError:
+        return None
+    return MissTracker(setup.hash_block_size, host_tier=host_tier, block_size=setup.block_size)
 
 
 def replay(
@@ -186,6 +199,7 @@ def replay(
 
         worker = SimulatedOffloadWorker(setup.kv_cache_config, link or HostLink())
 
+    tracker = _miss_tracker(setup, host_tier=worker is not None)
     n = len(requests)
     prompts, parents = carried_prompts(
         requests, lambda i, k: output_token(i, k), carry=carry_outputs
@@ -238,6 +252,10 @@ def replay(
             if new.req_id not in first_hit:
                 first_hit[new.req_id] = new.num_computed_tokens
                 wait_total += clock - requests[int(new.req_id)].timestamp_ms / 1000.0
+                if tracker is not None:
+                    r = live[new.req_id]
+                    tracker.on_admit(r.block_hashes, r.num_prompt_tokens, new.num_computed_tokens,
+                                     getattr(r, "shared_prefix_boundary", 0) or 0)
         sampled: list[list[int]] = []
         for rid in req_ids:
             req = live[rid]
@@ -290,6 +308,9 @@ def replay(
             busy += step_s
         for rid in [r for r, req in live.items() if req.is_finished()]:
             req = live.pop(rid)
+            if tracker is not None:
+                tracker.on_cached(req.block_hashes, req.num_computed_tokens,
+                                  num_prompt_tokens=req.num_prompt_tokens)
             finished += 1
             prompt_tokens += req.num_prompt_tokens
             hit = first_hit.pop(rid)
@@ -328,6 +349,7 @@ def replay(
         device_cached_prompt_tokens=cached_tokens - host_tokens,
         host_cached_prompt_tokens=host_tokens,
         host=worker.summary() if worker is not None else {},
+        miss_reasons=dict(tracker.totals) if tracker is not None else None,
         cached_per_request=per_request,
         host_per_request=host_per_request,
     )
