@@ -183,3 +183,26 @@ def test_miss_reasons_account_for_every_missed_token(cfg):
     assert sum(m[r] for r in REASONS) == res.prompt_tokens - res.cached_prompt_tokens
     # the last A: its attention blocks (1,024 tokens) survived B, its state did not
     assert m["no_state"] == 1024
+
+
+# A (2,000 tokens: last boundary 1,792), B evicts A from the device, C shares A's first three
+# trace blocks (1,536 tokens = one block below A's last boundary).
+HOST_WINDOW = [(2000, 4, [1, 2, 3, 4]), (3000, 4, [5, 6, 7, 8, 9, 10]), (2000, 4, [1, 2, 3, 11])]
+
+
+@pytest.mark.parametrize(
+    "policy, hit",
+    [
+        ("upstream", 0),  # the connector copies only the replay-boundary state (1,792)
+        ("lean", 1536),  # lean's window state (1,536) reaches the host through the hook
+        ("tail", 1536),  # dense retention: every boundary, the connector too
+        ("adaptive", 1024),  # the ladder's states: 256, 512, 1,024 (and 1,792)
+    ],
+)
+def test_policy_states_reach_the_host_tier(cfg, policy, hit):
+    reqs = _reqs(HOST_WINDOW)
+    device = _run(cfg, reqs, policy, kv_bytes=DEVICE_24_BLOCKS)
+    assert device.cached_per_request == [0, 0, 0]
+    tiered = _run(cfg, reqs, policy, kv_bytes=DEVICE_24_BLOCKS, host_bytes=64 << 20)
+    assert tiered.cached_per_request == [0, 0, hit]
+    assert tiered.host_per_request == [0, 0, hit]

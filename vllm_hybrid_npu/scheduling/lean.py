@@ -189,8 +189,49 @@ class LeanRetentionMixin(CheckpointPolicyMixin):
             self._lean_free(request, base_free)
 
         mgr.free = free
+        self._lean_offloading_hook()
         self._lean_install_extra()
         return None
+
+    def _lean_offloading_hook(self) -> None:
+        """Make vLLM's OffloadingConnector copy the states lean keeps to the host tier.
+
+        vLLM 0.30's ``OffloadingConnectorScheduler._reachable_store_block_mask`` selects the
+        Mamba blocks a store job copies from its own rule (retention interval 0: the replay
+        boundary ``num_prompt_tokens - 1`` and the junction, passed as ``reachable_boundaries``),
+        which knows nothing of lean's window and decode states: without this, a state lean keeps
+        on the device would never reach the host. The wrapper adds :meth:`_lean_kept`'s
+        boundaries (the prompt length read back from the replay boundary, the decode boundary
+        from the store's end) to ``reachable_boundaries``; the block selection itself stays
+        vLLM's ``MambaManager.reachable_block_mask``. No-op without the connector.
+        """
+        from vllm_hybrid_npu.scheduling.policy_base import offloading_scheduler
+
+        cs = offloading_scheduler(self)
+        if cs is None:
+            return
+        from vllm.v1.kv_cache_interface import MambaSpec
+
+        base_mask = cs._reachable_store_block_mask
+        bs = self._lean_block_size
+
+        def reachable_store_block_mask(group_config: Any, start_chunk_idx: int, end_chunk_idx: int,
+                                       final_segment_end_chunk_idx: Any,
+                                       reachable_boundaries: tuple[int, ...]) -> Any:
+            extra: tuple[int, ...] = ()
+            if reachable_boundaries and isinstance(group_config.kv_cache_spec, MambaSpec):
+                prompt = reachable_boundaries[0] + 1
+                end = end_chunk_idx * group_config.tokens_per_chunk
+                extra = tuple(self._lean_kept(prompt, max(prompt, end) if self.lean_decode else prompt, bs))
+            return base_mask(
+                group_config=group_config,
+                start_chunk_idx=start_chunk_idx,
+                end_chunk_idx=end_chunk_idx,
+                final_segment_end_chunk_idx=final_segment_end_chunk_idx,
+                reachable_boundaries=tuple(reachable_boundaries) + extra,
+            )
+
+        cs._reachable_store_block_mask = reachable_store_block_mask
 
     def _lean_free(self, request: Any, base_free: Any) -> None:
         from vllm.v1.core.kv_cache_utils import get_block_hash

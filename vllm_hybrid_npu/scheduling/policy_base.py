@@ -40,6 +40,31 @@ def chunk_span(request: Any, local_computed: int = 0, external_computed: int = 0
     return start, max(request.num_prompt_tokens, request.num_tokens - 1)
 
 
+def offloading_scheduler(scheduler: Any) -> Any:
+    """The scheduler side of vLLM's ``OffloadingConnector`` (``--kv-offloading-size``) if the
+    scheduler has one (vLLM 0.30: ``Scheduler.connector.connector_scheduler``, an
+    ``OffloadingConnectorScheduler`` with ``config`` and ``_reachable_store_block_mask``),
+    else ``None``."""
+    conn = getattr(scheduler, "connector", None)
+    cs = getattr(conn, "connector_scheduler", None)
+    if cs is None or not hasattr(cs, "_reachable_store_block_mask") or not hasattr(cs, "config"):
+        return None
+    return cs
+
+
+def _dense_offloading(scheduler: Any) -> None:
+    """With dense retention, let the OffloadingConnector store every state the scheduler keeps.
+
+    vLLM 0.30's ``OffloadingConnectorScheduler`` reads ``prefix_cache_retention_interval`` from
+    ``CacheConfig`` (``SchedulerOffloadConfig.from_spec``), not from the scheduler's
+    ``KVCacheConfig``: with the default 0 it would copy only the replay-boundary and junction
+    states to the host tier, never the policy's extra checkpoints. Its ``config``
+    (a ``NamedTuple``) gets ``retention_interval=None`` (dense), as for the scheduler."""
+    cs = offloading_scheduler(scheduler)
+    if cs is not None and getattr(cs.config, "retention_interval", None) == 0:
+        cs.config = cs.config._replace(retention_interval=None)
+
+
 class CheckpointPolicyMixin:
     """Mixin placed before vLLM's ``Scheduler`` (or ``AsyncScheduler``) in the MRO.
 
@@ -56,6 +81,7 @@ class CheckpointPolicyMixin:
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         vllm_config = kwargs.get("vllm_config", args[0] if args else None)
         kv_cache_config = kwargs.get("kv_cache_config", args[1] if len(args) > 1 else None)
+        swapped = False
         if (
             self.dense_retention
             and self.checkpoint_policy != "upstream"
@@ -69,7 +95,10 @@ class CheckpointPolicyMixin:
                 kwargs["kv_cache_config"] = dense
             else:
                 args = (args[0], dense, *args[2:])
+            swapped = True
         super().__init__(*args, **kwargs)
+        if swapped:
+            _dense_offloading(self)
 
     def _policy_modes(self) -> tuple[str, ...]:
         """Mamba cache modes the policy acts in (``align``; ``all`` for :data:`GDN_POLICY`)."""
