@@ -1,12 +1,22 @@
-"""Worker patches on a real vLLM engine (CPU): our align-mode path (``VLLM_HYBRID_NPU_PATCHES=all``)
-against upstream's (``none``) and against prefix caching off, on tiny random Qwen3-Next /
-Qwen3.5 checkpoints; the state-copy counters on a real ``vllm serve``'s ``/metrics``.
+"""The plugin on a real vLLM engine (CPU): vLLM's align-mode path with our copy launcher
+(``VLLM_HYBRID_NPU_COPY_KERNEL=ours``; on CPU the registry keeps vLLM's CPU kernel by default)
+against upstream unchanged (``VLLM_HYBRID_NPU_PATCHES=none``) and against prefix caching off, on tiny random Qwen3-Next /
+Qwen3.5 checkpoints; the load line of a real ``vllm serve``.
 
 Each patch mode runs in its own process (patches are process-global); inside it the engines of
 the configurations run one after another (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, so the runner is
 inspectable). Workload: 4 concurrent prompts (one shorter than the block size, three longer,
 two sharing a prefix), generated twice (the second round hits the prefix cache), chunked prefill
 forced to 128 tokens (< the block size, so states cross steps inside a block), 6 greedy tokens.
+
+Prompts are drawn fresh from the run's seed (printed on failure; ``VLLM_HYBRID_NPU_TEST_SEED``
+replays it, see conftest.py). Comparisons of the *same schedule* (our path vs upstream's, ``all``
+vs ``none``) are exact, tokens and cached counts. Comparisons across *different* schedules
+(caching on vs off, a cache hit vs the computed round, preempted vs not) are not bit-exact by
+construction: vLLM 0.30.0's CPU GDN prefill kernel is bf16 only and a 128-token budget shared by
+4 requests splits prompts off the 64-token grid, so the last bits differ and a greedy token at a
+near-tie of the random-weight model can flip (measured: 9 of 40 requests diverge, every time at
+a near-tie; docs/testing.md). Those use :func:`greedy_compare.compare_greedy`.
 """
 
 from __future__ import annotations
@@ -18,12 +28,12 @@ import subprocess
 import sys
 
 import pytest
+from greedy_compare import Sequence, compare_greedy
 
 WORKLOAD = r"""
 import gc, json, os, random, sys
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 from vllm import LLM, SamplingParams
-from vllm_hybrid_npu import metrics
 
 MAX_LEN = 1024
 results = {}
@@ -42,49 +52,49 @@ for name, cfg in json.loads(sys.argv[1]).items():
     long = [rng.randrange(10, 2000) for _ in range(2 * bs + 40)]
     prompts = [long[: bs // 3], long, long[: bs + 5] + [7] * 30,
                [rng.randrange(10, 2000) for _ in range(bs + bs // 2)]]
-    sp = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
-    c0 = metrics.totals()
+    sp = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True, logprobs=5)
     rounds, stale = [], []
     for _ in range(2):
         res = llm.generate([{"prompt_token_ids": p} for p in prompts], sp, use_tqdm=False)
-        rounds.append([[list(r.outputs[0].token_ids), r.num_cached_tokens] for r in res])
+        rounds.append([[list(r.outputs[0].token_ids), r.num_cached_tokens,
+                        [[[t, lp.logprob] for t, lp in pos.items()] for pos in r.outputs[0].logprobs]]
+                       for r in res])
         stale.append(sorted(set(runner.mamba_state_idx) - set(runner.requests)))
     # one more step after the last finish: finished requests leave runner.requests and must
     # leave the state-column map with them
     llm.generate([{"prompt_token_ids": prompts[0][:5]}], SamplingParams(max_tokens=1), use_tqdm=False)
     stale.append(sorted(set(runner.mamba_state_idx) - set(runner.requests)))
-    c1 = metrics.totals()
     pre = [m.value for m in llm.get_metrics() if m.name == "vllm:num_preemptions"]
     results[name] = {
-        "bs": bs, "bss": bss, "kinds": kinds, "widths": list(runner._init_max_num_blocks),
+        "bs": bs, "bss": bss, "kinds": kinds,
         "rounds": rounds, "stale": stale, "preemptions": pre[0] if pre else None,
-        "copies": c1[0] - c0[0], "bytes": c1[1] - c0[1],
         "lens": [len(p) for p in prompts],
     }
     del llm, runner
     gc.collect()
+from vllm.v1.worker import mamba_utils
+from vllm_hybrid_npu.patches.registry import is_ours
+results["_launcher_ours"] = is_ours(mamba_utils.batch_memcpy)
 print("RESULT " + json.dumps(results))
 """
 
-#: Prompts are drawn from this seed, not fresh: the tiny checkpoints have random weights, so
-#: greedy logits are nearly tied, and vLLM 0.30.0's CPU GDN prefill kernel (bf16 only) gives
-#: last-bit differences between chunkings (e.g. a chunk split differently because 4 requests
-#: share a 128-token budget), which flip a greedy token for some draws (seen: 1 of 3 random
-#: draws, with both our path and upstream's). Comparisons across *different* schedules (caching
-#: on vs off, cache hit vs computed) therefore use one checked draw; ``all`` vs ``none`` run the
-#: same schedule and are bit-exact for any draw (tests/core draws fresh inputs). The draw depends
-#: on the block size vLLM picks for the tiny model (prompt lengths are in blocks): with the
-#: 384-token blocks of 2026-11-23 (transformers 5.23), seeds 22-32 were checked: 22, 23, 24, 27,
-#: 29, 30 and 31 flip one greedy token of one prompt between two of the compared schedules
-#: (caching on vs off, preempted vs not, or hit vs computed); 25, 26, 28 and 32 pass all.
-PROMPT_SEED = 25
 KV_NORMAL = 12_000_000  # bytes: ~60 blocks of 384 tokens (~90 of 256) for the tiny models; no preemption
 KV_TINY = 2_400_000  # bytes: ~18 blocks: 4 concurrent requests preempt each other
 
 
+#: ``ours``: the plugin with our copy launcher forced on CPU and vLLM's own schedule (no
+#: checkpoint policy, so both modes run the same schedule); ``upstream``: nothing patched.
+MODES = {
+    "ours": {"VLLM_HYBRID_NPU_COPY_KERNEL": "ours", "VLLM_HYBRID_NPU_CHECKPOINTS": "upstream"},
+    "upstream": {"VLLM_HYBRID_NPU_PATCHES": "none"},
+}
+
+
 def _run(mode: str, configs: dict) -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "VLLM_PLUGINS"}
-    env["VLLM_HYBRID_NPU_PATCHES"] = mode
+    drop = ("VLLM_PLUGINS", "VLLM_HYBRID_NPU_PATCHES", "VLLM_HYBRID_NPU_COPY_KERNEL",
+            "VLLM_HYBRID_NPU_CHECKPOINTS")
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    env.update(MODES[mode])
     proc = subprocess.run(
         [sys.executable, "-c", WORKLOAD, json.dumps(configs)],
         env=env, capture_output=True, text=True, timeout=900,
@@ -110,35 +120,33 @@ def _configs(model: str, seed: int, with_tiny: bool) -> dict:
 
 
 @pytest.fixture(scope="module")
-def next_runs(tiny_model_dir):
+def next_runs(tiny_model_dir, request, seed_for):
     model = str(tiny_model_dir("qwen3_next"))
-    seed = PROMPT_SEED
-    ours = _run("all", _configs(model, seed, with_tiny=True))
+    seed = seed_for(request, "prompts")
+    ours = _run("ours", _configs(model, seed, with_tiny=True))
     upstream_cfg = _configs(model, seed, with_tiny=True)
     del upstream_cfg["off"]
-    upstream = _run("none", upstream_cfg)
+    upstream = _run("upstream", upstream_cfg)
     return ours, upstream
 
 
 def _tokens(run):
-    return [[toks for toks, _ in rnd] for rnd in run["rounds"]]
+    return [[toks for toks, _, _ in rnd] for rnd in run["rounds"]]
 
 
 def _cached(run):
-    return [[c for _, c in rnd] for rnd in run["rounds"]]
+    return [[c for _, c, _ in rnd] for rnd in run["rounds"]]
 
 
-def test_block_tables_have_the_hand_computed_widths(next_runs):
-    ours, _ = next_runs
-    for name, run in ours.items():
-        # max_model_len 1024 tokens over each group's block size; Mamba/GDN groups without
-        # prefix caching keep 1 running state.
-        want = [
-            1 if (kind == "MambaSpec" and name == "off") else -(-1024 // bs)
-            for kind, bs in zip(run["kinds"], run["bss"])
-        ]
-        assert run["widths"] == want, (name, run["kinds"], run["widths"])
-        assert "MambaSpec" in run["kinds"] and "FullAttentionSpec" in run["kinds"]
+def _seqs(run, rnd):
+    """Round ``rnd``'s requests as :class:`greedy_compare.Sequence` (tokens + top logprobs)."""
+    return [Sequence.from_json([toks, lps]) for toks, _, lps in run["rounds"][rnd]]
+
+
+def _assert_close(ref, got, what):
+    c = compare_greedy(ref, got)
+    assert c.ok, f"{what}: {c.errors}; {c.summary()}"
+    print(f"{what}: {c.summary()}")
 
 
 def test_prompts_shorter_and_longer_than_the_block(next_runs):
@@ -149,28 +157,31 @@ def test_prompts_shorter_and_longer_than_the_block(next_runs):
 
 def test_ours_equals_upstream_tokens_and_cached_counts(next_runs):
     ours, upstream = next_runs
-    for name in ("pc", "tiny"):
+    assert ours["_launcher_ours"] is True and upstream["_launcher_ours"] is False
+    for name in ("pc", "tiny"):  # the same schedule: bit-exact, logprobs included
         assert _tokens(ours[name]) == _tokens(upstream[name]), name
         assert _cached(ours[name]) == _cached(upstream[name]), name
+        assert ours[name]["rounds"] == upstream[name]["rounds"], f"{name}: logprobs differ"
 
 
 def test_cache_hits_reproduce_the_computed_outputs(next_runs):
-    """Round 2 (prefix cache hits, states restored from copied block states) gives exactly the
-    tokens of round 1 (computed), in the same engine: a wrong or missing state copy changes
-    them."""
+    """Round 2 (prefix cache hits, states restored from copied block states) gives round 1's
+    tokens (computed), in the same engine, up to bf16 near-ties: a wrong or missing state copy
+    changes the distribution far beyond the bound."""
     ours, upstream = next_runs
-    for run in (ours["pc"], ours["tiny"], upstream["pc"]):
-        first, second = _tokens(run)
-        assert second == first
+    for name, run in (("ours pc", ours["pc"]), ("ours tiny", ours["tiny"]), ("upstream pc", upstream["pc"])):
+        _assert_close(_seqs(run, 0), _seqs(run, 1), f"{name}: hit round vs computed round")
 
 
 def test_prefix_caching_on_equals_off(next_runs):
-    """Caching on (align mode; with preemption; upstream's path) == caching off, bit for bit."""
+    """Caching on (align mode; with preemption; upstream's path) == caching off, up to bf16
+    near-ties (different chunkings)."""
     ours, upstream = next_runs
-    off = _tokens(ours["off"])
-    assert _tokens(ours["pc"]) == off
-    assert _tokens(ours["tiny"]) == off
-    assert _tokens(upstream["pc"]) == off
+    for rnd in (0, 1):
+        off = _seqs(ours["off"], rnd)
+        _assert_close(off, _seqs(ours["pc"], rnd), f"round {rnd}: ours on vs off")
+        _assert_close(off, _seqs(ours["tiny"], rnd), f"round {rnd}: ours preempted vs off")
+        _assert_close(off, _seqs(upstream["pc"], rnd), f"round {rnd}: upstream on vs off")
 
 
 def test_second_round_hits_the_cache_in_whole_blocks(next_runs):
@@ -196,13 +207,6 @@ def test_no_stale_state_columns(next_runs):
         assert ours[name]["stale"] == [[], [], []], name
 
 
-def test_copies_are_counted_on_our_path_only(next_runs):
-    ours, upstream = next_runs
-    assert ours["pc"]["copies"] > 0 and ours["pc"]["bytes"] > 0
-    assert ours["off"]["copies"] == 0
-    assert upstream["pc"]["copies"] == 0
-
-
 def _qwen35_loadable() -> str | None:
     try:
         importlib.import_module("vllm.model_executor.models.qwen3_5")
@@ -211,45 +215,32 @@ def _qwen35_loadable() -> str | None:
     return None
 
 
-def test_qwen3_5_ours_equals_caching_off(tiny_model_dir):
+def test_qwen3_5_ours_equals_caching_off(tiny_model_dir, seed):
     why = _qwen35_loadable()
     if why:
         pytest.skip(f"vLLM cannot import its Qwen3.5 model in this environment ({why})")
     model = str(tiny_model_dir("qwen3_5"))
-    runs = _run("all", _configs(model, 7, with_tiny=False))
-    assert _tokens(runs["pc"]) == _tokens(runs["off"])
-    assert runs["pc"]["copies"] > 0
+    runs = _run("ours", _configs(model, seed, with_tiny=False))
+    for rnd in (0, 1):
+        _assert_close(_seqs(runs["off"], rnd), _seqs(runs["pc"], rnd), f"Qwen3.5 round {rnd}: on vs off")
     assert runs["pc"]["stale"] == [[], [], []]
 
 
-def test_served_metrics_and_log_line(tiny_model_dir):
-    """``vllm serve --enable-prefix-caching --mamba-cache-mode align`` runs through our path:
-    the load line lists it, and ``/metrics`` (API-server process) shows the copies done in the
-    engine-core process."""
+def test_served_log_line(tiny_model_dir):
+    """``vllm serve --enable-prefix-caching --mamba-cache-mode align``: every process's load line
+    lists what applied, and the configuration wrapper applied in the API-server process."""
     import requests
 
     from vllm_hybrid_npu.tools.server import CPU_SAFE_ARGS, PREFIX_CACHING_ARGS, VllmServer
 
     model = tiny_model_dir("qwen3_next")
     with VllmServer(model, [*PREFIX_CACHING_ARGS, *CPU_SAFE_ARGS, "--max-num-batched-tokens", "256"]) as srv:
-        def counters():
-            vals = {}
-            for line in srv.metrics().splitlines():
-                if line.startswith("vllm_hybrid_npu:"):
-                    k, v = line.split()
-                    vals[k] = float(v)
-            return vals
-
-        before = counters()
-        assert before == {"vllm_hybrid_npu:state_copies_total": 0.0, "vllm_hybrid_npu:state_copy_bytes_total": 0.0}
-        prompt = [11 + (i * 7) % 1900 for i in range(700)]  # > 2 blocks of 256 tokens
+        prompt = [11 + (i * 7) % 1900 for i in range(700)]  # > 1 block
         for _ in range(2):
             r = requests.post(srv.base_url + "/v1/completions", json={
                 "model": "model", "prompt": prompt, "max_tokens": 4, "temperature": 0}, timeout=300)
             r.raise_for_status()
-        after = counters()
         log = srv.log_text()
-    assert after["vllm_hybrid_npu:state_copies_total"] > 0
-    assert after["vllm_hybrid_npu:state_copy_bytes_total"] > 0
     lines = [l for l in log.splitlines() if "vllm-hybrid-npu" in l and " loaded: " in l]
-    assert lines and all("mode=all" in l and "mamba_utils.preprocess_mamba" in l for l in lines)
+    assert lines and all(" applied=[" in l and " failed=[]" in l for l in lines), lines
+    assert any("config-checks" in l.split(" pending=")[0] for l in lines), lines
