@@ -33,7 +33,8 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-#: modules that register more policies on import (issue 7: ``tail``, ``adaptive``); a module
+#: modules that register more policies on import (``lean`` and its levers, the retired ``tail`` and
+#: ``adaptive``, the upstream option grid); a module
 #: that is not installed is skipped, any other import error propagates
 POLICY_MODULES: tuple[str, ...] = (
     "vllm_hybrid_npu_lab.upstream_grid",
