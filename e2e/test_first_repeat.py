@@ -1,7 +1,7 @@
 """First-repeat prefix hits with the default checkpoint policy, on the real engine (CPU).
 
 One in-process vLLM engine (tiny random Qwen3-Next, align mode, prefix caching on) for the
-module, with the scheduler of ``vllm_hybrid_npu.scheduling.DEFAULT_POLICY`` named explicitly
+module, with the scheduler of ``vllm_hybrid_npu.scheduling.DEFAULT_POLICY["cpu"]`` named explicitly
 through ``scheduler_cls`` (the plugin installs the same class when no ``--scheduler-cls`` is
 given). Cached token counts are vLLM's own ``RequestOutput.num_cached_tokens``.
 
@@ -21,7 +21,7 @@ from vllm_hybrid_npu.scheduling import DEFAULT_POLICY
 from vllm_hybrid_npu.scheduling.scheduler import SCHEDULER_CLASS_NAMES
 
 CLASS_NAME = next(n for n, (p, base) in SCHEDULER_CLASS_NAMES.items()
-                  if p == DEFAULT_POLICY and base == "Scheduler")
+                  if p == DEFAULT_POLICY["cpu"] and base == "Scheduler")
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +80,7 @@ def test_shared_prefix_hits_on_first_repeat(llm, block_size):
     prompts = [prefix + [rng.randrange(10, 1000) for _ in range(bs // 2)] for _ in range(3)]
     outs = [_gen(llm, p, 3) for p in prompts]
     expected_hit = len(prefix) // bs * bs  # the block-aligned shared prefix
-    if DEFAULT_POLICY == "tail":
+    if DEFAULT_POLICY["cpu"] == "tail":
         assert [o.num_cached_tokens for o in outs] == [0, expected_hit, expected_hit]
     else:
         assert outs[0].num_cached_tokens == 0

@@ -1,6 +1,7 @@
-"""Worker patches on a real vLLM engine (CPU): our align-mode path (``VLLM_HYBRID_NPU_PATCHES=all``)
-against upstream's (``none``) and against prefix caching off, on tiny random Qwen3-Next /
-Qwen3.5 checkpoints; the state-copy counters on a real ``vllm serve``'s ``/metrics``.
+"""The plugin on a real vLLM engine (CPU): vLLM's align-mode path with our copy launcher
+(``VLLM_HYBRID_NPU_COPY_KERNEL=ours``; on CPU the registry keeps vLLM's CPU kernel by default)
+against upstream unchanged (``VLLM_HYBRID_NPU_PATCHES=none``) and against prefix caching off, on tiny random Qwen3-Next /
+Qwen3.5 checkpoints; the load line of a real ``vllm serve``.
 
 Each patch mode runs in its own process (patches are process-global); inside it the engines of
 the configurations run one after another (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, so the runner is
@@ -23,7 +24,6 @@ WORKLOAD = r"""
 import gc, json, os, random, sys
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 from vllm import LLM, SamplingParams
-from vllm_hybrid_npu import metrics
 
 MAX_LEN = 1024
 results = {}
@@ -43,7 +43,6 @@ for name, cfg in json.loads(sys.argv[1]).items():
     prompts = [long[: bs // 3], long, long[: bs + 5] + [7] * 30,
                [rng.randrange(10, 2000) for _ in range(bs + bs // 2)]]
     sp = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
-    c0 = metrics.totals()
     rounds, stale = [], []
     for _ in range(2):
         res = llm.generate([{"prompt_token_ids": p} for p in prompts], sp, use_tqdm=False)
@@ -53,12 +52,10 @@ for name, cfg in json.loads(sys.argv[1]).items():
     # leave the state-column map with them
     llm.generate([{"prompt_token_ids": prompts[0][:5]}], SamplingParams(max_tokens=1), use_tqdm=False)
     stale.append(sorted(set(runner.mamba_state_idx) - set(runner.requests)))
-    c1 = metrics.totals()
     pre = [m.value for m in llm.get_metrics() if m.name == "vllm:num_preemptions"]
     results[name] = {
-        "bs": bs, "bss": bss, "kinds": kinds, "widths": list(runner._init_max_num_blocks),
+        "bs": bs, "bss": bss, "kinds": kinds,
         "rounds": rounds, "stale": stale, "preemptions": pre[0] if pre else None,
-        "copies": c1[0] - c0[0], "bytes": c1[1] - c0[1],
         "lens": [len(p) for p in prompts],
     }
     del llm, runner
@@ -82,9 +79,17 @@ KV_NORMAL = 12_000_000  # bytes: ~60 blocks of 384 tokens (~90 of 256) for the t
 KV_TINY = 2_400_000  # bytes: ~18 blocks: 4 concurrent requests preempt each other
 
 
+#: ``ours``: the plugin with our copy launcher forced on CPU; ``upstream``: nothing patched.
+MODES = {
+    "ours": {"VLLM_HYBRID_NPU_COPY_KERNEL": "ours"},
+    "upstream": {"VLLM_HYBRID_NPU_PATCHES": "none"},
+}
+
+
 def _run(mode: str, configs: dict) -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "VLLM_PLUGINS"}
-    env["VLLM_HYBRID_NPU_PATCHES"] = mode
+    drop = ("VLLM_PLUGINS", "VLLM_HYBRID_NPU_PATCHES", "VLLM_HYBRID_NPU_COPY_KERNEL")
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    env.update(MODES[mode])
     proc = subprocess.run(
         [sys.executable, "-c", WORKLOAD, json.dumps(configs)],
         env=env, capture_output=True, text=True, timeout=900,
@@ -113,10 +118,10 @@ def _configs(model: str, seed: int, with_tiny: bool) -> dict:
 def next_runs(tiny_model_dir):
     model = str(tiny_model_dir("qwen3_next"))
     seed = PROMPT_SEED
-    ours = _run("all", _configs(model, seed, with_tiny=True))
+    ours = _run("ours", _configs(model, seed, with_tiny=True))
     upstream_cfg = _configs(model, seed, with_tiny=True)
     del upstream_cfg["off"]
-    upstream = _run("none", upstream_cfg)
+    upstream = _run("upstream", upstream_cfg)
     return ours, upstream
 
 
@@ -126,19 +131,6 @@ def _tokens(run):
 
 def _cached(run):
     return [[c for _, c in rnd] for rnd in run["rounds"]]
-
-
-def test_block_tables_have_the_hand_computed_widths(next_runs):
-    ours, _ = next_runs
-    for name, run in ours.items():
-        # max_model_len 1024 tokens over each group's block size; Mamba/GDN groups without
-        # prefix caching keep 1 running state.
-        want = [
-            1 if (kind == "MambaSpec" and name == "off") else -(-1024 // bs)
-            for kind, bs in zip(run["kinds"], run["bss"])
-        ]
-        assert run["widths"] == want, (name, run["kinds"], run["widths"])
-        assert "MambaSpec" in run["kinds"] and "FullAttentionSpec" in run["kinds"]
 
 
 def test_prompts_shorter_and_longer_than_the_block(next_runs):
@@ -196,13 +188,6 @@ def test_no_stale_state_columns(next_runs):
         assert ours[name]["stale"] == [[], [], []], name
 
 
-def test_copies_are_counted_on_our_path_only(next_runs):
-    ours, upstream = next_runs
-    assert ours["pc"]["copies"] > 0 and ours["pc"]["bytes"] > 0
-    assert ours["off"]["copies"] == 0
-    assert upstream["pc"]["copies"] == 0
-
-
 def _qwen35_loadable() -> str | None:
     try:
         importlib.import_module("vllm.model_executor.models.qwen3_5")
@@ -216,40 +201,26 @@ def test_qwen3_5_ours_equals_caching_off(tiny_model_dir):
     if why:
         pytest.skip(f"vLLM cannot import its Qwen3.5 model in this environment ({why})")
     model = str(tiny_model_dir("qwen3_5"))
-    runs = _run("all", _configs(model, 7, with_tiny=False))
+    runs = _run("ours", _configs(model, 7, with_tiny=False))
     assert _tokens(runs["pc"]) == _tokens(runs["off"])
-    assert runs["pc"]["copies"] > 0
     assert runs["pc"]["stale"] == [[], [], []]
 
 
-def test_served_metrics_and_log_line(tiny_model_dir):
-    """``vllm serve --enable-prefix-caching --mamba-cache-mode align`` runs through our path:
-    the load line lists it, and ``/metrics`` (API-server process) shows the copies done in the
-    engine-core process."""
+def test_served_log_line(tiny_model_dir):
+    """``vllm serve --enable-prefix-caching --mamba-cache-mode align``: every process's load line
+    lists what applied, and the configuration wrapper applied in the API-server process."""
     import requests
 
     from vllm_hybrid_npu.tools.server import CPU_SAFE_ARGS, PREFIX_CACHING_ARGS, VllmServer
 
     model = tiny_model_dir("qwen3_next")
     with VllmServer(model, [*PREFIX_CACHING_ARGS, *CPU_SAFE_ARGS, "--max-num-batched-tokens", "256"]) as srv:
-        def counters():
-            vals = {}
-            for line in srv.metrics().splitlines():
-                if line.startswith("vllm_hybrid_npu:"):
-                    k, v = line.split()
-                    vals[k] = float(v)
-            return vals
-
-        before = counters()
-        assert before == {"vllm_hybrid_npu:state_copies_total": 0.0, "vllm_hybrid_npu:state_copy_bytes_total": 0.0}
-        prompt = [11 + (i * 7) % 1900 for i in range(700)]  # > 2 blocks of 256 tokens
+        prompt = [11 + (i * 7) % 1900 for i in range(700)]  # > 1 block
         for _ in range(2):
             r = requests.post(srv.base_url + "/v1/completions", json={
                 "model": "model", "prompt": prompt, "max_tokens": 4, "temperature": 0}, timeout=300)
             r.raise_for_status()
-        after = counters()
         log = srv.log_text()
-    assert after["vllm_hybrid_npu:state_copies_total"] > 0
-    assert after["vllm_hybrid_npu:state_copy_bytes_total"] > 0
     lines = [l for l in log.splitlines() if "vllm-hybrid-npu" in l and " loaded: " in l]
-    assert lines and all("mode=all" in l and "mamba_utils.preprocess_mamba" in l for l in lines)
+    assert lines and all(" applied=[" in l and " failed=[]" in l for l in lines), lines
+    assert any("config-checks" in l.split(" pending=")[0] for l in lines), lines

@@ -17,7 +17,7 @@ import json, vllm_hybrid_npu.plugin as p
 from vllm.plugins import load_general_plugins
 load_general_plugins()
 load_general_plugins()
-print("RESULT " + json.dumps(p._applied))
+print("RESULT " + json.dumps(None if p._report is None else p._report.applied))
 """
 
 
@@ -47,7 +47,9 @@ def test_vllm_loads_plugin_once_and_logs_one_line():
     assert len(lines) == 1, out[-2000:]
     from vllm_hybrid_npu import __version__
 
-    assert f"vllm-hybrid-npu {__version__} loaded: target=cpu patches=[" in lines[0]
+    assert f"vllm-hybrid-npu {__version__} loaded: target=cpu vllm=0.30.0 applied=[" in lines[0] \
+        or f"vllm-hybrid-npu {__version__} loaded: target=cpu vllm=0.32.0 applied=[" in lines[0]
+    assert " skipped=[" in lines[0] and " failed=[]" in lines[0]
     assert lines[0].startswith("INFO")
 
 

@@ -19,7 +19,7 @@ logger = logging.getLogger("vllm_hybrid_npu")
 #: Name under which the entry point is registered (what ``VLLM_PLUGINS`` lists).
 PLUGIN_NAME = "vllm_hybrid_npu"
 
-_applied: list[str] | None = None
+_report = None
 
 
 def _ensure_log_handler() -> None:
@@ -43,32 +43,34 @@ def _ensure_log_handler() -> None:
     logger.propagate = False
 
 
-def register() -> list[str]:
-    """Apply this process's patches once and log what was applied.
+def register():
+    """Apply this process's patches once and log what happened.
 
-    Called by vLLM for every process; later calls in the same process return the first call's
-    result without patching again.
+    Called by vLLM for every process (API server, engine core, workers); later calls in the same
+    process return the first call's report without patching again.
 
     Returns:
-        The names of the patches applied in this process (list of str; empty when
-        ``VLLM_HYBRID_NPU_PATCHES=none``).
+        The process's :class:`vllm_hybrid_npu.patches.registry.LoadReport` (its ``applied``
+        list grows when a pending entry's module is imported later).
 
-    Logs one INFO line: ``vllm-hybrid-npu <version> loaded: target=<npu|cuda|cpu>
-    patches=[...]`` (also in vLLM's own log format, under the logger ``vllm_hybrid_npu``).
+    Logs one INFO line: ``vllm-hybrid-npu <version> loaded: <stack> applied=[...]
+    pending=[... (at import of M)] skipped=[name: reason; ...] failed=[...]``, or
+    ``no patches: <reason>`` on a stack outside the support matrix. A pending entry logs its
+    own line when it applies; a behaviour-changing entry that fails raises
+    :class:`vllm_hybrid_npu.patches.registry.PatchError`.
     """
-    global _applied
-    if _applied is not None:
-        return _applied
+    global _report
+    if _report is not None:
+        return _report
     _ensure_log_handler()
-    target = detect_target()
     from vllm_hybrid_npu.patches import apply_patches
 
-    _applied = apply_patches(target)
+    _report = apply_patches(detect_target())
     logger.info(
-        "vllm-hybrid-npu %s loaded: target=%s patches=[%s] (pid %d)",
+        "vllm-hybrid-npu %s loaded: %s %s (pid %d)",
         __version__,
-        target,
-        ", ".join(_applied),
+        _report.stack.describe() if _report.stack else "",
+        _report.line(),
         os.getpid(),
     )
-    return _applied
+    return _report

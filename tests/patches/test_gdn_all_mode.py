@@ -26,17 +26,27 @@ needs_all_mode = pytest.mark.skipif(
 )
 
 
+@pytest.fixture(autouse=True)
+def _gdn_entries(apply_entries, monkeypatch):
+    """The entries this module exercises, applied as the registry applies them under
+    ``VLLM_HYBRID_NPU_CHECKPOINTS=gdn`` (the gate is read when they are applied)."""
+    import vllm.config  # noqa: F401  (the entries apply at once, not at a later import)
+
+    from vllm_hybrid_npu.support import Stack
+
+    monkeypatch.setenv("VLLM_HYBRID_NPU_CHECKPOINTS", "gdn")
+    names = ("config-checks", "gdn-switch", "gdn-support", "gdn-chunk-size")
+    stack = Stack("cpu", "0.30.0") if all_mode_available() else None
+    report = apply_entries(*names, stack=stack)
+    monkeypatch.delenv("VLLM_HYBRID_NPU_CHECKPOINTS")
+    return report
+
+
 def _config(tiny_model_dir, **kw):
     from vllm.engine.arg_utils import EngineArgs
 
     from vllm_hybrid_npu.tools.server import CPU_SAFE_ENGINE_ARGS
 
-    # the patches this test exercises, installed whatever earlier tests of the process did
-    # (apply_patches runs once per process, possibly in another VLLM_HYBRID_NPU_PATCHES mode)
-    from vllm_hybrid_npu.patches import _common, gdn_all_mode
-
-    _common.wrap_config_checks("cpu")
-    gdn_all_mode.apply("cpu")
     args = {**CPU_SAFE_ENGINE_ARGS, "enable_prefix_caching": True, **kw}
     return EngineArgs(model=str(tiny_model_dir("qwen3_next")), **args).create_engine_config()
 

@@ -3,6 +3,7 @@
 * :func:`batch_memcpy` - batched byte copies between raw device addresses (mamba/GDN state
   copies in align mode); see :mod:`vllm_hybrid_npu.ops.memcpy`.
 * :func:`active_impl` - which implementation it uses on a device (``"triton"`` / ``"torch"``).
+* :func:`warm_up` - compile the kernel variants on a device at start-up.
 * :data:`COPY_IMPL_ENV` - ``VLLM_HYBRID_NPU_COPY_IMPL`` = ``auto`` | ``triton`` | ``torch``
   (read once per process; :func:`refresh_settings` re-reads it).
 """
@@ -13,6 +14,7 @@ from vllm_hybrid_npu.ops.memcpy import (
     batch_memcpy,
     refresh_settings,
     triton_available,
+    warm_up,
 )
 
-__all__ = ["COPY_IMPL_ENV", "active_impl", "batch_memcpy", "refresh_settings", "triton_available"]
+__all__ = ["COPY_IMPL_ENV", "active_impl", "batch_memcpy", "refresh_settings", "triton_available", "warm_up"]

@@ -1,9 +1,14 @@
 """Torch fallback of ``batch_memcpy``: one ``Tensor.copy_`` per copy over views of raw addresses.
 
-For targets without a usable Triton (310P-class NPUs, a CPU without ``triton``). Reads the
-address and size tensors on the host (a device-to-host sync), then, per copy, wraps the two
-byte ranges in non-owning uint8 tensors on the same device and copies; a copy whose ranges
-overlap goes through a temporary (memmove semantics).
+For CPU tensors (a CPU without ``triton``, the tests) and CUDA without Triton. Reads the
+address and size tensors on the host (a device-to-host sync on an accelerator), then, per copy,
+wraps the two byte ranges in non-owning uint8 tensors on the same device and copies; a copy whose
+ranges overlap goes through a temporary (memmove semantics).
+
+Not for NPUs: torch_npu needs its own storage type for device memory, which PyTorch's generic
+constructor does not build. On 310P (no Triton batch memcpy) the plugin keeps vllm-ascend's own
+tensor-copy path (``as_strided`` views of the state tensors) and never calls this; a direct call
+with NPU tensors raises.
 
 Views over raw addresses: ``torch._C._construct_storage_from_data_pointer`` (device-generic,
 non-owning; used by torch inductor's CUDA-graph trees) where it exists; otherwise ctypes on the
@@ -32,7 +37,15 @@ def byte_view(addr: int, nbytes: int, device: torch.device) -> torch.Tensor:
     """A uint8 tensor of ``nbytes`` that aliases memory at byte address ``addr`` on ``device``.
 
     The view does not own the memory; it must not outlive the allocation it points into.
+
+    Raises:
+        RuntimeError: ``device`` is not a CPU or CUDA device (see the module docstring).
     """
+    if device.type not in ("cpu", "cuda"):
+        raise RuntimeError(
+            f"batch_memcpy torch fallback: raw-address views are not supported on {device.type} "
+            "(on 310P vllm-ascend's tensor-copy path is used; the plugin does not route copies here)"
+        )
     if _from_ptr is not None:
         storage = _from_ptr(addr, device, nbytes)
         return torch.empty(0, dtype=torch.uint8, device=device).set_(storage)

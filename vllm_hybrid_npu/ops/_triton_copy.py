@@ -351,7 +351,7 @@ def launch(kernel, src_ptrs, dst_ptrs, sizes, cfg: LaunchConfig, tiles: int | No
     fast_key = None
     if (src_ptrs.is_cuda and FAST_LAUNCH and kernel is batch_memcpy_kernel
             and not ((src_ptrs.data_ptr() | dst_ptrs.data_ptr() | sizes.data_ptr()) & 15)):
-        fast_key = (src_ptrs.device.index, cfg, cyclic)
+        fast_key = (src_ptrs.device.index, sizes.dtype, cfg, cyclic)
         compiled = _compiled.get(fast_key)
         if compiled is not None:
             try:

@@ -12,7 +12,8 @@ Implementations:
 * ``"triton"``: :mod:`vllm_hybrid_npu.ops._triton_copy` (one kernel for CUDA Triton and
   triton-ascend; on CPU tensors it runs under the Triton interpreter).
 * ``"torch"``: :mod:`vllm_hybrid_npu.ops._torch_copy` (a ``copy_`` per copy; syncs to read the
-  addresses; for 310P-class NPUs and CPUs without triton).
+  addresses; for CPUs without triton and CUDA without Triton; NPU tensors are refused: on 310P
+  the plugin keeps vllm-ascend's own tensor-copy path).
 
 Selection: environment variable ``VLLM_HYBRID_NPU_COPY_IMPL`` = ``auto`` (default) | ``triton``
 | ``torch``, or the ``impl=`` argument. ``auto`` picks ``triton`` on CUDA when triton imports,
@@ -140,11 +141,16 @@ def active_impl(device: torch.device | str | None = None, impl: str | None = Non
     return choice
 
 
+#: dtypes accepted for ``sizes``: int64, and int32 as vLLM 0.30 / 0.32's ``MambaCopyBuffers``
+#: allocate it (``vllm/v1/worker/mamba_utils.py``), so the launcher needs no conversion launch.
+_SIZE_DTYPES = (torch.int64, torch.int32)
+
+
 def _validate(src_ptrs, dst_ptrs, sizes, device, check_values: bool) -> None:
     T, I64 = torch.Tensor, torch.int64
     if (  # fast path of the structural checks (the common, valid call)
         isinstance(src_ptrs, T) and isinstance(dst_ptrs, T) and isinstance(sizes, T)
-        and src_ptrs.dtype == I64 and dst_ptrs.dtype == I64 and sizes.dtype == I64
+        and src_ptrs.dtype == I64 and dst_ptrs.dtype == I64 and sizes.dtype in _SIZE_DTYPES
         and src_ptrs.dim() == 1 and src_ptrs.shape == dst_ptrs.shape == sizes.shape
         and src_ptrs.device == dst_ptrs.device == sizes.device and device is None
     ):
@@ -155,8 +161,12 @@ def _validate(src_ptrs, dst_ptrs, sizes, device, check_values: bool) -> None:
     for name, t in named:
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"batch_memcpy: {name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dtype != torch.int64:
-            raise TypeError(f"batch_memcpy: {name} must have dtype torch.int64, got {t.dtype}")
+        allowed = _SIZE_DTYPES if name == "sizes" else (torch.int64,)
+        if t.dtype not in allowed:
+            raise TypeError(
+                f"batch_memcpy: {name} must have dtype "
+                f"{' or '.join(str(d) for d in allowed)}, got {t.dtype}"
+            )
         if t.dim() != 1:
             raise ValueError(f"batch_memcpy: {name} must be 1-D [N], got shape {tuple(t.shape)}")
     n = src_ptrs.shape[0]
@@ -213,7 +223,7 @@ def batch_memcpy(
     Args:
         src_ptrs: int64 ``[N]``, source byte addresses in the memory of the tensors' device.
         dst_ptrs: int64 ``[N]``, destination byte addresses, same device.
-        sizes: int64 ``[N]``, byte counts (>= 0; 0 copies nothing). ``N`` may be 0.
+        sizes: int64 or int32 ``[N]``, byte counts (>= 0; 0 copies nothing). ``N`` may be 0.
         device: if given, the device the copies must run on; tensors elsewhere are an error
             (e.g. CPU tensors on a CUDA/NPU worker).
         impl: ``auto`` | ``triton`` | ``torch``; ``None`` reads ``$VLLM_HYBRID_NPU_COPY_IMPL``.
@@ -227,7 +237,8 @@ def batch_memcpy(
     copy's destination must not overlap another copy's source or destination.
 
     Raises:
-        TypeError: an argument is not an int64 tensor.
+        TypeError: an argument is not a tensor of the dtype above (uint64 addresses, as vLLM
+            allocates them, are passed as ``t.view(torch.int64)``: same bits, no copy).
         ValueError: shapes differ or are not 1-D; tensors on different devices or not on
             ``device``; (``check_values``) a negative size or a null address.
         RuntimeError: ``triton`` forced where it cannot run (see :func:`active_impl`).
@@ -252,3 +263,36 @@ def batch_memcpy(
             _triton_copy.launch(kernel, src_ptrs, dst_ptrs, sizes, cfg)
     else:
         _triton_copy.launch(kernel, src_ptrs, dst_ptrs, sizes, cfg)
+
+
+def warm_up(device: torch.device | str) -> int:
+    """Compile (JIT) every kernel variant :func:`batch_memcpy` can launch on ``device``, so the
+    first align-mode step does not pay Triton's compile time.
+
+    Copies 64 bytes between two scratch buffers on ``device`` with int32 and int64 ``sizes`` (vLLM
+    and vllm-ascend allocate int32) and with contiguous and block-cyclic tiles; synchronises the
+    device once at the end (start-up, not the step path).
+
+    Returns:
+        Number of launches made (int; 0 when the torch implementation is active there).
+
+    Raises:
+        RuntimeError: a copy came back wrong (the message names the variant).
+    """
+    dev = torch.device(device)
+    if active_impl(dev) != "triton":
+        return 0
+    cfg = _triton_copy.target_config(dev.type, dev.index or 0)
+    kernel = _triton_copy.interpreted_kernel() if dev.type == "cpu" else _triton_copy.batch_memcpy_kernel
+    src = torch.arange(64, dtype=torch.uint8, device=dev)
+    launches = 0
+    for size_dtype in (torch.int32, torch.int64):
+        for tiles in sorted({1, min(cfg.cyclic_min_tiles, _triton_copy.MAX_TILES_PER_COPY)}):
+            dst = torch.zeros_like(src)
+            ptrs = torch.tensor([[src.data_ptr()], [dst.data_ptr()]], dtype=torch.int64, device=dev)
+            sizes = torch.tensor([64], dtype=size_dtype, device=dev)
+            _triton_copy.launch(kernel, ptrs[0], ptrs[1], sizes, cfg, tiles=tiles)
+            launches += 1
+            if not torch.equal(dst.cpu(), src.cpu()):
+                raise RuntimeError(f"batch_memcpy warm-up copy wrong ({size_dtype}, {tiles} tiles)")
+    return launches

