@@ -5,7 +5,7 @@
 In-process engines (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) on the tiny random Qwen3-Next, one after
 the other: prefix caching off; align mode with the plugin (its default on CUDA); align mode with a
 1 GiB host tier and a GPU KV cache small enough that a flood of other prompts evicts the first
-ones from the GPU. Prompts are drawn fresh; the seed is printed on failure.
+ones from the GPU. Prompts are drawn fresh (``seed_for``: the seed is printed on failure).
 """
 
 from __future__ import annotations
@@ -16,9 +16,6 @@ import random
 import pytest
 
 pytestmark = pytest.mark.cuda
-
-SEED = random.SystemRandom().randrange(1 << 30)
-
 
 def _gen(llm, prompts, max_tokens=6):
     from vllm import SamplingParams
@@ -32,14 +29,14 @@ def _counter(llm, name):
 
 
 @pytest.fixture(scope="module")
-def runs(tiny_model_dir, engine_args):
+def runs(tiny_model_dir, engine_args, request, seed_for):
     mp = pytest.MonkeyPatch()
     mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     from vllm import LLM
 
     model = str(tiny_model_dir("qwen3_next"))
     out = {}
-    rng = random.Random(SEED)
+    rng = random.Random(seed_for(request, "prompts"))
     prompts = None
     for name, kw in [
         ("off", dict(enable_prefix_caching=False)),
@@ -83,7 +80,7 @@ def _toks(outs):
 def test_cuda_defaults_in_use(runs):
     _, out = runs
     for name, r in out.items():
-        assert r["cudagraph_mode"] != "CUDAGraphMode.NONE", (name, r["cudagraph_mode"], SEED)
+        assert r["cudagraph_mode"] != "CUDAGraphMode.NONE", (name, r["cudagraph_mode"])
     assert "worker.gpu." in out["align"]["runner"] + ".", out["align"]["runner"]  # V2 runner
 
 
@@ -91,16 +88,16 @@ def test_align_hits_shared_prefix_and_equals_off(runs):
     prompts, out = runs
     bs = out["align"]["bs"]
     cached = [o.num_cached_tokens for o in out["align"]["repeat"]]
-    assert cached[0] == 0 and all(c > 0 and c % bs == 0 for c in cached[1:]), (cached, SEED)
-    assert _toks(out["align"]["repeat"]) == _toks(out["off"]["repeat"]), f"seed {SEED}"
-    assert _toks(out["align"]["again"]) == _toks(out["off"]["again"]), f"seed {SEED}"
-    assert out["align"]["again"][0].num_cached_tokens > 0, SEED
+    assert cached[0] == 0 and all(c > 0 and c % bs == 0 for c in cached[1:]), (cached)
+    assert _toks(out["align"]["repeat"]) == _toks(out["off"]["repeat"])
+    assert _toks(out["align"]["again"]) == _toks(out["off"]["again"])
+    assert out["align"]["again"][0].num_cached_tokens > 0
 
 
 def test_kv_offloading_host_tier_hits_and_equal_outputs(runs):
     _, out = runs
     off = out["offload"]
-    assert off["external_hits"] > 0, (off["external_hits"], SEED)
-    assert off["after_flood"][0].num_cached_tokens > 0, SEED
-    assert _toks(off["after_flood"]) == _toks(out["off"]["again"]), f"seed {SEED}"
-    assert _toks(off["repeat"]) == _toks(out["off"]["repeat"]), f"seed {SEED}"
+    assert off["external_hits"] > 0, (off["external_hits"])
+    assert off["after_flood"][0].num_cached_tokens > 0
+    assert _toks(off["after_flood"]) == _toks(out["off"]["again"])
+    assert _toks(off["repeat"]) == _toks(out["off"]["repeat"])
