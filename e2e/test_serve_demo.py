@@ -61,3 +61,56 @@ def test_outputs_equal_prefix_caching_off(tiny_model_dir, replay):
     assert all(b.cached_tokens == 0 for b in base_results)
     assert [r.output_token_ids for r in replay] == [b.output_token_ids for b in base_results]
     assert all(len(r.output_token_ids) == 8 for r in replay)
+
+
+def _readme_demo_block() -> str:
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    return text.split(demo.README_BEGIN, 1)[1].split(demo.README_END, 1)[0]
+
+
+def _without_pid(line: str) -> str:
+    import re
+
+    return re.sub(r" \(pid \d+\)\s*$", "", line.strip())
+
+
+def test_readme_demo_block_matches_this_server(cached_server):
+    """The README's demo output (written by ``vllm-hybrid-npu demo --readme README.md``, same
+    server flags as this module's server) shows this code's block size and plugin load line;
+    rerun that command when this fails."""
+    block = _readme_demo_block()
+    size = next(l for l in block.splitlines() if l.startswith("block size (tokens, chosen by vLLM): "))
+    assert int(size.rsplit(":", 1)[1]) == block_size_from_metrics(cached_server.metrics())
+    readme_plugin = next(l for l in block.splitlines() if l.startswith("plugin: "))[len("plugin: "):]
+    live = [demo.plugin_line_text(l) for l in cached_server.log_text().splitlines()
+            if "vllm-hybrid-npu" in l and "loaded" in l]
+    assert live, "the server logged no plugin load line"
+    assert _without_pid(readme_plugin) == _without_pid(live[0]), (
+        "README's plugin line differs from the server's; run `vllm-hybrid-npu demo --readme README.md`")
+
+
+def test_served_counters_explain_every_miss(cached_server, replay):
+    """``/metrics`` (API-server process) carries the engine core's scheduler counts: every
+    missed prompt token of the replay has one reason, state moves were counted, and the
+    start-up line names the block size."""
+    from vllm_hybrid_npu.tools.server import counter_from_metrics, counters_by_label
+
+    text = cached_server.metrics()
+    bs = block_size_from_metrics(text)
+    miss = counters_by_label(text, "vllm_hybrid_npu:prefix_cache_miss_tokens_total", "reason")
+    assert set(miss) == {"partial_block", "no_state", "evicted", "evicted_host", "new"}
+    assert sum(miss.values()) == sum(r.prompt_tokens - r.cached_tokens for r in replay)
+    # by definition: the tokens past the last block boundary a hit can reach, (N - 1) // bs * bs
+    assert miss["partial_block"] == sum(
+        r.prompt_tokens - max((r.prompt_tokens - 1) // bs * bs, r.cached_tokens) for r in replay
+    )
+    # the first request saw an empty cache: its reachable blocks are new
+    assert miss["new"] >= (replay[0].prompt_tokens - 1) // bs * bs
+    assert counter_from_metrics(text, "vllm_hybrid_npu:prefix_cache_classified_requests_total") == len(replay)
+    copies = counter_from_metrics(text, "vllm_hybrid_npu:state_copies_total")
+    nbytes = counter_from_metrics(text, "vllm_hybrid_npu:state_copy_bytes_total")
+    assert copies and copies > 0 and nbytes > 0 and nbytes % copies == 0
+    lines = [l for l in cached_server.log_text().splitlines() if "vllm-hybrid-npu: block size" in l]
+    assert lines and f"block size {bs} tokens" in lines[0], lines

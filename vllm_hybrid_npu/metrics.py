@@ -1,196 +1,259 @@
-"""State-copy counters on the server's Prometheus ``/metrics``.
+"""The plugin's counters on the API server's Prometheus ``/metrics``, through vLLM's own stats path.
 
-Two counters tell a user what align mode costs:
+Transport (no file, no host sync, no extra process, nothing on the model runner's step path):
 
-* ``vllm_hybrid_npu:state_copies_total``: byte ranges copied by the align-mode state copy
-  (one per request move x Mamba/GDN layer x state tensor; summed over worker processes);
-* ``vllm_hybrid_npu:state_copy_bytes_total``: bytes copied by it (summed over worker processes,
-  i.e. over TP ranks, each copying its own shard).
+1. In the engine-core process the scheduler hook
+   (:mod:`vllm_hybrid_npu.patches.v1_core_sched_scheduler`) counts, per scheduled step, in
+   plain Python ints: align-mode state moves and their bytes, and the prompt tokens that missed
+   the prefix cache by reason (:mod:`vllm_hybrid_npu.core.miss_reasons`).
+2. ``Scheduler.make_stats`` (called by vLLM once per ``update_from_output``) hands the counts
+   since the previous call to vLLM in one extra field of vLLM's own ``SchedulerStats``
+   (``SchedulerStats.vllm_hybrid_npu``: ``dict[str, int] | None``), which vLLM sends to the API
+   server with every ``EngineCoreOutputs`` (msgpack through ``vllm.v1.serial_utils``).
+3. In the API server, :class:`HybridNpuStatLogger` (entry point group
+   ``vllm.stat_logger_plugins``, loaded by ``AsyncLLM`` through
+   ``vllm.v1.metrics.loggers.load_stat_logger_plugin_factories``) receives each engine's
+   ``SchedulerStats`` per iteration and adds the counts to prometheus_client counters in the
+   default registry, which ``/metrics`` serves (in prometheus_client's multiprocess mode when
+   vLLM set it up for ``--api-server-count`` > 1, as for vLLM's own counters).
 
-The copies happen in the worker / engine-core process while ``/metrics`` is served by the API
-server process. vLLM 0.30.0/0.32.0 serve ``/metrics`` from ``vllm.v1.metrics.prometheus.
-get_prometheus_registry()``: prometheus_client's default ``REGISTRY`` with one API server, or a
-``MultiProcessCollector`` over ``$PROMETHEUS_MULTIPROC_DIR`` when vLLM set that up
-(``--api-server-count`` > 1). Both are served here with prometheus_client's public API:
+Why a declared field: msgspec encodes and decodes a dataclass by its declared fields only (an
+ad-hoc attribute is dropped on the way; checked on vLLM 0.30.0), and the only ``Any``-typed
+dict of ``SchedulerStats`` is ``kv_connector_stats``, which vLLM's KV-connector loggers read
+(a foreign key there would reach them). :func:`declare_stats_field` adds one optional field
+(default ``None``, ``init=False``, so ``SchedulerStats(...)`` calls, ``repr``, ``==`` and
+``dataclasses.replace`` are unchanged) in both processes, before msgspec builds its type
+information: in the engine core when the scheduler patch applies (the plugin loads before the
+engine core builds its scheduler), in the API server when vLLM imports this module as a stat
+logger plugin (``AsyncLLM.__init__`` does that before it creates the engine-core client and
+its ``MsgpackDecoder(EngineCoreOutputs)``). When only one side has the field the other side
+ignores it (msgspec skips unknown dataclass fields; an absent field decodes as ``None``).
 
-* multiprocess mode (``PROMETHEUS_MULTIPROC_DIR`` set in the worker): the counters are ordinary
-  prometheus_client ``Counter`` objects; their values land in the multiprocess directory and
-  vLLM's own collector serves them;
-* otherwise: each worker process writes its totals, after each step that copied, to
-  ``$VLLM_HYBRID_NPU_METRICS_DIR/<pid>.prom`` with ``prometheus_client.write_to_textfile``
-  (atomic rename), and a collector registered in the default ``REGISTRY`` of every process
-  (the API server's included) sums those files at scrape time. The directory is created by the
-  top-level process (the API server; ``multiprocessing.parent_process() is None``) when the
-  plugin loads, inherited by the engine-core / worker processes through the environment, and
-  removed when that process exits.
+vLLM 0.30.0 and 0.32.0: same ``SchedulerStats`` path, ``StatLoggerBase`` /
+``AggregateStatLoggerBase`` interface and plugin group (0.32.0 adds fields to
+``SchedulerStats``, irrelevant here). vLLM 0.23.0 has the plugin group too.
+``AsyncLLM`` turns stats on when a stat logger plugin is installed, even with
+``--disable-log-stats`` (it then only skips vLLM's own logging logger). The offline ``LLM``
+class (``LLMEngine``) loads no stat logger plugins: there the counts stay readable in the
+engine process (:func:`vllm_hybrid_npu.patches.v1_core_sched_scheduler.totals`).
+
+Counters (``engine`` = data-parallel engine index, ``model_name`` as vLLM labels its own):
+
+* ``vllm_hybrid_npu:state_copies_total``: align-mode state moves (a request's running GDN/Mamba
+  state moved to a new block-table column; see the scheduler hook for what exactly is counted);
+* ``vllm_hybrid_npu:state_copy_bytes_total``: bytes those moves copy, over all GDN/Mamba layers
+  and all tensor-parallel ranks;
+* ``vllm_hybrid_npu:prefix_cache_miss_tokens_total{reason=...}``: prompt tokens that missed
+  the prefix cache, per reason of :data:`vllm_hybrid_npu.core.miss_reasons.REASONS`;
+* ``vllm_hybrid_npu:prefix_cache_classified_requests_total``: requests those misses cover
+  (first scheduling of each request).
 """
 
 from __future__ import annotations
 
-import atexit
-import glob
+import dataclasses
 import logging
-import multiprocessing
-import os
-import shutil
-import tempfile
 import threading
+from typing import Any
+
+from vllm_hybrid_npu.core.miss_reasons import REASONS
 
 logger = logging.getLogger("vllm_hybrid_npu")
 
-#: Counter names without the ``_total`` suffix prometheus_client appends to counters.
+#: Name of the field declared on vLLM's ``SchedulerStats``.
+STATS_FIELD = "vllm_hybrid_npu"
+
+#: Keys of the per-step dict carried in ``SchedulerStats.vllm_hybrid_npu`` (ints).
+KEY_STATE_COPIES = "state_copies"
+KEY_STATE_COPY_BYTES = "state_copy_bytes"
+KEY_REQUESTS = "requests"
+#: miss-reason keys are ``"miss:" + reason``
+MISS_PREFIX = "miss:"
+
+#: Prometheus names (prometheus_client appends ``_total`` to counters).
 STATE_COPIES = "vllm_hybrid_npu:state_copies"
 STATE_COPY_BYTES = "vllm_hybrid_npu:state_copy_bytes"
-_HELP = {
-    STATE_COPIES: "Align-mode Mamba/GDN state copies (byte ranges) done by vllm-hybrid-npu.",
-    STATE_COPY_BYTES: "Bytes copied by vllm-hybrid-npu's align-mode Mamba/GDN state copies.",
-}
-
-#: Directory of the per-process counter files (set by the top-level process).
-DIR_ENV = "VLLM_HYBRID_NPU_METRICS_DIR"
+MISS_TOKENS = "vllm_hybrid_npu:prefix_cache_miss_tokens"
+CLASSIFIED_REQUESTS = "vllm_hybrid_npu:prefix_cache_classified_requests"
 
 _lock = threading.Lock()
-_totals = {STATE_COPIES: 0, STATE_COPY_BYTES: 0}
-_mp_counters = None  # prometheus_client Counters in multiprocess mode
-_collector_registered = False
-_owned_dir: str | None = None
+_declared = False
+_counters: dict[str, Any] | None = None
 
 
-def totals() -> tuple[int, int]:
-    """This process's ``(state copies, bytes)`` so far (ints)."""
-    with _lock:
-        return _totals[STATE_COPIES], _totals[STATE_COPY_BYTES]
+def declare_stats_field() -> bool:
+    """Declare ``SchedulerStats.vllm_hybrid_npu: dict[str, int] | None = None`` (idempotent).
 
-
-def _multiprocess_mode() -> bool:
-    return bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
-
-
-def _remove_dir(path: str) -> None:
-    shutil.rmtree(path, ignore_errors=True)
-
-
-def setup() -> str | None:
-    """Prepare this process to export / serve the counters; idempotent.
-
-    Called by :func:`vllm_hybrid_npu.patches.apply_patches` in every process vLLM loads the
-    plugin in. The top-level process creates a fresh counter directory (ignoring one inherited
-    from an unrelated parent) and exports it in ``$VLLM_HYBRID_NPU_METRICS_DIR``; every process
-    registers the file-summing collector in prometheus_client's default ``REGISTRY``.
+    Imports ``vllm.v1.metrics.stats``. Clears msgspec's per-class cache so encoders and decoders
+    built afterwards see the field (decoders built before keep ignoring it).
 
     Returns:
-        The counter directory (str), or None when it could not be prepared (logged).
+        True when the field is declared (now or before), False when vLLM's ``SchedulerStats``
+        is not a dataclass here (logged; the counters then stay in the engine process).
     """
-    global _collector_registered, _owned_dir
-    try:
-        if multiprocessing.parent_process() is None and _owned_dir is None:
-            _owned_dir = tempfile.mkdtemp(prefix="vllm-hybrid-npu-metrics-")
-            os.environ[DIR_ENV] = _owned_dir
-            atexit.register(_remove_dir, _owned_dir)
-        if not _collector_registered:
-            from prometheus_client import REGISTRY
+    global _declared
+    with _lock:
+        if _declared:
+            return True
+        try:
+            from vllm.v1.metrics.stats import SchedulerStats
 
-            REGISTRY.register(_FileCollector())
-            _collector_registered = True
-    except Exception as exc:  # metrics must never break serving
-        logger.warning("vllm-hybrid-npu metrics not set up: %s", exc)
-        return None
-    return os.environ.get(DIR_ENV)
-
-
-def _file_path() -> str | None:
-    d = os.environ.get(DIR_ENV)
-    if not d or not os.path.isdir(d):
-        return None
-    return os.path.join(d, f"{os.getpid()}.prom")
-
-
-def _write_file(copies: int, nbytes: int) -> None:
-    path = _file_path()
-    if path is None:
-        return
-    from prometheus_client import CollectorRegistry, write_to_textfile
-    from prometheus_client.core import CounterMetricFamily
-
-    class _Snapshot:
-        def collect(self):
-            yield CounterMetricFamily(STATE_COPIES, _HELP[STATE_COPIES], value=copies)
-            yield CounterMetricFamily(STATE_COPY_BYTES, _HELP[STATE_COPY_BYTES], value=nbytes)
-
-    reg = CollectorRegistry()
-    reg.register(_Snapshot())
-    write_to_textfile(path, reg)
+            fields = SchedulerStats.__dataclass_fields__
+            if STATS_FIELD not in fields:
+                f = dataclasses.field(default=None, init=False, repr=False, compare=False)
+                f.name = STATS_FIELD
+                f.type = "dict[str, int] | None"
+                f._field_type = dataclasses._FIELD  # what dataclasses.fields() lists
+                fields[STATS_FIELD] = f
+                SchedulerStats.__annotations__[STATS_FIELD] = "dict[str, int] | None"
+                setattr(SchedulerStats, STATS_FIELD, None)
+                if "__msgspec_cache__" in vars(SchedulerStats):
+                    delattr(SchedulerStats, "__msgspec_cache__")
+        except Exception as exc:  # never break vLLM for a counter
+            logger.warning("vllm-hybrid-npu: counters not carried in SchedulerStats: %s", exc)
+            return False
+        _declared = True
+        return True
 
 
-def record_state_copies(num_copies: int, num_bytes: int) -> None:
-    """Add ``num_copies`` state copies of ``num_bytes`` bytes in total to the counters.
+def _prometheus_counters() -> dict[str, Any]:
+    """The process's prometheus_client counters (created once, in the default registry)."""
+    global _counters
+    with _lock:
+        if _counters is None:
+            from prometheus_client import Counter
+
+            labels = ["model_name", "engine"]
+            _counters = {
+                KEY_STATE_COPIES: Counter(
+                    STATE_COPIES,
+                    "Align-mode GDN/Mamba state moves to a new block-table column (requests x "
+                    "steps that crossed into a new block), counted by the scheduler.",
+                    labels,
+                ),
+                KEY_STATE_COPY_BYTES: Counter(
+                    STATE_COPY_BYTES,
+                    "Bytes copied by align-mode state moves (all GDN/Mamba layers, all "
+                    "tensor-parallel ranks), computed from the KV-cache specs.",
+                    labels,
+                ),
+                KEY_REQUESTS: Counter(
+                    CLASSIFIED_REQUESTS,
+                    "Requests whose prompt tokens were classified at first scheduling.",
+                    labels,
+                ),
+                "miss": Counter(
+                    MISS_TOKENS,
+                    "Prompt tokens that missed the prefix cache, by reason (partial_block, "
+                    "no_state, evicted, evicted_host, new).",
+                    [*labels, "reason"],
+                ),
+            }
+        return _counters
+
+
+def record(counts: dict[str, int] | None, model_name: str, engine: int) -> None:
+    """Add one ``SchedulerStats.vllm_hybrid_npu`` dict to the Prometheus counters.
 
     Args:
-        num_copies: byte ranges copied (int >= 0).
-        num_bytes: bytes copied (int >= 0).
+        counts: keys :data:`KEY_STATE_COPIES`, :data:`KEY_STATE_COPY_BYTES`,
+            :data:`KEY_REQUESTS` and ``"miss:<reason>"`` (ints >= 0); None or empty adds nothing.
+        model_name: ``model_name`` label value.
+        engine: ``engine`` label value (data-parallel engine index).
     """
-    global _mp_counters
-    if num_copies <= 0 and num_bytes <= 0:
+    if not counts:
         return
-    with _lock:
-        _totals[STATE_COPIES] += int(num_copies)
-        _totals[STATE_COPY_BYTES] += int(num_bytes)
-        copies, nbytes = _totals[STATE_COPIES], _totals[STATE_COPY_BYTES]
-        try:
-            if _multiprocess_mode():
-                if _mp_counters is None:
-                    from prometheus_client import CollectorRegistry, Counter
-
-                    reg = CollectorRegistry()  # values go to the multiprocess directory
-                    _mp_counters = (
-                        Counter(STATE_COPIES, _HELP[STATE_COPIES], registry=reg),
-                        Counter(STATE_COPY_BYTES, _HELP[STATE_COPY_BYTES], registry=reg),
-                    )
-                _mp_counters[0].inc(int(num_copies))
-                _mp_counters[1].inc(int(num_bytes))
-            else:
-                _write_file(copies, nbytes)
-        except Exception as exc:  # metrics must never break a forward step
-            logger.warning("vllm-hybrid-npu: could not export state-copy counters: %s", exc)
+    c = _prometheus_counters()
+    eng = str(engine)
+    for key in (KEY_STATE_COPIES, KEY_STATE_COPY_BYTES, KEY_REQUESTS):
+        v = counts.get(key, 0)
+        if v:
+            c[key].labels(model_name, eng).inc(v)
+    for reason in REASONS:
+        v = counts.get(MISS_PREFIX + reason, 0)
+        if v:
+            c["miss"].labels(model_name, eng, reason).inc(v)
 
 
-def read_dir_totals(directory: str | None = None) -> tuple[int, int]:
-    """Sum the counters of every ``*.prom`` file in ``directory`` (default
-    ``$VLLM_HYBRID_NPU_METRICS_DIR``).
+def init_labels(model_name: str, engines: list[int]) -> None:
+    """Create every label set at 0 so ``/metrics`` lists all counters before the first step."""
+    c = _prometheus_counters()
+    for e in engines:
+        eng = str(e)
+        for key in (KEY_STATE_COPIES, KEY_STATE_COPY_BYTES, KEY_REQUESTS):
+            c[key].labels(model_name, eng)
+        for reason in REASONS:
+            c["miss"].labels(model_name, eng, reason)
 
-    Returns:
-        ``(state copies, bytes)`` summed over the worker processes' files (ints).
+
+def hit_unit_line(vllm_config: Any) -> str:
+    """The start-up line: the block size vLLM chose and the shortest prefix that can hit.
+
+    Args:
+        vllm_config: vLLM's ``VllmConfig`` (reads ``cache_config.block_size``,
+            ``.prefix_match_unit``, ``.enable_prefix_caching``, ``.mamba_cache_mode``).
     """
-    from prometheus_client.parser import text_string_to_metric_families
+    cc = vllm_config.cache_config
+    bs = cc.block_size
+    unit = getattr(cc, "prefix_match_unit", None) or bs
+    if not getattr(cc, "enable_prefix_caching", False):
+        return f"vllm-hybrid-npu: block size {bs} tokens (chosen by vLLM); prefix caching is off"
+    mode = getattr(cc, "mamba_cache_mode", None)
+    line = (
+        f"vllm-hybrid-npu: block size {bs} tokens (chosen by vLLM); the shortest prefix that can "
+        f"hit the prefix cache is {unit} tokens (in a prompt of at least {unit + 1} tokens)"
+    )
+    if unit != bs:
+        line += f" with --prefix-match-unit {unit}"
+    if mode:
+        line += f"; mamba cache mode {mode}"
+    return line + "; misses by reason on /metrics: vllm_hybrid_npu:prefix_cache_miss_tokens_total"
 
-    directory = directory or os.environ.get(DIR_ENV)
-    copies = nbytes = 0
-    if not directory:
-        return 0, 0
-    for path in sorted(glob.glob(os.path.join(directory, "*.prom"))):
+
+try:  # the stat logger needs vLLM; the rest of this module does not
+    from vllm.v1.metrics.loggers import AggregateStatLoggerBase as _Base
+except Exception:  # pragma: no cover - vLLM absent (lab-only or docs builds)
+    _Base = object  # type: ignore[assignment,misc]
+
+
+class HybridNpuStatLogger(_Base):  # type: ignore[misc,valid-type]
+    """vLLM stat logger plugin (``vllm.stat_logger_plugins``): our counters on ``/metrics``.
+
+    Mirrors vLLM's ``AggregateStatLoggerBase`` interface (vllm/v1/metrics/loggers.py, vLLM
+    0.30.0/0.32.0): built once per ``AsyncLLM`` with all engine indexes; ``record`` is called per
+    engine output batch in the API server's output handler, reads
+    ``scheduler_stats.vllm_hybrid_npu`` and increments prometheus_client counters (in-memory).
+    """
+
+    def __init__(self, vllm_config: Any, engine_indexes: list[int] | None = None):
+        declare_stats_field()
+        self.vllm_config = vllm_config
+        self.engine_indexes = list(engine_indexes or [0])
+        mc = getattr(vllm_config, "model_config", None)
+        self.model_name = str(getattr(mc, "served_model_name", None) or getattr(mc, "model", ""))
         try:
-            with open(path) as f:
-                text = f.read()
-        except OSError:
-            continue
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                if sample.name == STATE_COPIES + "_total":
-                    copies += int(sample.value)
-                elif sample.name == STATE_COPY_BYTES + "_total":
-                    nbytes += int(sample.value)
-    return copies, nbytes
+            init_labels(self.model_name, self.engine_indexes)
+        except Exception as exc:  # never break serving for a counter
+            logger.warning("vllm-hybrid-npu: counters not registered: %s", exc)
+
+    def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx=0):
+        if scheduler_stats is None:
+            return
+        counts = getattr(scheduler_stats, STATS_FIELD, None)
+        if counts:
+            record(counts, self.model_name, engine_idx)
+
+    def log_engine_initialized(self):
+        try:
+            logger.info(hit_unit_line(self.vllm_config))
+        except Exception as exc:
+            logger.warning("vllm-hybrid-npu: no block-size line: %s", exc)
+
+    def log(self):
+        pass
 
 
-class _FileCollector:
-    """Serves the summed per-process counter files as two counters."""
-
-    def collect(self):
-        from prometheus_client.core import CounterMetricFamily
-
-        copies, nbytes = read_dir_totals()
-        yield CounterMetricFamily(STATE_COPIES, _HELP[STATE_COPIES], value=copies)
-        yield CounterMetricFamily(STATE_COPY_BYTES, _HELP[STATE_COPY_BYTES], value=nbytes)
-
-    def describe(self):
-        return []
+# Importing this module as a stat logger plugin (API server) declares the field before vLLM
+# builds the engine-core client's decoder.
+if _Base is not object:
+    declare_stats_field()

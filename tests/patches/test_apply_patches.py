@@ -180,6 +180,7 @@ load_general_plugins()
 import vllm_hybrid_npu.plugin as p
 from vllm.v1.worker import mamba_utils
 from vllm.config import VllmConfig, SchedulerConfig
+import vllm.v1.core.sched.scheduler  # the engine core's modules: the step counters apply
 from vllm_hybrid_npu.patches import registry
 r = p._report
 print("RESULT " + json.dumps({
@@ -208,6 +209,7 @@ def test_cpu_default_keeps_vllms_copy_kernel():
     r = _probe()
     assert r["failed"] == {} and r["pending"] == {} and r["unsupported"] is None
     assert "config-checks" in r["applied"]
+    assert {"step-counters", "step-counters-stats", "step-counters-free"} <= set(r["applied"])
     assert r["copy"] is False
     assert r["skipped"]["copy-kernel"].startswith("vLLM's CPU copy kernel kept")
     assert r["skipped"]["copy-kernel-ascend"] == "not for target cpu"

@@ -11,6 +11,9 @@ One module per patched upstream module (or, for ``gdn_all_mode``, per feature), 
 * :mod:`.worker_warmup` - the workers' ``compile_or_warm_up_model``: our kernel compiled at
   start-up.
 * :mod:`.gdn_all_mode` - GDN states inside the step (``VLLM_HYBRID_NPU_CHECKPOINTS=gdn``, CPU).
+* :mod:`.vllm_v1_core_sched_scheduler` - ``Scheduler.schedule`` / ``make_stats`` and
+  ``KVCacheManager.free`` / ``pop_blocks_for_free``: state-move and miss-reason counters carried
+  to ``/metrics`` in ``SchedulerStats`` (:mod:`vllm_hybrid_npu.metrics`).
 
 What is *not* patched, because the supported stacks already do it (vLLM >= 0.23 and
 vllm-ascend since its PR #7103): block tables sized per KV-cache group, ``preprocess_mamba``
@@ -39,6 +42,7 @@ PATCH_MODULES = (
     "vllm_hybrid_npu.patches.vllm_ascend_mamba_utils",
     "vllm_hybrid_npu.patches.worker_warmup",
     "vllm_hybrid_npu.patches.gdn_all_mode",
+    "vllm_hybrid_npu.patches.vllm_v1_core_sched_scheduler",
 )
 
 __all__ = ["MODE_ENV", "MODES", "all_patches", "apply_patches", "patch_mode", "unapply_patches"]

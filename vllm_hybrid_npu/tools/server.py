@@ -225,3 +225,17 @@ def counter_from_metrics(metrics_text: str, name: str) -> float | None:
             total += float(line.rsplit(" ", 1)[-1])
             found = True
     return total if found else None
+
+
+def counters_by_label(metrics_text: str, name: str, label: str) -> dict[str, float]:
+    """``{label value: sum of samples}`` of the Prometheus metric ``name`` (e.g.
+    ``vllm_hybrid_npu:prefix_cache_miss_tokens_total`` by ``reason``) in ``metrics_text``;
+    empty when absent."""
+    out: dict[str, float] = {}
+    pat = re.compile(r'\b' + re.escape(label) + r'="([^"]*)"')
+    for line in metrics_text.splitlines():
+        if line.startswith(name + "{"):
+            m = pat.search(line)
+            if m:
+                out[m.group(1)] = out.get(m.group(1), 0.0) + float(line.rsplit(" ", 1)[-1])
+    return out
