@@ -141,12 +141,16 @@ class StepCounters:
         self.tracker: MissTracker | None = None
         kvm = scheduler.kv_cache_manager
         if cache_config.enable_prefix_caching:
-            hbs = int(getattr(scheduler, "hash_block_size", None) or cache_config.block_size)
+            # the scheduler's block size (LCM of the KV-cache groups' block sizes), where vLLM
+            # registers full-block entries; cache_config.block_size is not always it in the
+            # engine-core process (seen: 256 there with 384-token blocks, vLLM 0.30.0 CPU serve)
+            bs = int(getattr(scheduler, "block_size", None) or cache_config.block_size)
+            hbs = int(getattr(scheduler, "hash_block_size", None) or bs)
             kvc = scheduler.kv_cache_config
-            cap = max(4 * int(getattr(kvc, "num_blocks", 0)) * max(cache_config.block_size // hbs, 1), 1 << 16)
+            cap = max(4 * int(getattr(kvc, "num_blocks", 0)) * max(bs // hbs, 1), 1 << 16)
             self.tracker = MissTracker(
                 hbs, host_tier=_host_tier(scheduler), capacity=cap,
-                block_size=int(cache_config.block_size),
+                block_size=bs if bs % hbs == 0 else hbs,
             )
             setattr(kvm, TRACKER_ATTR, self.tracker)
         self._broken = False
