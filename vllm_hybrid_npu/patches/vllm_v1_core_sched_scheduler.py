@@ -143,7 +143,8 @@ class StepCounters:
         if cache_config.enable_prefix_caching:
             # the scheduler's block size (LCM of the KV-cache groups' block sizes), where vLLM
             # registers full-block entries; cache_config.block_size is not always it in the
-            # engine-core process (seen: 256 there with 384-token blocks, vLLM 0.30.0 CPU serve)
+            # engine-core process (vLLM 0.30.0 CPU serve: 128 there, 384-token
+            # cache blocks; the INFO line below shows both)
             bs = int(getattr(scheduler, "block_size", None) or cache_config.block_size)
             hbs = int(getattr(scheduler, "hash_block_size", None) or bs)
             kvc = scheduler.kv_cache_config
@@ -154,6 +155,16 @@ class StepCounters:
             )
             setattr(kvm, TRACKER_ATTR, self.tracker)
         self._broken = False
+        logger.info(
+            "vllm-hybrid-npu: step counters on: align=%s, GDN/Mamba block %s tokens, %d bytes "
+            "per state move; miss reasons %s (cache block %s, hash block %s tokens; "
+            "cache_config.block_size %s)",
+            self.align, self.block_size, self.bytes_per_move,
+            "on" if self.tracker else "off (prefix caching off)",
+            self.tracker.block_size if self.tracker else "-",
+            self.tracker.hash_block_size if self.tracker else "-",
+            cache_config.block_size,
+        )
 
     def on_schedule(self, scheduler: Any, out: Any) -> None:
         """Count one ``SchedulerOutput``; never raises (a failure is logged once, counting stops)."""
