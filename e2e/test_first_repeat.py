@@ -5,15 +5,26 @@ module, with the scheduler of ``vllm_hybrid_npu.scheduling.DEFAULT_POLICY["cpu"]
 through ``scheduler_cls`` (the plugin installs the same class when no ``--scheduler-cls`` is
 given). Cached token counts are vLLM's own ``RequestOutput.num_cached_tokens``.
 
-"Outputs identical to prefix caching off": each cached request is compared, token for token,
-with the same prompt sent with a fresh ``cache_salt``, which keys it apart from every cached
-block, so that copy is computed from scratch by the same engine.
+"Outputs identical to prefix caching off": each cached request is compared with the same prompt
+sent with a fresh ``cache_salt``, which keys it apart from every cached block, so that copy is
+computed from scratch by the same engine. Where both copies run the same kernels on the same
+64-token-aligned splits (a hit resumes at a block boundary, a multiple of the GDN chunk), the
+comparison is exact, token for token. The follow-up turn's state at the boundary crossed during
+decode comes from the recurrent decode kernel while the cold copy computes it with the chunked
+prefill kernel: bf16 rounds the two differently, so that comparison allows what
+:func:`greedy_compare.compare_greedy` allows (a first difference only at a near-tie, logprobs
+within :data:`greedy_compare.LOGPROB_BOUND`; measured in docs/testing.md, which also says what
+such output comparisons cannot see on this model).
+
+Prompts are drawn fresh from the run's seed (printed on failure; ``VLLM_HYBRID_NPU_TEST_SEED``
+replays it, see conftest.py).
 """
 
 from __future__ import annotations
 
-import random
 import uuid
+
+from greedy_compare import LOGPROB_BOUND, Sequence, compare_greedy
 
 import pytest
 
@@ -49,20 +60,24 @@ def block_size(llm):
     return llm.llm_engine.vllm_config.cache_config.block_size
 
 
-def _gen(llm, prompt, max_tokens, salt=None):
+def _gen(llm, prompt, max_tokens, salt=None, logprobs=None):
     from vllm import SamplingParams
 
     p = {"prompt_token_ids": list(prompt)}
     if salt is not None:
         p["cache_salt"] = salt
-    sp = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
+    sp = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True, logprobs=logprobs)
     return llm.generate([p], sp, use_tqdm=False)[0]
 
 
-def _cold(llm, prompt, max_tokens):
-    out = _gen(llm, prompt, max_tokens, salt=uuid.uuid4().hex)
+def _cold_output(llm, prompt, max_tokens, logprobs=None):
+    out = _gen(llm, prompt, max_tokens, salt=uuid.uuid4().hex, logprobs=logprobs)
     assert out.num_cached_tokens == 0
-    return list(out.outputs[0].token_ids)
+    return out
+
+
+def _cold(llm, prompt, max_tokens):
+    return list(_cold_output(llm, prompt, max_tokens).outputs[0].token_ids)
 
 
 def test_policy_scheduler_is_running(llm):
@@ -71,8 +86,7 @@ def test_policy_scheduler_is_running(llm):
     assert sched.need_mamba_block_aligned_split  # hybrid model in align mode
 
 
-def test_shared_prefix_hits_on_first_repeat(llm, block_size):
-    rng = random.Random()
+def test_shared_prefix_hits_on_first_repeat(llm, block_size, rng):
     bs = block_size
     # the shared prefix ends inside block 12 and every prompt's last block boundary (12 blocks)
     # lies past it: upstream stores no state within the shared prefix on first sight.
@@ -90,36 +104,40 @@ def test_shared_prefix_hits_on_first_repeat(llm, block_size):
         assert list(o.outputs[0].token_ids) == _cold(llm, p, 3)
 
 
-def _follow_up(llm, bs, rng):
+def _follow_up(llm, bs, rng, max_tokens=3, logprobs=None):
     n1, n_out = 8 * bs - 8, 12  # decode crosses the boundary at 8 blocks
     turn1 = [rng.randrange(10, 1000) for _ in range(n1)]
     out1 = _gen(llm, turn1, n_out)
     answer = list(out1.outputs[0].token_ids)
     assert len(answer) == n_out
     turn2 = turn1 + answer + [rng.randrange(10, 1000) for _ in range(bs // 4)]
-    out2 = _gen(llm, turn2, 3)
+    out2 = _gen(llm, turn2, max_tokens, logprobs=logprobs)
     assert out2.num_cached_tokens == (n1 + n_out) // bs * bs
     return turn2, out2
 
 
-def test_follow_up_turn_hits_last_boundary_of_prompt_plus_output(llm, block_size):
-    _follow_up(llm, block_size, random.Random())
+def test_follow_up_turn_hits_last_boundary_of_prompt_plus_output(llm, block_size, rng):
+    _follow_up(llm, block_size, rng)
 
 
-# Fixed draw: the state at the boundary crossed during decode is computed by the recurrent decode
-# kernel, while a cold run computes it with the chunked prefill kernel. With bf16 (the only dtype of
-# vLLM's CPU GDN kernels) the two differ in the last bits, so a greedy token at a near-tie of the
-# random-weight model can flip for some draws (seen here for 1 of several fresh draws, 3rd token).
-FOLLOW_UP_SEED = 1
+#: greedy tokens compared after the follow-up turn, and top logprobs returned per token
+FOLLOW_UP_TOKENS, TOP = 8, 5
 
 
-def test_follow_up_turn_outputs_equal_cold_run(llm, block_size):
-    turn2, out2 = _follow_up(llm, block_size, random.Random(FOLLOW_UP_SEED))
-    assert list(out2.outputs[0].token_ids) == _cold(llm, turn2, 3)
+def test_follow_up_turn_outputs_equal_cold_run(llm, block_size, rng):
+    """The follow-up turn resumes from the state stored at the boundary crossed during decode
+    (decode kernel); the cold copy computes that state with the prefill kernel. Equal up to bf16
+    rounding: see the module docstring and e2e/greedy_compare.py."""
+    bs = block_size
+    turn2, out2 = _follow_up(llm, bs, rng, FOLLOW_UP_TOKENS, logprobs=TOP)
+    hit = Sequence.from_output(out2.outputs[0])
+    cold = Sequence.from_output(_cold_output(llm, turn2, FOLLOW_UP_TOKENS, logprobs=TOP).outputs[0])
+    c = compare_greedy([cold], [hit])
+    assert c.ok, f"{c.errors}; {c.summary()}"
+    print(f"follow-up vs cold (bound {LOGPROB_BOUND}): {c.summary()}")
 
 
-def test_prompt_shorter_than_one_block(llm, block_size):
-    rng = random.Random()
+def test_prompt_shorter_than_one_block(llm, block_size, rng):
     prompt = [rng.randrange(10, 1000) for _ in range(block_size // 2)]
     first, again = _gen(llm, prompt, 3), _gen(llm, prompt, 3)
     # no block boundary to store a state at: nothing cached, nothing broken

@@ -8,8 +8,11 @@ Two in-process vLLM 0.30 engines on the tiny random Qwen3-Next, one after the ot
   (``GdnCheckpointScheduler``: dense state retention, no extra chunk ends), what
   ``VLLM_HYBRID_NPU_CHECKPOINTS=gdn`` selects.
 
-The prompts are drawn fresh for every run; *off* computes the reference outputs first, then
-*gdn* must reproduce them token for token while hitting the prefix cache. Cached token counts
+The prompts are drawn fresh for every run (from the run's seed, printed on failure and replayed
+by ``VLLM_HYBRID_NPU_TEST_SEED``: conftest.py); *off* computes the reference outputs first, then
+*gdn* must reproduce them token for token while hitting the prefix cache. Exact by construction:
+both engines split every prompt at 64-token multiples only (block boundaries and the 4096-token
+budget), where vLLM's CPU GDN kernel is bit-exact (tests/ops/test_gdn_split.py). Cached token counts
 are vLLM's ``RequestOutput.num_cached_tokens``.
 """
 
@@ -59,10 +62,10 @@ def _tokens(outs):
 
 
 class Scenario:
-    """Fresh random prompts; ``block`` is the engine's block size (tokens)."""
+    """Random prompts drawn from ``seed``; ``block`` is the engine's block size (tokens)."""
 
-    def __init__(self, block: int):
-        rng = random.Random()
+    def __init__(self, block: int, seed: int):
+        rng = random.Random(seed)
         self.block = block
         draw = lambda n: [rng.randrange(10, 1000) for _ in range(n)]  # noqa: E731
         # shared prefix ending inside block 8; each prompt's own tail runs past block 8's end
@@ -76,9 +79,17 @@ class Scenario:
 
 
 @pytest.fixture(scope="module")
-def runs(tiny_model_dir):
+def runs(tiny_model_dir, request, seed_for):
+    from vllm_hybrid_npu.patches import apply_patches, registry
+
     mp = pytest.MonkeyPatch()
     mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    # the registry as the plugin applies it in a process started with
+    # VLLM_HYBRID_NPU_CHECKPOINTS=gdn (whatever an earlier test of this process applied)
+    mp.setenv("VLLM_HYBRID_NPU_CHECKPOINTS", "gdn")
+    registry.unapply_all()
+    report = apply_patches("cpu")
+    assert not report.failed and "gdn-switch" in report.applied + list(report.pending), report.line()
     results = {}
     for name, kw in [
         ("off", dict(enable_prefix_caching=False)),
@@ -94,7 +105,7 @@ def runs(tiny_model_dir):
         llm = _engine(tiny_model_dir, **kw)
         cfg = llm.llm_engine.vllm_config.cache_config
         if name == "off":
-            sc = Scenario(cfg.block_size)
+            sc = Scenario(cfg.block_size, seed_for(request, "prompts"))
         else:
             assert cfg.block_size == sc.block, "block size differs between the two engines"
         sched = llm.llm_engine.engine_core.engine_core.scheduler
@@ -108,6 +119,7 @@ def runs(tiny_model_dir):
         results[name] = r
         del llm
     yield sc, results["off"], results["gdn"]
+    registry.unapply_all()
     mp.undo()
 
 

@@ -63,6 +63,34 @@ def test_outputs_equal_prefix_caching_off(tiny_model_dir, replay):
     assert all(len(r.output_token_ids) == 8 for r in replay)
 
 
+def _readme_demo_block() -> str:
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    return text.split(demo.README_BEGIN, 1)[1].split(demo.README_END, 1)[0]
+
+
+def _without_pid(line: str) -> str:
+    import re
+
+    return re.sub(r" \(pid \d+\)\s*$", "", line.strip())
+
+
+def test_readme_demo_block_matches_this_server(cached_server):
+    """The README's demo output (written by ``vllm-hybrid-npu demo --readme README.md``, same
+    server flags as this module's server) shows this code's block size and plugin load line;
+    rerun that command when this fails."""
+    block = _readme_demo_block()
+    size = next(l for l in block.splitlines() if l.startswith("block size (tokens, chosen by vLLM): "))
+    assert int(size.rsplit(":", 1)[1]) == block_size_from_metrics(cached_server.metrics())
+    readme_plugin = next(l for l in block.splitlines() if l.startswith("plugin: "))[len("plugin: "):]
+    live = [demo.plugin_line_text(l) for l in cached_server.log_text().splitlines()
+            if "vllm-hybrid-npu" in l and "loaded" in l]
+    assert live, "the server logged no plugin load line"
+    assert _without_pid(readme_plugin) == _without_pid(live[0]), (
+        "README's plugin line differs from the server's; run `vllm-hybrid-npu demo --readme README.md`")
+
+
 def test_served_counters_explain_every_miss(cached_server, replay):
     """``/metrics`` (API-server process) carries the engine core's scheduler counts: every
     missed prompt token of the replay has one reason, state moves were counted, and the

@@ -8,6 +8,15 @@ the configurations run one after another (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, 
 inspectable). Workload: 4 concurrent prompts (one shorter than the block size, three longer,
 two sharing a prefix), generated twice (the second round hits the prefix cache), chunked prefill
 forced to 128 tokens (< the block size, so states cross steps inside a block), 6 greedy tokens.
+
+Prompts are drawn fresh from the run's seed (printed on failure; ``VLLM_HYBRID_NPU_TEST_SEED``
+replays it, see conftest.py). Comparisons of the *same schedule* (our path vs upstream's, ``all``
+vs ``none``) are exact, tokens and cached counts. Comparisons across *different* schedules
+(caching on vs off, a cache hit vs the computed round, preempted vs not) are not bit-exact by
+construction: vLLM 0.30.0's CPU GDN prefill kernel is bf16 only and a 128-token budget shared by
+4 requests splits prompts off the 64-token grid, so the last bits differ and a greedy token at a
+near-tie of the random-weight model can flip (measured: 9 of 40 requests diverge, every time at
+a near-tie; docs/testing.md). Those use :func:`greedy_compare.compare_greedy`.
 """
 
 from __future__ import annotations
@@ -19,6 +28,7 @@ import subprocess
 import sys
 
 import pytest
+from greedy_compare import Sequence, compare_greedy
 
 WORKLOAD = r"""
 import gc, json, os, random, sys
@@ -42,11 +52,13 @@ for name, cfg in json.loads(sys.argv[1]).items():
     long = [rng.randrange(10, 2000) for _ in range(2 * bs + 40)]
     prompts = [long[: bs // 3], long, long[: bs + 5] + [7] * 30,
                [rng.randrange(10, 2000) for _ in range(bs + bs // 2)]]
-    sp = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+    sp = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True, logprobs=5)
     rounds, stale = [], []
     for _ in range(2):
         res = llm.generate([{"prompt_token_ids": p} for p in prompts], sp, use_tqdm=False)
-        rounds.append([[list(r.outputs[0].token_ids), r.num_cached_tokens] for r in res])
+        rounds.append([[list(r.outputs[0].token_ids), r.num_cached_tokens,
+                        [[[t, lp.logprob] for t, lp in pos.items()] for pos in r.outputs[0].logprobs]]
+                       for r in res])
         stale.append(sorted(set(runner.mamba_state_idx) - set(runner.requests)))
     # one more step after the last finish: finished requests leave runner.requests and must
     # leave the state-column map with them
@@ -60,34 +72,27 @@ for name, cfg in json.loads(sys.argv[1]).items():
     }
     del llm, runner
     gc.collect()
+from vllm.v1.worker import mamba_utils
+from vllm_hybrid_npu.patches.registry import is_ours
+results["_launcher_ours"] = is_ours(mamba_utils.batch_memcpy)
 print("RESULT " + json.dumps(results))
 """
 
-#: Prompts are drawn from this seed, not fresh: the tiny checkpoints have random weights, so
-#: greedy logits are nearly tied, and vLLM 0.30.0's CPU GDN prefill kernel (bf16 only) gives
-#: last-bit differences between chunkings (e.g. a chunk split differently because 4 requests
-#: share a 128-token budget), which flip a greedy token for some draws (seen: 1 of 3 random
-#: draws, with both our path and upstream's). Comparisons across *different* schedules (caching
-#: on vs off, cache hit vs computed) therefore use one checked draw; ``all`` vs ``none`` run the
-#: same schedule and are bit-exact for any draw (tests/core draws fresh inputs). The draw depends
-#: on the block size vLLM picks for the tiny model (prompt lengths are in blocks): with the
-#: 384-token blocks of 2026-11-23 (transformers 5.23), seeds 22-32 were checked: 22, 23, 24, 27,
-#: 29, 30 and 31 flip one greedy token of one prompt between two of the compared schedules
-#: (caching on vs off, preempted vs not, or hit vs computed); 25, 26, 28 and 32 pass all.
-PROMPT_SEED = 25
 KV_NORMAL = 12_000_000  # bytes: ~60 blocks of 384 tokens (~90 of 256) for the tiny models; no preemption
 KV_TINY = 2_400_000  # bytes: ~18 blocks: 4 concurrent requests preempt each other
 
 
-#: ``ours``: the plugin with our copy launcher forced on CPU; ``upstream``: nothing patched.
+#: ``ours``: the plugin with our copy launcher forced on CPU and vLLM's own schedule (no
+#: checkpoint policy, so both modes run the same schedule); ``upstream``: nothing patched.
 MODES = {
-    "ours": {"VLLM_HYBRID_NPU_COPY_KERNEL": "ours"},
+    "ours": {"VLLM_HYBRID_NPU_COPY_KERNEL": "ours", "VLLM_HYBRID_NPU_CHECKPOINTS": "upstream"},
     "upstream": {"VLLM_HYBRID_NPU_PATCHES": "none"},
 }
 
 
 def _run(mode: str, configs: dict) -> dict:
-    drop = ("VLLM_PLUGINS", "VLLM_HYBRID_NPU_PATCHES", "VLLM_HYBRID_NPU_COPY_KERNEL")
+    drop = ("VLLM_PLUGINS", "VLLM_HYBRID_NPU_PATCHES", "VLLM_HYBRID_NPU_COPY_KERNEL",
+            "VLLM_HYBRID_NPU_CHECKPOINTS")
     env = {k: v for k, v in os.environ.items() if k not in drop}
     env.update(MODES[mode])
     proc = subprocess.run(
@@ -115,9 +120,9 @@ def _configs(model: str, seed: int, with_tiny: bool) -> dict:
 
 
 @pytest.fixture(scope="module")
-def next_runs(tiny_model_dir):
+def next_runs(tiny_model_dir, request, seed_for):
     model = str(tiny_model_dir("qwen3_next"))
-    seed = PROMPT_SEED
+    seed = seed_for(request, "prompts")
     ours = _run("ours", _configs(model, seed, with_tiny=True))
     upstream_cfg = _configs(model, seed, with_tiny=True)
     del upstream_cfg["off"]
@@ -126,11 +131,22 @@ def next_runs(tiny_model_dir):
 
 
 def _tokens(run):
-    return [[toks for toks, _ in rnd] for rnd in run["rounds"]]
+    return [[toks for toks, _, _ in rnd] for rnd in run["rounds"]]
 
 
 def _cached(run):
-    return [[c for _, c in rnd] for rnd in run["rounds"]]
+    return [[c for _, c, _ in rnd] for rnd in run["rounds"]]
+
+
+def _seqs(run, rnd):
+    """Round ``rnd``'s requests as :class:`greedy_compare.Sequence` (tokens + top logprobs)."""
+    return [Sequence.from_json([toks, lps]) for toks, _, lps in run["rounds"][rnd]]
+
+
+def _assert_close(ref, got, what):
+    c = compare_greedy(ref, got)
+    assert c.ok, f"{what}: {c.errors}; {c.summary()}"
+    print(f"{what}: {c.summary()}")
 
 
 def test_prompts_shorter_and_longer_than_the_block(next_runs):
@@ -141,28 +157,31 @@ def test_prompts_shorter_and_longer_than_the_block(next_runs):
 
 def test_ours_equals_upstream_tokens_and_cached_counts(next_runs):
     ours, upstream = next_runs
-    for name in ("pc", "tiny"):
+    assert ours["_launcher_ours"] is True and upstream["_launcher_ours"] is False
+    for name in ("pc", "tiny"):  # the same schedule: bit-exact, logprobs included
         assert _tokens(ours[name]) == _tokens(upstream[name]), name
         assert _cached(ours[name]) == _cached(upstream[name]), name
+        assert ours[name]["rounds"] == upstream[name]["rounds"], f"{name}: logprobs differ"
 
 
 def test_cache_hits_reproduce_the_computed_outputs(next_runs):
-    """Round 2 (prefix cache hits, states restored from copied block states) gives exactly the
-    tokens of round 1 (computed), in the same engine: a wrong or missing state copy changes
-    them."""
+    """Round 2 (prefix cache hits, states restored from copied block states) gives round 1's
+    tokens (computed), in the same engine, up to bf16 near-ties: a wrong or missing state copy
+    changes the distribution far beyond the bound."""
     ours, upstream = next_runs
-    for run in (ours["pc"], ours["tiny"], upstream["pc"]):
-        first, second = _tokens(run)
-        assert second == first
+    for name, run in (("ours pc", ours["pc"]), ("ours tiny", ours["tiny"]), ("upstream pc", upstream["pc"])):
+        _assert_close(_seqs(run, 0), _seqs(run, 1), f"{name}: hit round vs computed round")
 
 
 def test_prefix_caching_on_equals_off(next_runs):
-    """Caching on (align mode; with preemption; upstream's path) == caching off, bit for bit."""
+    """Caching on (align mode; with preemption; upstream's path) == caching off, up to bf16
+    near-ties (different chunkings)."""
     ours, upstream = next_runs
-    off = _tokens(ours["off"])
-    assert _tokens(ours["pc"]) == off
-    assert _tokens(ours["tiny"]) == off
-    assert _tokens(upstream["pc"]) == off
+    for rnd in (0, 1):
+        off = _seqs(ours["off"], rnd)
+        _assert_close(off, _seqs(ours["pc"], rnd), f"round {rnd}: ours on vs off")
+        _assert_close(off, _seqs(ours["tiny"], rnd), f"round {rnd}: ours preempted vs off")
+        _assert_close(off, _seqs(upstream["pc"], rnd), f"round {rnd}: upstream on vs off")
 
 
 def test_second_round_hits_the_cache_in_whole_blocks(next_runs):
@@ -196,13 +215,14 @@ def _qwen35_loadable() -> str | None:
     return None
 
 
-def test_qwen3_5_ours_equals_caching_off(tiny_model_dir):
+def test_qwen3_5_ours_equals_caching_off(tiny_model_dir, seed):
     why = _qwen35_loadable()
     if why:
         pytest.skip(f"vLLM cannot import its Qwen3.5 model in this environment ({why})")
     model = str(tiny_model_dir("qwen3_5"))
-    runs = _run("ours", _configs(model, 7, with_tiny=False))
-    assert _tokens(runs["pc"]) == _tokens(runs["off"])
+    runs = _run("ours", _configs(model, seed, with_tiny=False))
+    for rnd in (0, 1):
+        _assert_close(_seqs(runs["off"], rnd), _seqs(runs["pc"], rnd), f"Qwen3.5 round {rnd}: on vs off")
     assert runs["pc"]["stale"] == [[], [], []]
 
 

@@ -5,55 +5,31 @@ What the entries of :mod:`vllm_hybrid_npu.patches.vllm_ascend_mamba_utils` rely 
 plugin defers to (the runner's own ``preprocess_mamba`` call, block tables sized per KV-cache
 group), is checked in each release; ``tests/ascend`` executes that code.
 
-The sdist comes from the package registry with pip (``SOC_VERSION=ascend910b1``, build metadata
-needs ``setuptools_scm``) and is cached in ``$VLLM_HYBRID_NPU_CACHE/sdist`` (default
-``~/.cache/vllm-hybrid-npu/sdist``). Every class, method, attribute, call and signature that
+The sdists come from the package registry with pip and are cached in
+``$VLLM_HYBRID_NPU_CACHE/sdist`` (default ``~/.cache/vllm-hybrid-npu/sdist``) by
+``tests/ascend/upstream.py`` (shared with the replay tests). Every class, method, attribute, call and signature that
 :mod:`vllm_hybrid_npu.patches.ascend_runner` relies on is checked here.
 """
 
 from __future__ import annotations
 
 import ast
-import os
-import subprocess
 import sys
 import tarfile
 from pathlib import Path
 
 import pytest
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from ascend import upstream  # noqa: E402  (tests/ascend/upstream.py: pip download + cache)
+
 VERSIONS = ("0.30.0rc2", "0.23.0.post1")
-
-
-def _cache_dir() -> Path:
-    base = os.environ.get("VLLM_HYBRID_NPU_CACHE") or os.path.expanduser("~/.cache/vllm-hybrid-npu")
-    return Path(base) / "sdist"
-
-
-def _download(dest: Path, version: str) -> Path:
-    dest.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "SOC_VERSION": os.environ.get("SOC_VERSION", "ascend910b1")}
-    cmd = [
-        sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-        "--no-build-isolation", f"vllm-ascend=={version}", "-d", str(dest),
-    ]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
-    sdist = dest / f"vllm_ascend-{version}.tar.gz"
-    if proc.returncode != 0 or not sdist.exists():
-        raise RuntimeError(
-            f"could not download the vllm-ascend {version} sdist with pip (needs network to the "
-            f"registry and setuptools_scm installed): {' '.join(cmd)}\n{proc.stdout[-2000:]}\n"
-            f"{proc.stderr[-3000:]}"
-        )
-    return sdist
 
 
 def sources(version: str) -> dict[str, str]:
     """``relative path -> source text`` of every .py file of vllm_ascend ``version``'s sdist
     (downloaded once into the cache)."""
-    path = _cache_dir() / f"vllm_ascend-{version}.tar.gz"
-    if not path.exists():
-        path = _download(_cache_dir(), version)
+    path = upstream.sdist(version)
     root = f"vllm_ascend-{version}/"
     out = {}
     with tarfile.open(path) as tar:

@@ -10,7 +10,6 @@ state left in every block against a token-by-token computation of each whole seq
 from __future__ import annotations
 
 import dataclasses
-import random
 from types import SimpleNamespace
 
 import pytest
@@ -21,7 +20,12 @@ from vllm_hybrid_npu.core.gdn_checkpoints import (
     plan_request,
     plan_segments,
 )
-from vllm_hybrid_npu.patches.gdn_all_mode import GdnRound, GdnStepPlan, run_rounds
+from vllm_hybrid_npu.patches.gdn_all_mode import run_rounds
+
+try:  # the issue-13 layout may move build_plan next to plan_segments
+    from vllm_hybrid_npu.core.gdn_checkpoints import build_plan
+except ImportError:
+    from vllm_hybrid_npu.patches.gdn_all_mode import build_plan
 
 
 def test_plan_request_cold_prompt_crossing_two_boundaries():
@@ -116,30 +120,94 @@ def _fake_upstream(layer, md, mixed_qkv, b, a, out):
         ssm_state[slot], conv_state[slot] = ssm, conv
 
 
-def _plan_from_segments(rounds, tables, num_decodes):
-    out = []
-    for segs in rounds:
-        token_index, offsets, states, initial, src, dst = [], [0], [], [], [], []
-        for s in segs:
-            token_index += range(s.start, s.end)
-            offsets.append(offsets[-1] + s.end - s.start)
-            states.append(tables[s.request][s.dst_col])
-            initial.append(s.has_initial_state)
-            if s.needs_copy:
-                src.append(tables[s.request][s.src_col])
-                dst.append(tables[s.request][s.dst_col])
-        out.append(
-            GdnRound(
-                token_index=torch.tensor(token_index),
-                query_start_loc=torch.tensor(offsets, dtype=torch.int32),
-                state_indices=torch.tensor(states, dtype=torch.int32),
-                has_initial_state=torch.tensor(initial),
-                num_decodes=sum(s.request < num_decodes for s in segs),
-                copy_src=torch.tensor(src, dtype=torch.int64),
-                copy_dst=torch.tensor(dst, dtype=torch.int64),
-            )
-        )
-    return GdnStepPlan(rounds=out, num_tokens=0, final_state_indices=None)
+def _common_metadata(qsl, computed, tables, pad_rows=0):
+    """vLLM's own ``CommonAttentionMetadata`` for a batch (CPU tensors), optionally with
+    ``pad_rows`` padded rows past ``num_reqs`` (as vLLM's CUDA-graph padding leaves them)."""
+    from vllm.v1.attention.backends.utils import CommonAttentionMetadata
+
+    n = len(computed)
+    qsl_t = torch.tensor(list(qsl) + [qsl[-1]] * pad_rows, dtype=torch.int32)
+    seq_lens = torch.tensor(
+        [c + qsl[r + 1] - qsl[r] for r, c in enumerate(computed)] + [0] * pad_rows, dtype=torch.int32
+    )
+    width = max(len(t) for t in tables)
+    table = torch.tensor([list(t) + [0] * (width - len(t)) for t in tables] + [[0] * width] * pad_rows,
+                         dtype=torch.int32)
+    return CommonAttentionMetadata(
+        query_start_loc=qsl_t, query_start_loc_cpu=qsl_t.clone(), seq_lens=seq_lens, num_reqs=n,
+        num_actual_tokens=int(qsl[-1]), max_query_len=max(b - a for a, b in zip(qsl, qsl[1:])),
+        max_seq_len=int(seq_lens.max()), block_table_tensor=table,
+        slot_mapping=torch.zeros(int(qsl[-1]), dtype=torch.int64),
+    )
+
+
+def _round_lists(rnd):
+    return dict(
+        token_index=rnd.token_index.tolist(), query_start_loc=rnd.query_start_loc.tolist(),
+        state_indices=rnd.state_indices.tolist(), has_initial_state=rnd.has_initial_state.tolist(),
+        num_decodes=rnd.num_decodes, copy_src=rnd.copy_src.tolist(), copy_dst=rnd.copy_dst.tolist(),
+    )
+
+
+def test_build_plan_hand_worked_batch():
+    """Block size 4. Row 0: a decode at position 4 (computed 4, state in column 0 = block 10;
+    the token starts block 1, so its state moves to column 1 = block 11). Row 1: a prefill
+    continuing at position 2 with 7 tokens (positions 2..8): segments [2,4) in place in column 0
+    (block 20), [4,8) from column 0 into column 1 (block 21), [8,9) from column 1 into column 2
+    (block 22). Row 2: a cold prefill of 3 tokens: one segment into column 0 (block 30), from
+    zeros. Batch tokens: row 0 = 0, row 1 = 1..7, row 2 = 8..10."""
+    md = _common_metadata([0, 1, 8, 11], [4, 2, 0], [[10, 11, 12], [20, 21, 22], [30, 31, 32]])
+    plan = build_plan(md, block_size=4, num_decodes=1)
+    assert [_round_lists(r) for r in plan.rounds] == [
+        dict(token_index=[0, 1, 2, 8, 9, 10], query_start_loc=[0, 1, 3, 6], state_indices=[11, 20, 30],
+             has_initial_state=[True, True, False], num_decodes=1, copy_src=[10], copy_dst=[11]),
+        dict(token_index=[3, 4, 5, 6], query_start_loc=[0, 4], state_indices=[21],
+             has_initial_state=[True], num_decodes=0, copy_src=[20], copy_dst=[21]),
+        dict(token_index=[7], query_start_loc=[0, 1], state_indices=[22],
+             has_initial_state=[True], num_decodes=0, copy_src=[21], copy_dst=[22]),
+    ]
+    assert plan.num_tokens == 11
+    assert plan.final_state_indices.tolist() == [11, 22, 30]
+    r0 = plan.rounds[0]
+    # dtypes upstream's CPU GDN function and tensor indexing expect
+    assert (r0.token_index.dtype, r0.query_start_loc.dtype, r0.state_indices.dtype,
+            r0.has_initial_state.dtype, r0.copy_src.dtype, r0.copy_dst.dtype,
+            plan.final_state_indices.dtype) == (torch.int64, torch.int32, torch.int32, torch.bool,
+                                                torch.int64, torch.int64, torch.int32)
+
+
+def test_build_plan_no_boundary_crossed_is_one_round_in_place():
+    """Block size 8, nothing crosses a boundary: one round, states written where they are read
+    (column (c - 1) // 8 stays the column of the step's end), no copy. Row 0: decode at 9 (col 1,
+    block 6); row 1: prefill 3 -> 7 (col 0, block 2)."""
+    md = _common_metadata([0, 1, 5], [9, 3], [[5, 6], [2, 7]])
+    plan = build_plan(md, block_size=8, num_decodes=1)
+    assert [_round_lists(r) for r in plan.rounds] == [
+        dict(token_index=[0, 1, 2, 3, 4], query_start_loc=[0, 1, 5], state_indices=[6, 2],
+             has_initial_state=[True, True], num_decodes=1, copy_src=[], copy_dst=[]),
+    ]
+    assert plan.final_state_indices.tolist() == [6, 2]
+
+
+def test_build_plan_ignores_padded_rows_and_keeps_idle_rows_in_column_0():
+    """Rows past ``num_reqs`` (padding) are not planned; a request with no token this step
+    (qsl equal on both sides) ends in its column 0."""
+    md = _common_metadata([0, 0, 2], [5, 0], [[40, 41], [50, 51]], pad_rows=2)
+    plan = build_plan(md, block_size=4, num_decodes=0)
+    # row 1: 2 cold tokens into column 0 (block 50); row 0 has no tokens
+    assert [_round_lists(r) for r in plan.rounds] == [
+        dict(token_index=[0, 1], query_start_loc=[0, 2], state_indices=[50],
+             has_initial_state=[False], num_decodes=0, copy_src=[], copy_dst=[]),
+    ]
+    assert plan.final_state_indices.tolist() == [40, 50]
+    assert plan.num_tokens == 2
+
+
+def test_build_plan_column_outside_block_table_raises():
+    # 9 tokens from scratch at block size 4 need columns 0, 1, 2; the table has 2
+    md = _common_metadata([0, 9], [0], [[1, 2]])
+    with pytest.raises(IndexError):
+        build_plan(md, block_size=4, num_decodes=0)
 
 
 @dataclasses.dataclass
@@ -155,8 +223,7 @@ class _Md:
 
 
 @pytest.mark.parametrize("trial", range(4))
-def test_run_rounds_matches_whole_sequence_reference(trial):
-    rng = random.Random()  # fresh draw every run
+def test_run_rounds_matches_whole_sequence_reference(trial, rng):
     block = rng.choice([4, 8, 16])
     num_decodes = rng.randint(0, 3)
     num_prefills = rng.randint(1, 4)
@@ -196,7 +263,7 @@ def test_run_rounds_matches_whole_sequence_reference(trial):
     for q in scheduled:
         qsl.append(qsl[-1] + q)
     mixed = torch.cat([seq[c:] for seq, c in zip(seqs, computed)])
-    plan = _plan_from_segments(plan_segments(qsl, computed, block), tables, num_decodes)
+    plan = build_plan(_common_metadata(qsl, computed, tables), block, num_decodes)
     layer = SimpleNamespace(kv_cache=(conv_state, ssm_state))
     md = _Md(num_decodes, num_decodes, num_prefills, qsl[-1] - num_decodes, qsl[-1])
     out = torch.full((qsl[-1], D), float("nan"), dtype=torch.float64)

@@ -8,7 +8,7 @@ One kernel, written to the subset of Triton that both the CUDA Triton (3.x) and 
   addresses inside its loop, which triton-ascend lowers to a gather/scatter and which
   misbehaved on Ascend).
 * Each copy uses the widest access that the relative alignment of its two addresses allows
-  (16 bytes - pairs of uint64 behind a pointer-alignment hint - where enabled, then 8, 4, 2 or
+  (16 bytes - pairs of int64 behind a pointer-alignment hint - where enabled, then 8, 4, 2 or
   1 bytes): bytes before the first aligned source address (the head, < 16 bytes) and after the
   last whole unit (the tail, < 16 bytes) go through a 16-lane byte access. Whole blocks move
   unmasked (a mask with a run-time bound keeps the compiler at one element per access), the
@@ -30,6 +30,9 @@ One kernel, written to the subset of Triton that both the CUDA Triton (3.x) and 
   and right shifts back to front. With chunk length equal to the shift, a destination element
   written in chunk ``j`` is the source element read in chunk ``j - 1`` at the same lane
   offset, i.e. by the same thread, earlier in program order, so no barrier is needed.
+* Signed element types for the 2-, 4- and 8-byte accesses (triton-ascend 3.2 lists uint16 /
+  uint32 / uint64 as unsupported on Atlas A2/A3; a copy does not care about the sign); bytes
+  as uint8, as vllm-ascend's own batch_memcpy_kernel does.
 * No cache modifiers, no barriers, no atomics; the only cache hint (``evict_first``) is
   CUDA-only and compile-time gated.
 
@@ -141,7 +144,7 @@ def _tiled_copy(src, dst, size, tile, n_tiles, ELEM: tl.constexpr, ESIZE: tl.con
     """Tile ``tile`` of ``n_tiles`` of a non-overlapping copy of ``size`` bytes.
 
     ``src ^ dst`` is a multiple of ``UNIT`` (16, 8, 4, 2 or 1 bytes); elements are ``ELEM`` of
-    ``ESIZE`` bytes (``UNIT`` = 16 moves pairs of uint64, i.e. 16-byte accesses). The head
+    ``ESIZE`` bytes (``UNIT`` = 16 moves pairs of int64, i.e. 16-byte accesses). The head
     (< ``UNIT`` bytes) lifts ``src`` (and so ``dst``) to a ``UNIT`` boundary, the body moves whole
     units, the tail the rest; tile 0 also moves head and tail through a 16-lane byte access.
     ``CYCLIC``: tile ``t`` moves body blocks ``t, t + n_tiles, ...`` (the tiles of one copy sweep
@@ -182,13 +185,13 @@ def _tiled_copy_narrow(src, dst, size, tile, n_tiles, x, BLOCK_BYTES: tl.constex
                        GRANULE_BYTES: tl.constexpr, CYCLIC: tl.constexpr, EVICT: tl.constexpr):
     """:func:`_tiled_copy` with the widest of 8/4/2/1-byte accesses that ``x = src ^ dst`` allows."""
     if (x & 7) == 0:
-        _tiled_copy(src, dst, size, tile, n_tiles, tl.uint64, 8, 8, BLOCK_BYTES, GRANULE_BYTES,
+        _tiled_copy(src, dst, size, tile, n_tiles, tl.int64, 8, 8, BLOCK_BYTES, GRANULE_BYTES,
                     CYCLIC, EVICT)
     elif (x & 3) == 0:
-        _tiled_copy(src, dst, size, tile, n_tiles, tl.uint32, 4, 4, BLOCK_BYTES, GRANULE_BYTES,
+        _tiled_copy(src, dst, size, tile, n_tiles, tl.int32, 4, 4, BLOCK_BYTES, GRANULE_BYTES,
                     CYCLIC, EVICT)
     elif (x & 1) == 0:
-        _tiled_copy(src, dst, size, tile, n_tiles, tl.uint16, 2, 2, BLOCK_BYTES, GRANULE_BYTES,
+        _tiled_copy(src, dst, size, tile, n_tiles, tl.int16, 2, 2, BLOCK_BYTES, GRANULE_BYTES,
                     CYCLIC, EVICT)
     else:
         _tiled_copy(src, dst, size, tile, n_tiles, tl.uint8, 1, 1, BLOCK_BYTES, GRANULE_BYTES,
@@ -204,7 +207,13 @@ def _overlapping_copy(src, dst, size, ELEM: tl.constexpr, UNIT: tl.constexpr,
                       dist // UNIT, dst < src, BLOCK_BYTES // 32)
 
 
-@triton.jit(do_not_specialize=["n_copies", "tiles_per_copy"])
+# One compiled variant per ``sizes`` dtype: the address tensors are never specialised on 16-byte
+# alignment (the kernel reads one scalar from each per work item, so the hint buys nothing), so
+# a warm-up launch covers every call of the step path - vllm-ascend's per-layer slices
+# ``gpu[start:end]`` are 16-byte aligned or not depending on ``start``, and a batched call's
+# tensors are aligned where a warm-up's may not be.
+@triton.jit(do_not_specialize=["n_copies", "tiles_per_copy"],
+            do_not_specialize_on_alignment=["src_ptrs", "dst_ptrs", "sizes"])
 def batch_memcpy_kernel(src_ptrs, dst_ptrs, sizes, n_copies, tiles_per_copy,
                         BLOCK_BYTES: tl.constexpr, GRANULE_BYTES: tl.constexpr,
                         MIN_TILE_BYTES: tl.constexpr, WIDE16: tl.constexpr,
@@ -236,11 +245,11 @@ def batch_memcpy_kernel(src_ptrs, dst_ptrs, sizes, n_copies, tiles_per_copy,
             if tile == 0:
                 a = src | dst | size
                 if (a & 7) == 0:
-                    _overlapping_copy(src, dst, size, tl.uint64, 8, BLOCK_BYTES)
+                    _overlapping_copy(src, dst, size, tl.int64, 8, BLOCK_BYTES)
                 elif (a & 3) == 0:
-                    _overlapping_copy(src, dst, size, tl.uint32, 4, BLOCK_BYTES)
+                    _overlapping_copy(src, dst, size, tl.int32, 4, BLOCK_BYTES)
                 elif (a & 1) == 0:
-                    _overlapping_copy(src, dst, size, tl.uint16, 2, BLOCK_BYTES)
+                    _overlapping_copy(src, dst, size, tl.int16, 2, BLOCK_BYTES)
                 else:
                     _overlapping_copy(src, dst, size, tl.uint8, 1, BLOCK_BYTES)
         elif dist > 0:
@@ -250,7 +259,7 @@ def batch_memcpy_kernel(src_ptrs, dst_ptrs, sizes, n_copies, tiles_per_copy,
                 x = src ^ dst
                 if WIDE16:  # compile-time: the 16-byte path exists only where enabled
                     if (x & 15) == 0:
-                        _tiled_copy(src, dst, size, tile, n_tiles, tl.uint64, 8, 16, BLOCK_BYTES,
+                        _tiled_copy(src, dst, size, tile, n_tiles, tl.int64, 8, 16, BLOCK_BYTES,
                                     GRANULE_BYTES, CYCLIC, EVICT)
                     else:
                         _tiled_copy_narrow(src, dst, size, tile, n_tiles, x, BLOCK_BYTES,

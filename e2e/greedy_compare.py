@@ -1,0 +1,129 @@
+"""Comparing greedy outputs of two runs that compute the same logits under different schedules.
+
+vLLM 0.30.0's CPU GDN kernels run in bf16 only. Two schedules of the same prompt (caching on vs
+off, a cache hit vs a cold prefill, a state crossed during decode vs computed in a prefill, a
+prompt chunked at a non-64-token split) round differently in the last bits, so their logits
+differ by a little noise, and where the top two logits of the random-weight tiny model are
+nearly tied, a greedy token can flip; after a flip the two runs continue from different text.
+
+:func:`compare_greedy` accepts exactly that and nothing more: the runs agree token for token up
+to their first difference; at every position up to there the chosen token's logprob differs by
+at most ``bound`` between the runs; a first difference is allowed only at a near-tie, where
+each run's token is within ``bound`` (logprob) of the other's in *both* runs, and both are in
+each other's top logprobs. :data:`LOGPROB_BOUND` comes from a measurement on fresh prompts
+(``e2e/measure_on_off.py``; numbers, commands and dates in docs/testing.md).
+
+What it cannot see (measured, docs/testing.md): the tiny random-weight model's next-token
+distribution depends mostly on the last few hundred tokens; the same last 96 tokens after two
+*different* 3,072-token prefixes gave the same greedy tokens in 14 of 15 draws, with logprobs
+within 0.17 nats. A wrong state handed over at a block boundary far back therefore barely shows
+in the outputs, whatever the comparison; those bugs are caught by the exact unit tests (the
+state-copy plan and the GDN round runner against references: tests/core).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+#: Largest |logprob difference| (nats) allowed between two schedules of the same computation,
+#: for the chosen token and for a near-tie. Measured with ``python e2e/measure_on_off.py``
+#: (docs/testing.md, 2026-11-23): largest seen 0.48 (a shared token) and 0.63 (the losing side of
+#: a near-tie) over 70 fresh requests, 507 positions; 1.0 keeps a 1.6x margin.
+LOGPROB_BOUND = 1.0
+
+
+@dataclass
+class Sequence:
+    """One request's greedy output: ``tokens`` and, per position, the top logprobs
+    (``{token id: logprob}``, at least the chosen token; vLLM's ``SamplingParams(logprobs=k)``)."""
+
+    tokens: list[int]
+    logprobs: list[dict[int, float]]
+
+    @classmethod
+    def from_output(cls, completion) -> "Sequence":
+        """From a vLLM ``CompletionOutput`` generated with ``logprobs >= 1``."""
+        return cls(
+            list(completion.token_ids),
+            [{int(t): float(lp.logprob) for t, lp in pos.items()} for pos in completion.logprobs],
+        )
+
+    def to_json(self) -> list:
+        return [self.tokens, [[[t, lp] for t, lp in pos.items()] for pos in self.logprobs]]
+
+    @classmethod
+    def from_json(cls, data) -> "Sequence":
+        tokens, lps = data
+        return cls(list(tokens), [{int(t): float(lp) for t, lp in pos} for pos in lps])
+
+
+@dataclass
+class Comparison:
+    """What :func:`compare_greedy` saw over a list of request pairs."""
+
+    requests: int = 0
+    identical: int = 0  #: requests whose tokens are all equal
+    positions: int = 0  #: positions compared (up to and including a first difference)
+    max_chosen_diff: float = 0.0  #: largest |logprob(ref) - logprob(got)| of a shared token
+    near_ties: list[tuple[int, int, float, float]] = field(default_factory=list)
+    #: (request, position, gap in ref, gap in got) of each first difference
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+    def summary(self) -> str:
+        return (
+            f"{self.identical}/{self.requests} requests identical, {len(self.near_ties)} diverged at "
+            f"a near-tie {[(r, p, round(a, 4), round(b, 4)) for r, p, a, b in self.near_ties]}, "
+            f"max |d logprob| of shared tokens {self.max_chosen_diff:.4f} over {self.positions} "
+            f"positions"
+        )
+
+
+def compare_greedy(ref: list[Sequence], got: list[Sequence], bound: float = LOGPROB_BOUND) -> Comparison:
+    """Compare request by request (see the module docstring); never raises on a mismatch,
+    returns a :class:`Comparison` whose ``errors`` say what broke the rule."""
+    if len(ref) != len(got):
+        raise ValueError(f"{len(ref)} reference requests but {len(got)} compared ones")
+    c = Comparison()
+    for r, (a, b) in enumerate(zip(ref, got)):
+        c.requests += 1
+        if len(a.tokens) != len(b.tokens):
+            c.errors.append(f"request {r}: {len(a.tokens)} vs {len(b.tokens)} tokens")
+            continue
+        diverged = False
+        for i, (ta, tb) in enumerate(zip(a.tokens, b.tokens)):
+            la, lb = a.logprobs[i], b.logprobs[i]
+            c.positions += 1
+            if ta == tb:
+                d = abs(la[ta] - lb[tb])
+                c.max_chosen_diff = max(c.max_chosen_diff, d)
+                if d > bound:
+                    c.errors.append(
+                        f"request {r} position {i}: token {ta} has logprob {la[ta]:.4f} vs "
+                        f"{lb[tb]:.4f} (|diff| {d:.4f} > {bound})"
+                    )
+                    break
+                continue
+            diverged = True
+            if tb not in la or ta not in lb:
+                c.errors.append(
+                    f"request {r} position {i}: token {ta} vs {tb}, not in each other's top "
+                    f"logprobs ({sorted(la.items(), key=lambda x: -x[1])[:3]} vs "
+                    f"{sorted(lb.items(), key=lambda x: -x[1])[:3]})"
+                )
+                break
+            gap_a, gap_b = la[ta] - la[tb], lb[tb] - lb[ta]
+            if gap_a > bound or gap_b > bound:
+                c.errors.append(
+                    f"request {r} position {i}: token {ta} vs {tb} is no near-tie: gaps "
+                    f"{gap_a:.4f} (reference) and {gap_b:.4f} (compared) > {bound}"
+                )
+            else:
+                c.near_ties.append((r, i, gap_a, gap_b))
+            break  # the texts differ from here on: nothing more to compare
+        if not diverged and not any(e.startswith(f"request {r} ") for e in c.errors):
+            c.identical += 1
+    return c

@@ -1,0 +1,148 @@
+"""vllm-ascend 0.30.0rc2's scheduler patches composed with the plugin's checkpoint policy, on CPU.
+
+Run as a subprocess (vllm-ascend's platform patches rebind vLLM's ``Scheduler`` in place)::
+
+    python tests/ascend/sched_replay.py --seed 123 --policy tail --balance on --out r.json
+
+What runs: vllm-ascend's ``vllm_ascend/patch/platform/patch_mamba_block_aligned_split.py`` (wraps
+``Scheduler._mamba_block_aligned_split``) and ``patch_balance_schedule.py`` (rebinds
+``vllm.v1.core.sched.scheduler.Scheduler`` to ``BalanceScheduler``, whose ``schedule()`` is
+vllm-ascend's copy of vLLM's when balance scheduling is enabled), imported for real; then the
+plugin's registry (``vllm_hybrid_npu.patches.apply_patches("npu", stack)``: its
+``checkpoint-policy`` entry wraps ``SchedulerConfig.get_scheduler_cls``); then the
+scheduler class comes from vLLM's own ``SchedulerConfig.get_scheduler_cls`` (what
+``EngineCore`` calls) and runs a few requests of a tiny hybrid (GDN + attention, align mode)
+through the hit-rate lab's replay (vLLM's real ``Scheduler`` and KV-cache manager; only the
+forward pass is stood in). Balance scheduling needs a DP group for its all-gather; with one rank
+and no group ``balance_gather`` returns at once (its own early return), the copied
+``schedule()`` still runs.
+
+Recorded: the class and MRO, every call of the composed ``_mamba_block_aligned_split``
+(request, chunk start, tokens, prefill end), whether vllm-ascend's wrapper ran, the hits per
+request.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import traceback
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+sys.path.insert(0, str(HERE.parent))
+from ascend import ascend_env, upstream  # noqa: E402
+
+ASCEND = "0.30.0rc2"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seed", type=int, required=True)
+    ap.add_argument("--policy", default="tail")
+    ap.add_argument("--balance", choices=("on", "off"), default="on")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args(argv)
+    result = {"seed": args.seed, "policy": args.policy, "balance": args.balance, "error": None}
+    try:
+        run(args, result)
+    except BaseException:
+        result["error"] = traceback.format_exc()
+    Path(args.out).write_text(json.dumps(result, indent=1, default=str))
+    return 0
+
+
+def run(args, result) -> None:
+    os.environ["VLLM_HYBRID_NPU_CHECKPOINTS"] = args.policy
+    sys.path.insert(0, str(REPO))
+    root = upstream.vllm_ascend_src(ASCEND)
+    ascend_env.setup(str(root), "A2")
+    import types
+
+    plat = "vllm_ascend.patch.platform"
+    mod = types.ModuleType(plat)
+    mod.__path__ = [str(root / "vllm_ascend/patch/platform")]
+    sys.modules[plat] = mod
+    import importlib
+
+    split_mod = importlib.import_module(plat + ".patch_mamba_block_aligned_split")
+    balance_mod = importlib.import_module(plat + ".patch_balance_schedule")
+    import vllm.v1.core.sched.scheduler as sched_mod
+
+    vllm_scheduler = balance_mod.Scheduler  # vLLM's own class (the module name now binds Balance)
+    result["rebound"] = sched_mod.Scheduler is balance_mod.BalanceScheduler
+    result["split_is_ascend_wrapper"] = (
+        vllm_scheduler.__dict__["_mamba_block_aligned_split"] is split_mod._mamba_block_aligned_split)
+    calls = {"ascend_split": 0}
+
+    def counting(self, *a, **k):  # instrumentation around vllm-ascend's wrapper
+        calls["ascend_split"] += 1
+        return split_mod._mamba_block_aligned_split(self, *a, **k)
+
+    vllm_scheduler._mamba_block_aligned_split = counting
+
+    from vllm_hybrid_npu import patches
+    from vllm_hybrid_npu.support import Stack
+
+    # the plugin's registry as an NPU process of this stack applies it; the policy is chosen by
+    # VLLM_HYBRID_NPU_CHECKPOINTS (set above; upstream is the NPU default)
+    report = patches.apply_patches("npu", Stack(target="npu", vllm="0.30.0", vllm_ascend=ASCEND))
+    result["installed"] = [n for n in report.applied if n == "checkpoint-policy"]
+    result["failed"] = dict(report.failed)
+
+    from vllm_hybrid_npu_lab.model import build_setup
+    from vllm_hybrid_npu_lab.presets import TINY_HYBRID
+    from vllm_hybrid_npu_lab.replay import replay
+    from vllm_hybrid_npu_lab.trace import TraceRequest
+
+    bs = 256
+    rng = random.Random(args.seed)
+    shared = rng.randint(2, 5)  # trace blocks of 512 tokens shared by every prompt
+    rows = []
+    for i in range(4):
+        n = shared * 512 + rng.randint(1, 3 * bs)
+        rows.append((n, rng.randint(1, 4), list(range(1, shared + 1)) + [100 + i]))
+    result["rows"] = rows
+    reqs = [TraceRequest(10_000.0 * i, n, out, tuple(h)) for i, (n, out, h) in enumerate(rows)]
+
+    setup = build_setup(TINY_HYBRID, kv_cache_bytes=64 << 20,
+                        max_model_len=max(r.input_length + r.output_length for r in reqs),
+                        block_size=bs, max_num_batched_tokens=8192)
+    # vllm-ascend reads its switch from additional_config (_balance_scheduling_enabled)
+    setup.vllm_config.additional_config = {
+        "scheduler_config": {"enable_balance_scheduling": args.balance == "on"}}
+    cls = setup.vllm_config.scheduler_config.get_scheduler_cls()
+    result["scheduler_class"] = f"{cls.__module__}.{cls.__qualname__}"
+    result["mro"] = [f"{c.__module__}.{c.__qualname__}" for c in cls.__mro__]
+    splits = []
+
+    class Recording(cls):  # records what the composed split returns
+        def _mamba_block_aligned_split(self, request, num_new_tokens, *a):
+            out = super()._mamba_block_aligned_split(request, num_new_tokens, *a)
+            local = a[0] if a else 0
+            ext = a[1] if len(a) > 1 else 0
+            start = request.num_computed_tokens + local + ext
+            splits.append((request.request_id, start, num_new_tokens, out,
+                           max(request.num_prompt_tokens, request.num_tokens - 1)))
+            return out
+
+        def schedule(self, *a, **k):
+            so = super().schedule(*a, **k)
+            result.setdefault("balance_enabled", self._balance_enabled)
+            return so
+
+    res = replay(reqs, setup, Recording)
+    result["block_size"] = setup.block_size
+    result["cached_per_request"] = list(res.cached_per_request)
+    result["num_requests"] = len(reqs)
+    result["splits"] = splits
+    result["ascend_split_calls"] = calls["ascend_split"]
+    result["balance_scheduler"] = f"{balance_mod.BalanceScheduler.__module__}.BalanceScheduler"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,74 @@
+"""vllm-ascend 0.30.0rc2's scheduler patches + the plugin's checkpoint policy (issue #12 item 4).
+
+``tests/ascend/sched_replay.py`` imports vllm-ascend's ``patch_mamba_block_aligned_split`` (the
+split wrapper) and ``patch_balance_schedule`` (``BalanceScheduler``) for real, applies the
+plugin's registry with ``VLLM_HYBRID_NPU_CHECKPOINTS=tail`` (a checkpoint stop at every block
+boundary of the prefill; the NPU default is ``upstream``), takes the
+scheduler class from vLLM's ``SchedulerConfig.get_scheduler_cls`` and replays four requests
+sharing a random prefix through vLLM's real scheduler and KV-cache manager (the lab's replay).
+Balance scheduling on (vllm-ascend's copied ``schedule()`` runs) and off (``super().schedule``).
+Fresh seed per session, printed on failure (``VLLM_HYBRID_NPU_TEST_SEED`` reruns one).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+SEED = int(os.environ.get("VLLM_HYBRID_NPU_TEST_SEED") or random.SystemRandom().randrange(2**31))
+
+
+@pytest.fixture(scope="module", params=["on", "off"], ids=["balance-on", "balance-off"])
+def composed(request, tmp_path_factory):
+    out = tmp_path_factory.mktemp("sched") / "r.json"
+    cmd = [sys.executable, str(HERE / "sched_replay.py"), "--seed", str(SEED), "--policy", "tail",
+           "--balance", request.param, "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0 and out.exists(), (
+        f"seed {SEED}: {' '.join(cmd)}\n{proc.stdout[-2000:]}\n{proc.stderr[-5000:]}")
+    res = json.loads(out.read_text())
+    assert res["error"] is None, f"seed {SEED}: composition could not run:\n{res['error']}"
+    res["balance_flag"] = request.param
+    return res
+
+
+def test_policy_class_wraps_balance_scheduler_and_ascend_split(composed):
+    assert composed["installed"] == ["checkpoint-policy"] and composed["failed"] == {}
+    mro = composed["mro"]
+    policy = mro.index("vllm_hybrid_npu.scheduling.scheduler.CheckpointPolicyMixin")
+    balance = mro.index("vllm_ascend.patch.platform.patch_balance_schedule.BalanceScheduler")
+    vllm = mro.index("vllm.v1.core.sched.scheduler.Scheduler")
+    assert policy < balance < vllm, mro
+    assert composed["rebound"] and composed["split_is_ascend_wrapper"]
+    # every split the scheduler asked for went through vllm-ascend's wrapper
+    assert composed["ascend_split_calls"] == len(composed["splits"]) > 0
+    assert composed["balance_enabled"] is (composed["balance_flag"] == "on")
+
+
+def test_requests_scheduled_with_the_policy_chunk_ends(composed):
+    bs = composed["block_size"]
+    rows = composed["rows"]
+    ids = {s[0] for s in composed["splits"]}
+    assert ids == {str(i) for i in range(len(rows))}, f"seed {SEED}: not every request prefilled"
+    policy_stops = 0
+    for rid, start, asked, got, prefill_end in composed["splits"]:
+        assert 0 <= got <= asked, (rid, start, asked, got)
+        boundary = (start // bs + 1) * bs
+        if boundary < prefill_end:
+            # tail: no chunk crosses a block boundary inside the prefill
+            assert start + got <= boundary, f"seed {SEED}: chunk {start}+{got} crosses {boundary}"
+            last_boundary = prefill_end // bs * bs
+            if start + asked > boundary and start + got == boundary and boundary < last_boundary:
+                policy_stops += 1  # a stop upstream would not make on first sight
+    assert policy_stops > 0, f"seed {SEED}: no checkpoint stop of the policy appeared"
+    # tail puts a state on every block boundary: the first repeat hits the whole shared prefix
+    shared_tokens = [len(h) - 1 for _, _, h in rows][0] * 512
+    assert composed["cached_per_request"][0] == 0
+    assert composed["cached_per_request"][1] == shared_tokens, (SEED, composed["cached_per_request"])

@@ -1,0 +1,167 @@
+"""The environment variables: docs/configuration.md's tables vs the code.
+
+* the plugin's table is :func:`vllm_hybrid_npu.envs.markdown_table` (the single declaration);
+* each declared variable with a value list is read by its module with exactly those values
+  (every value accepted; a bogus one refused with an error naming the variable and listing the
+  accepted values, which must be the declared ones);
+* every ``VLLM_HYBRID_NPU_*`` name in the packages' source is declared, and every declared one
+  is used somewhere in the source;
+* every other variable the packages read or set through ``os.environ`` / ``os.getenv`` is in the
+  "Variables of vLLM and others" table, and that table names only such variables (or ones
+  vLLM reads).
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import re
+
+import pytest
+from _sync import ROOT, sync
+
+from vllm_hybrid_npu.envs import ENV_VARS
+
+PACKAGES = ("vllm_hybrid_npu", "vllm_hybrid_npu_lab", "benchmarks")
+OURS = re.compile(r"\bVLLM_HYBRID_NPU_[A-Z0-9_]*[A-Z0-9]\b")
+
+
+def _sources():
+    for pkg in PACKAGES:
+        for path in sorted((ROOT / pkg).rglob("*.py")):
+            yield path, ast.parse(path.read_text(), filename=str(path))
+
+
+def test_plugin_table_is_the_declaration():
+    block = sync.env_block()
+    diff = "".join(difflib.unified_diff(block.current.splitlines(True), block.expected.splitlines(True),
+                                        "docs", "envs.markdown_table()"))
+    assert not block.stale, f"run `python docs/sync.py --write`\n{diff}"
+
+
+def _readers():
+    """name -> callable reading the variable now (raises ValueError on a bad value)."""
+
+    def patches():
+        from vllm_hybrid_npu.patches import patch_mode
+
+        return patch_mode()
+
+    def checkpoints():
+        from vllm_hybrid_npu.scheduling import selected_policy
+
+        return selected_policy()
+
+    def copy_impl():
+        from vllm_hybrid_npu.ops import memcpy
+
+        memcpy.refresh_settings()
+        try:
+            return memcpy.active_impl("cpu")
+        except RuntimeError:  # triton requested on CPU without the interpreter: value accepted
+            return "triton"
+
+    def target():
+        from vllm_hybrid_npu.target import detect_target
+
+        return detect_target()
+
+    def copy_kernel():
+        from vllm_hybrid_npu.patches.vllm_mamba_utils import copy_kernel_choice
+
+        return copy_kernel_choice()
+
+    # name -> (reader, whether it returns the setting itself, so the default can be checked;
+    # COPY_IMPL's reader returns the resolved implementation, "auto" never comes back)
+    # CHECKPOINTS' default is per target (its reader returns the resolved policy)
+    return {"VLLM_HYBRID_NPU_PATCHES": (patches, True), "VLLM_HYBRID_NPU_CHECKPOINTS": (checkpoints, False),
+            "VLLM_HYBRID_NPU_COPY_KERNEL": (copy_kernel, True),
+            "VLLM_HYBRID_NPU_COPY_IMPL": (copy_impl, False), "VLLM_HYBRID_NPU_TARGET": (target, False)}
+
+
+ENUMERATED = [v for v in ENV_VARS.values() if v.values]
+
+
+@pytest.mark.parametrize("var", ENUMERATED, ids=[v.name for v in ENUMERATED])
+def test_declared_values_are_what_the_reader_accepts(var, monkeypatch):
+    assert var.name in _readers(), f"no reader known for {var.name}: add it to _readers()"
+    read, returns_setting = _readers()[var.name]
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    try:
+        for value in var.values:
+            monkeypatch.setenv(var.name, value)
+            read()  # accepted
+        monkeypatch.delenv(var.name)
+        if returns_setting:
+            assert read() == var.default, f"{var.name} unset: not the declared default {var.default!r}"
+        monkeypatch.setenv(var.name, "no-such-value")
+        with pytest.raises(ValueError, match=var.name) as err:
+            read()
+        listed = re.search(r"one of ([\w, -]+)", str(err.value))
+        assert listed, f"the error should list the accepted values: {err.value}"
+        assert [v.strip() for v in listed.group(1).split(",")] == list(var.values)
+    finally:
+        monkeypatch.undo()
+        if var.name == "VLLM_HYBRID_NPU_COPY_IMPL":
+            from vllm_hybrid_npu.ops import memcpy
+
+            memcpy.refresh_settings()
+
+
+def test_every_plugin_variable_in_the_code_is_declared_and_every_declared_one_is_used():
+    used: dict[str, str] = {}
+    for path, tree in _sources():
+        if path.name == "envs.py" and path.parent.name == "vllm_hybrid_npu":
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                for name in OURS.findall(node.value):
+                    used.setdefault(name, f"{path.relative_to(ROOT)}:{node.lineno}")
+    undeclared = {n: where for n, where in used.items() if n not in ENV_VARS}
+    assert not undeclared, f"declare these in vllm_hybrid_npu/envs.py (and document them): {undeclared}"
+    unused = sorted(set(ENV_VARS) - set(used))
+    assert not unused, f"declared in envs.py but named nowhere in the code: {unused}"
+
+
+def _environ_names() -> dict[str, str]:
+    """Literal names the packages read or set via ``os.environ[...]``, ``os.environ.get/
+    setdefault/pop(...)`` or ``os.getenv(...)``."""
+    found = {}
+
+    def is_environ(node):
+        return (isinstance(node, ast.Attribute) and node.attr == "environ") or (
+            isinstance(node, ast.Name) and node.id == "environ")
+
+    for path, tree in _sources():
+        for node in ast.walk(tree):
+            name = None
+            if isinstance(node, ast.Subscript) and is_environ(node.value):
+                name = node.slice
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                f = node.func
+                if ((f.attr in ("get", "setdefault", "pop") and is_environ(f.value))
+                        or (f.attr == "getenv")) and node.args:
+                    name = node.args[0]
+            if isinstance(name, ast.Constant) and isinstance(name.value, str):
+                found.setdefault(name.value, f"{path.relative_to(ROOT)}:{node.lineno}")
+    return found
+
+
+def _foreign_table() -> dict[str, str]:
+    text = (ROOT / "docs" / "configuration.md").read_text()
+    at = text.index("Variables of vLLM and others")
+    m = re.compile(r"^\|.*\n(?:\|.*\n)*", re.M).search(text, at)
+    rows = {}
+    for line in m.group(0).splitlines()[2:]:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        rows[cells[0].strip("`")] = cells[1]
+    return rows
+
+
+def test_other_variables_the_code_touches_are_documented():
+    names = {n: w for n, w in _environ_names().items() if not OURS.fullmatch(n)}
+    table = _foreign_table()
+    missing = {n: w for n, w in names.items() if n not in table}
+    assert not missing, f"add to docs/configuration.md's 'Variables of vLLM and others': {missing}"
+    stale = [n for n, who in table.items() if n not in names and who != "vLLM"]
+    assert not stale, f"documented as read/set by the plugin but touched nowhere in the code: {stale}"

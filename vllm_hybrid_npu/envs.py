@@ -1,0 +1,140 @@
+"""The plugin's environment variables: one declaration each, the source of the table in
+docs/configuration.md (``python docs/sync.py`` rewrites it; ``tests/docs/`` compares).
+
+Nothing here reads the environment: each variable is read by the module named in ``read_by``
+(whose own constant, e.g. ``patches.MODE_ENV``, must equal the name declared here; the values a
+module accepts must equal ``values``: both are checked by ``tests/docs/test_env_table.py``, which
+also fails on a ``VLLM_HYBRID_NPU_*`` name in the code that is not declared here).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class EnvVar:
+    """One environment variable of the plugin.
+
+    Attributes:
+        name: the variable.
+        values: the values it accepts (``None``: free form, described by ``kind``).
+        kind: what a free-form value is (``"directory"``), or ``""``.
+        default: the value used when unset, or how it is derived (``"detected"``).
+        read_by: who reads it (Markdown; modules dotted, relative to ``vllm_hybrid_npu``).
+        effect: what it does (Markdown, one paragraph).
+    """
+
+    name: str
+    values: tuple[str, ...] | None
+    kind: str
+    default: str
+    read_by: str
+    effect: str
+
+
+ENV_VARS: dict[str, EnvVar] = {}
+
+
+def register(var: EnvVar) -> str:
+    """Declare ``var``; returns its name (so a module can write ``X_ENV = register(...)``).
+
+    Raises:
+        ValueError: the name is declared twice with different contents.
+    """
+    old = ENV_VARS.get(var.name)
+    if old is not None and old != var:
+        raise ValueError(f"environment variable {var.name} declared twice, differently")
+    ENV_VARS[var.name] = var
+    return var.name
+
+
+register(EnvVar(
+    name="VLLM_HYBRID_NPU_PATCHES",
+    values=("auto", "none"),
+    kind="",
+    default="auto",
+    read_by="`patches.apply_patches` (every vLLM process)",
+    effect="`auto`: the registry applies each entry where the stack lacks the capability or ours "
+    "is measured better ([patches.md](patches.md)); `none`: nothing applied (vLLM / vllm-ascend "
+    "unchanged; the load line says `no patches: VLLM_HYBRID_NPU_PATCHES=none`)",
+))
+register(EnvVar(
+    name="VLLM_HYBRID_NPU_COPY_KERNEL",
+    values=("auto", "ours", "upstream"),
+    kind="",
+    default="auto",
+    read_by="registry entries `copy-kernel*` (`patches.vllm_mamba_utils`)",
+    effect="which kernel launches the align-mode state copies under vLLM's / vllm-ascend's own "
+    "plan: `auto` = ours on CUDA (measured faster) and under vllm-ascend's batched and layerwise "
+    "paths (not on 310P), vLLM's elsewhere (CPU); `ours` = also on CPU; `upstream` = never ours",
+))
+register(EnvVar(
+    name="VLLM_HYBRID_NPU_ALLOW_UNSUPPORTED",
+    values=None,
+    kind="`1` (anything else: off)",
+    default="unset",
+    read_by="`support.unsupported_reason`",
+    effect="apply the patches on a stack outside the support matrix "
+    "([compatibility.md](compatibility.md)); each registry entry's own versions still decide",
+))
+register(EnvVar(
+    name="VLLM_HYBRID_NPU_CHECKPOINTS",
+    values=("upstream", "tail", "adaptive", "lean", "gdn"),
+    kind="",
+    default="per target: `upstream` on NPU, `adaptive` on CUDA and CPU (`scheduling.DEFAULT_POLICY`)",
+    read_by="`scheduling.selected_policy`; registry entry `checkpoint-policy` "
+    "(`SchedulerConfig.get_scheduler_cls`)",
+    effect="checkpoint policy of the scheduler: `upstream` = vLLM's own chunk ends and retention "
+    "(nothing installed); `tail` = a chunk end (a state) at every block boundary of a prefill; "
+    "`adaptive` = chunk ends at power-of-two block distances below the prompt's last block "
+    "boundary; `lean` = chunk ends at the prompt's last 2 block boundaries, only those states "
+    "kept (sparse retention) ([first-repeat-hits.md](first-repeat-hits.md)); `gdn` = GDN states "
+    "at every block boundary from inside the step: `--mamba-cache-mode align` becomes `all` for "
+    "GDN models on CPU, scheduler `GdnCheckpointScheduler` (dense retention, no extra chunk "
+    "ends); on CUDA/NPU a warning and align mode ([gdn-checkpoints.md](gdn-checkpoints.md)). "
+    "The entry `checkpoint-policy` shows as applied in the load line unless the policy is "
+    "`upstream`; an explicit `--scheduler-cls` wins",
+))
+register(EnvVar(
+    name="VLLM_HYBRID_NPU_COPY_IMPL",
+    values=("auto", "triton", "torch"),
+    kind="",
+    default="auto",
+    read_by="`ops.batch_memcpy` (at the first copy)",
+    effect="state-copy implementation; `auto`: Triton on CUDA, triton-ascend on NPU (torch on "
+    "310P), torch on CPU (Triton there only with `TRITON_INTERPRET=1`)",
+))
+register(EnvVar(
+    name="VLLM_HYBRID_NPU_TARGET",
+    values=("npu", "cuda", "cpu"),
+    kind="",
+    default="detected",
+    read_by="`target.detect_target`",
+    effect="forces the target whose patches are applied (detection: vLLM's `current_platform`, "
+    "then torch-npu / CUDA availability)",
+))
+register(EnvVar(
+    name="VLLM_HYBRID_NPU_CACHE",
+    values=None,
+    kind="directory",
+    default="~/.cache/vllm-hybrid-npu",
+    read_by="`tools.make_model` (`make-model`, `demo`, the e2e tests), `tests/contract`",
+    effect="where the default tiny model is built (`models/tiny-<arch>-s<seed>`) and the "
+    "vllm-ascend source distribution is cached",
+))
+
+
+def markdown_table() -> str:
+    """The table of docs/configuration.md's "Environment variables" section (Markdown, no
+    trailing newline)."""
+
+    def code(s: str) -> str:
+        return f"`{s}`"
+
+    rows = ["| variable | values | default | read by | effect |", "| --- | --- | --- | --- | --- |"]
+    for v in ENV_VARS.values():
+        values = ", ".join(code(x) for x in v.values) if v.values else v.kind
+        default = code(v.default) if (v.values and v.default in v.values) or v.default.startswith(("~", "/")) else v.default
+        rows.append(f"| {code(v.name)} | {values} | {default} | {v.read_by} | {v.effect} |")
+    return "\n".join(rows)
