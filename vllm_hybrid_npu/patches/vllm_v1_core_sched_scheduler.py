@@ -395,16 +395,45 @@ PATCHES = [
 
 
 def apply(stack: Stack | None = None) -> None:
-    """Apply this module's entries through the registry (idempotent; for the lab and tests)."""
+    """Apply this module's entries through the registry (idempotent: entries already applied
+    in this process are left as they are; for the lab and tests)."""
     from vllm_hybrid_npu.patches.registry import apply_all
     from vllm_hybrid_npu.support import detect_stack
 
     apply_all(PATCHES, stack or detect_stack())
 
 
-def unapply() -> None:
-    """Undo the registry's patches of this process (all of them: the registry restores in one
-    go; for the lab and tests)."""
-    from vllm_hybrid_npu.patches.registry import unapply_all
+def applied() -> bool:
+    """Whether ``Scheduler.schedule`` is this module's wrapper in this process."""
+    from vllm.v1.core.sched.scheduler import Scheduler
 
-    unapply_all()
+    from vllm_hybrid_npu.patches.registry import is_ours
+
+    return is_ours(vars(Scheduler).get("schedule"))
+
+
+def unapply() -> None:
+    """Restore upstream's objects for this module's entries only (idempotent; other registry
+    entries stay applied; for the lab and tests)."""
+    from vllm_hybrid_npu.patches import registry
+
+    names = {p.name for p in PATCHES}
+    with registry._lock:
+        keep = []
+        for owner, attr, previous, name in registry._replaced:
+            if name not in names:
+                keep.append((owner, attr, previous, name))
+                continue
+            if previous is registry._ABSENT:
+                try:
+                    delattr(owner, attr)
+                except AttributeError:
+                    pass
+            else:
+                setattr(owner, attr, previous)
+        registry._replaced[:] = keep
+        report = registry.REPORT
+        report.applied[:] = [n for n in report.applied if n not in names]
+        for n in names:
+            report.pending.pop(n, None)
+            report.skipped.pop(n, None)
