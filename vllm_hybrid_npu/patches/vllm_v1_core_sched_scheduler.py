@@ -5,7 +5,10 @@ Patches (vLLM 0.23.0, 0.30.0, 0.32.0; every target, since they only read the sch
 * ``vllm.v1.core.sched.scheduler:Scheduler.schedule`` (``step-counters``): after upstream's
   ``schedule()`` returns its ``SchedulerOutput``, counts in plain ints (a) the align-mode state
   moves of the step and their bytes and (b) the missed prompt tokens, by reason, of each request
-  scheduled for the first time. O(scheduled requests) Python per step, no tensor, no host sync.
+  scheduled for the first time. O(scheduled requests) Python per step, no tensor, no host sync
+  (cProfile of a 600-request Mooncake-trace replay through vLLM 0.30.0's Scheduler, Qwen3.5-35B
+  specs, 2026-11-23: 0.19 s of ours against 19.0 s in ``schedule`` + ``update_from_output``, about
+  1 %; a profile, not a benchmark).
 * ``vllm.v1.core.sched.scheduler:Scheduler.make_stats`` (``step-counters-stats``): attaches the
   counts since the previous call to upstream's ``SchedulerStats`` as
   ``SchedulerStats.vllm_hybrid_npu`` (declared by :func:`vllm_hybrid_npu.metrics.
@@ -76,10 +79,6 @@ TRACKER_ATTR = "_vllm_hybrid_npu_miss_tracker"
 
 _SCHED = "vllm.v1.core.sched.scheduler"
 _KVM = "vllm.v1.core.kv_cache_manager"
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def state_bytes_per_move(kv_cache_config: Any, tensor_parallel_size: int = 1) -> tuple[int, int | None]:
@@ -193,7 +192,7 @@ class StepCounters:
                 rid = new.req_id
                 nc = new.num_computed_tokens
                 prev = col.get(rid, (nc - 1) // bs)
-                curr = _cdiv(nc + num_sched[rid], bs) - 1
+                curr = -(-(nc + num_sched[rid]) // bs) - 1  # ceil((nc + k) / bs) - 1
                 col[rid] = curr
                 moves += prev != -1 and prev != curr
             for rid, nc in zip(cached.req_ids, cached.num_computed_tokens):
@@ -201,7 +200,7 @@ class StepCounters:
                 if k is None:
                     continue
                 prev = col.get(rid, (nc - 1) // bs)
-                curr = _cdiv(nc + k, bs) - 1
+                curr = -(-(nc + k) // bs) - 1
                 col[rid] = curr
                 moves += prev != -1 and prev != curr
             if moves:
