@@ -35,13 +35,12 @@ CONFIGS = [("0.30.0rc2", "A2"), ("0.30.0rc2", "310P"), ("0.23.0.post1", "A2"),
 CONNECTORS = {"0.30.0rc2": ("none", "plain", "layerwise", "multi"),
               "0.23.0.post1": ("none", "plain", "layerwise")}
 #: vllm-ascend 0.30.0rc2 on 310P behind a layerwise connector: ``_collect_mamba_copy_meta_torch``
-#: stages tensor pairs in ``_tensor_copy_pairs``, the connector takes the copy over
+#: stages tensor pairs in ``_tensor_copy_pairs`` only, the connector takes the copy over
 #: (``prepare_mamba_state_copy`` -> True, so no batched copy), ``do_mamba_copy_block_for_layer``
-#: finds no ``_layer_copy_metadata`` and returns, ``finish_mamba_copy_by_layer`` drops the pairs
-#: (nothing fills ``_layer_tensor_copy_pairs``): the align-mode state copies never happen.
-UPSTREAM_310P_LAYERWISE_BUG = (
-    "vllm-ascend 0.30.0rc2 drops 310P align-mode state copies behind a layerwise KV connector "
-    "(patch_mamba_utils.py: nothing fills _layer_tensor_copy_pairs); the plugin does not fix it yet")
+#: finds no ``_layer_copy_metadata`` and returns, ``finish_mamba_copy_by_layer`` drops the pairs:
+#: upstream alone never copies the states there. The registry entry
+#: ``ascend-310p-layerwise-copies`` fixes it; these cases fail when it is not applied.
+UPSTREAM_310P_LAYERWISE_BUG = ("0.30.0rc2", "310P", ("layerwise", "multi"))
 
 
 LAUNCHER = "plugin"
@@ -72,10 +71,7 @@ def _case_params():
     for ascend, soc in CONFIGS:
         for conn in CONNECTORS[ascend]:
             for spec in (0, 2):
-                marks = []
-                if ascend == "0.30.0rc2" and soc == "310P" and conn in ("layerwise", "multi"):
-                    marks = [pytest.mark.xfail(reason=UPSTREAM_310P_LAYERWISE_BUG, strict=True)]
-                yield pytest.param(ascend, soc, f"{conn}-spec{spec}", marks=marks,
+                yield pytest.param(ascend, soc, f"{conn}-spec{spec}",
                                    id=f"{ascend}-{soc}-{conn}-spec{spec}")
 
 
@@ -106,7 +102,11 @@ def test_plugin_defers_to_upstream_and_swaps_only_the_launcher(ascend, soc):
         assert res["triton_batch_memcpy"] is False
         assert launchers["mamba_utils.batch_memcpy"].endswith("_batch_memcpy_unavailable")
         assert launchers["mamba_utils.do_mamba_copy_block"].endswith("_do_mamba_copy_block_torch")
-        assert launchers["mamba_utils.collect_mamba_copy_meta"].endswith("_collect_mamba_copy_meta_torch")
+        collector = launchers["mamba_utils.collect_mamba_copy_meta"]
+        if ascend == "0.30.0rc2":  # ours: vllm-ascend's 310P collector, then pairs filed per layer
+            assert collector.startswith("vllm_hybrid_npu."), collector
+        else:
+            assert collector.endswith("_collect_mamba_copy_meta_torch"), collector
 
 
 @pytest.mark.parametrize("ascend,soc", CONFIGS)
@@ -170,7 +170,27 @@ def test_plugin_registry_applied_the_launcher_entries(ascend, soc):
     rep = replay(ascend, soc)["plugin_report"]
     assert rep["unsupported"] is None and rep["failed"] == {}, rep
     names = ("copy-kernel-ascend", "copy-kernel-ascend-vllm")
+    fix = "ascend-310p-layerwise-copies"
     if soc == "A2":
         assert set(names) <= set(rep["applied"]), rep
+        assert fix not in rep["applied"], rep
     else:
         assert all("310P" in rep["skipped"].get(n, "") for n in names), rep
+        assert (fix in rep["applied"]) == (ascend == "0.30.0rc2"), rep
+
+
+def test_upstream_alone_drops_310p_layerwise_copies():
+    """The bug the ``ascend-310p-layerwise-copies`` entry fixes is real: vllm-ascend 0.30.0rc2
+    without the plugin (``--launcher upstream``) on 310P copies nothing behind a layerwise
+    connector, so the per-case byte check fails there, and only there."""
+    ascend, soc, broken = UPSTREAM_310P_LAYERWISE_BUG
+    out = Path(os.environ.get("TMPDIR", "/tmp")) / f"vhn-replay-{os.getpid()}-upstream-310p.json"
+    cmd = [sys.executable, str(HERE / "replay.py"), "--ascend", ascend, "--soc", soc,
+           "--seed", str(SEED), "--launcher", "upstream", "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0 and out.exists(), f"seed {SEED}: {proc.stderr[-4000:]}"
+    res = json.loads(out.read_text())
+    out.unlink()
+    cases = {n: c for n, c in res["cases"].items() if ":" not in n}
+    bad = {n for n, c in cases.items() if not c["ok"]}
+    assert bad == {n for n in cases if n.split("-")[0] in broken}, (SEED, bad)
