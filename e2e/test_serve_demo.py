@@ -95,8 +95,13 @@ def test_served_counters_explain_every_miss(cached_server, replay):
     """``/metrics`` (API-server process) carries the engine core's scheduler counts: every
     missed prompt token of the replay has one reason, state moves were counted, and the
     start-up line names the block size."""
+    from importlib.metadata import entry_points
+
     from vllm_hybrid_npu.tools.server import counter_from_metrics, counters_by_label
 
+    assert any(ep.name == "vllm_hybrid_npu" for ep in entry_points(group="vllm.stat_logger_plugins")), (
+        "the vllm.stat_logger_plugins entry point is not installed: reinstall the package "
+        "(pip install -e .) so vLLM loads vllm_hybrid_npu.metrics:HybridNpuStatLogger")
     text = cached_server.metrics()
     bs = block_size_from_metrics(text)
     miss = counters_by_label(text, "vllm_hybrid_npu:prefix_cache_miss_tokens_total", "reason")
