@@ -18,11 +18,20 @@ import sys
 from typing import Any
 
 DEFAULT_MODEL = "qwen3.5-35b-a3b"
+#: fixed cost of one engine step (ms): the order of a decode step's launch + sampling overhead
+DEFAULT_STEP_MS = 5.0
+#: offered prompt load / simulated throughput when --tokens-per-s is not given
+DEFAULT_UTILIZATION = 0.5
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``hitrate`` options to ``parser``."""
-    from vllm_hybrid_npu_lab.policies import POLICIES, load_policy_modules
+    from vllm_hybrid_npu_lab.policies import (
+        DEFAULT_POLICY,
+        POLICIES,
+        UPSTREAM_BEST,
+        load_policy_modules,
+    )
     from vllm_hybrid_npu_lab.presets import PRESETS
 
     load_policy_modules()
@@ -63,12 +72,42 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--policy",
         nargs="+",
         default=["upstream"],
-        help=f"policies to replay (registered: {', '.join(POLICIES)})",
+        help=f"policies to replay: 'default' (= {DEFAULT_POLICY}, the documented default), "
+        f"'{UPSTREAM_BEST}' (the whole upstream option grid, best setting reported), or "
+        f"registered names: {', '.join(POLICIES)}",
     )
     parser.add_argument("--limit", type=int, default=None, help="replay only the first N requests")
-    parser.add_argument("--step-ms", type=float, default=5.0, help="simulated cost of one step, ms")
     parser.add_argument(
-        "--tokens-per-s", type=float, default=40000.0, help="simulated throughput, tokens/s"
+        "--step-ms", type=float, default=DEFAULT_STEP_MS,
+        help=f"simulated fixed cost of one step, ms (default {DEFAULT_STEP_MS:g})",
+    )
+    parser.add_argument(
+        "--tokens-per-s", type=float, nargs="+", default=None,
+        help="simulated throughput, scheduled tokens/s; several values = a sweep (default: the "
+        "trace's offered prompt tokens/s divided by --utilization)",
+    )
+    parser.add_argument(
+        "--utilization", type=float, default=DEFAULT_UTILIZATION,
+        help="offered prompt load / throughput when --tokens-per-s is not given "
+        f"(default {DEFAULT_UTILIZATION:g}: a deployment provisioned with headroom, not overloaded)",
+    )
+    parser.add_argument(
+        "--no-carry", action="store_true",
+        help="do not carry an earlier turn's generated tokens into the prompt that extends it",
+    )
+    parser.add_argument(
+        "--host-cache-gib", type=float, nargs="+", default=[0.0],
+        help="host tier per worker, GiB (vLLM's OffloadingConnector, as --kv-offloading-size; "
+        "0 = none); several values = a sweep (default 0)",
+    )
+    parser.add_argument(
+        "--host-link-gbps", type=float, default=50.0,
+        help="device<->host bandwidth per direction, GB/s (default 50: PCIe Gen5 x16 DMA; "
+        "HCCS hosts are of the same order)",
+    )
+    parser.add_argument(
+        "--host-link-latency-us", type=float, default=10.0,
+        help="fixed cost of one host transfer job, microseconds (default 10)",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--plot", metavar="FILE.png", default=None, help="draw the results")
@@ -76,10 +115,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _validate(args: argparse.Namespace) -> None:
-    from vllm_hybrid_npu_lab.policies import get_policy
+    from vllm_hybrid_npu_lab.host_tier import HostLink
+    from vllm_hybrid_npu_lab.policies import UPSTREAM_BEST, get_policy
 
     for name in args.policy:
-        get_policy(name)
+        if name != UPSTREAM_BEST:
+            get_policy(name)
+    if any(h < 0 for h in args.host_cache_gib):
+        raise ValueError(f"--host-cache-gib must be >= 0, got {args.host_cache_gib}")
+    HostLink(args.host_link_gbps, args.host_link_latency_us)
+    if not 0 < args.utilization:
+        raise ValueError(f"--utilization must be > 0, got {args.utilization}")
+    if args.tokens_per_s and any(t <= 0 for t in args.tokens_per_s):
+        raise ValueError(f"--tokens-per-s must be > 0, got {args.tokens_per_s}")
     if args.tp < 1:
         raise ValueError(f"--tp must be >= 1, got {args.tp}")
     if any(g <= 0 for g in args.kv_cache_gib):
@@ -92,8 +140,8 @@ def _validate(args: argparse.Namespace) -> None:
         raise ValueError(f"--limit must be >= 1, got {args.limit}")
     if args.max_num_batched_tokens < 1 or args.max_num_seqs < 1:
         raise ValueError("--max-num-batched-tokens and --max-num-seqs must be >= 1")
-    if args.tokens_per_s <= 0 or args.step_ms < 0:
-        raise ValueError("--tokens-per-s must be > 0 and --step-ms >= 0")
+    if args.step_ms < 0:
+        raise ValueError(f"--step-ms must be >= 0, got {args.step_ms}")
     if args.plot:
         try:
             import matplotlib  # noqa: F401
@@ -103,85 +151,155 @@ def _validate(args: argparse.Namespace) -> None:
             ) from None
 
 
-def run_sweep(args: argparse.Namespace) -> dict[str, Any]:
-    """Run every (budget, block size) point of ``args`` and return the report dict.
+def _expand_policies(names: list[str]) -> list[str]:
+    """``--policy`` values -> registered names (``default`` resolved, ``upstream-best`` = the grid)."""
+    from vllm_hybrid_npu_lab.policies import DEFAULT_POLICY, UPSTREAM_BEST
+    from vllm_hybrid_npu_lab.upstream_grid import grid_names
 
-    The report is the first point's object (``model``, ``tp``, ``kv_cache_gib``, ``block_size``,
-    ``attention_bound``, ``infinite_bound``, ``policies``: name -> replay numbers, plus
-    ``attention`` and ``infinite`` detail objects) with ``runs`` listing every point.
+    out: list[str] = []
+    for name in names:
+        expanded = grid_names() if name == UPSTREAM_BEST else [
+            DEFAULT_POLICY if name == "default" else name
+        ]
+        out.extend(n for n in expanded if n not in out)
+    return out
+
+
+def upstream_best(policies: dict[str, Any]) -> dict[str, Any] | None:
+    """The best upstream setting among ``policies`` (name -> replay dict) by token hit rate,
+    as a copy with ``setting`` (its name) added; ``None`` when no upstream setting was replayed.
+    Ties go to the first replayed (``upstream`` first)."""
+    from vllm_hybrid_npu_lab.upstream_grid import is_upstream
+
+    best_name = None
+    for name, r in policies.items():
+        if is_upstream(name) and (
+            best_name is None or r["token_hit_rate"] > policies[best_name]["token_hit_rate"]
+        ):
+            best_name = name
+    if best_name is None:
+        return None
+    return {**policies[best_name], "setting": best_name}
+
+
+def miss_reasons_of(policies: dict[str, Any], default: str) -> dict[str, Any] | None:
+    """The report's ``miss_reasons``: ``{"policy": name, "reasons": {reason: tokens}}`` of the
+    default policy's replay (else the first replayed policy), or ``None`` while the runtime has
+    no miss classifier (``vllm_hybrid_npu.core.miss_reasons``, issue 15 item 5: the replay
+    feeds its ``MissTracker`` when the module is importable)."""
+    name = default if default in policies else next(iter(policies), None)
+    if name is None or policies[name].get("miss_reasons") is None:
+        return None
+    return {"policy": name, "reasons": policies[name]["miss_reasons"]}
+
+
+def run_sweep(args: argparse.Namespace) -> dict[str, Any]:
+    """Run every (budget, host tier, block size, throughput) point of ``args``; return the report.
+
+    The report is the first point's object (``model``, ``tp``, ``kv_cache_gib``,
+    ``host_cache_gib``, ``block_size``, ``tokens_per_s``, ``step_ms``, ``attention_bound``,
+    ``infinite_bound``, ``policies``: name -> replay numbers, ``upstream-best`` among them when
+    an upstream setting was replayed (with ``setting``), plus ``attention`` and ``infinite``
+    detail objects), with ``default_policy``, ``miss_reasons`` and ``runs`` listing every point.
     """
+    from vllm_hybrid_npu_lab.host_tier import HostLink
     from vllm_hybrid_npu_lab.model import build_setup
-    from vllm_hybrid_npu_lab.policies import get_policy
+    from vllm_hybrid_npu_lab.policies import DEFAULT_POLICY, UPSTREAM_BEST, get_policy
     from vllm_hybrid_npu_lab.presets import resolve_model
-    from vllm_hybrid_npu_lab.replay import replay, stderr_progress
-    from vllm_hybrid_npu_lab.trace import infinite_bound, read_trace
+    from vllm_hybrid_npu_lab.replay import output_token, replay, stderr_progress
+    from vllm_hybrid_npu_lab.trace import carried_prompts, infinite_bound_tokens, read_trace
 
     model_name, cfg = resolve_model(args.model)
     requests = read_trace(args.trace, args.limit)
     max_model_len = max(r.input_length + r.output_length for r in requests)
+    span = (requests[-1].timestamp_ms - requests[0].timestamp_ms) / 1000.0
+    offered = sum(r.input_length for r in requests) / span if span > 0 else 0.0
+    if args.tokens_per_s:
+        rates = list(args.tokens_per_s)
+    else:
+        rates = [offered / args.utilization if offered > 0 else 40000.0]
+    prompts, _ = carried_prompts(requests, output_token, carry=not args.no_carry)
+    link = HostLink(args.host_link_gbps, args.host_link_latency_us)
+    names = _expand_policies(args.policy)
     blocks = args.block_size or [None]
     runs = []
-    attention: dict[float, Any] = {}
-    for gib in args.kv_cache_gib:
-        for bs in blocks:
-            common = dict(
-                tp=args.tp,
-                kv_cache_bytes=int(gib * (1 << 30)),
-                max_num_batched_tokens=args.max_num_batched_tokens,
-                max_num_seqs=args.max_num_seqs,
-                max_model_len=max_model_len,
-                kernel_block_size=args.kernel_block_size,
-            )
-            label = f"{model_name} tp{args.tp} {gib:g} GiB" + (f" bs{bs}" if bs else "")
-            policies: dict[str, Any] = {}
-            block_size = None
-            for name in args.policy:
-                pol = get_policy(name)
-                setup = build_setup(cfg, block_size=bs, configure=pol.configure, **common)
-                block_size = setup.block_size
-                res = replay(
-                    requests,
-                    setup,
-                    pol.scheduler_class(),
-                    step_ms=args.step_ms,
-                    tokens_per_s=args.tokens_per_s,
-                    progress=None if args.quiet else stderr_progress(f"{label} {name}"),
-                )
-                policies[name] = res.to_dict()
-            # The attention bound: the same budget on the full-attention layers alone, at the
-            # attention backend's block size, through the installed vLLM's own Scheduler.
-            # It does not depend on the hybrid's block size: replayed once per budget.
-            if gib not in attention:
-                asetup = build_setup(cfg, block_size=None, attention_only=True, **common)
-                attention[gib] = replay(
-                    requests,
-                    asetup,
-                    get_policy("upstream").scheduler_class(),
-                    step_ms=args.step_ms,
-                    tokens_per_s=args.tokens_per_s,
-                    progress=None if args.quiet else stderr_progress(f"{label} attention bound"),
-                )
-            ares = attention[gib]
-            cached, total = infinite_bound(requests, block_size)
-            runs.append(
-                {
-                    "model": model_name,
-                    "tp": args.tp,
-                    "kv_cache_gib": gib,
-                    "block_size": block_size,
-                    "num_requests": len(requests),
-                    "attention_bound": ares.token_hit_rate,
-                    "infinite_bound": cached / total,
-                    "attention": ares.to_dict(),
-                    "infinite": {
-                        "block_size": block_size,
-                        "cached_prompt_tokens": cached,
-                        "prompt_tokens": total,
-                    },
-                    "policies": policies,
-                }
-            )
+    attention: dict[tuple[float, float, float], Any] = {}
+    infinite: dict[int, tuple[int, int]] = {}
+    for rate in rates:
+        for gib in args.kv_cache_gib:
+            for host in args.host_cache_gib:
+                for bs in blocks:
+                    common = dict(
+                        tp=args.tp,
+                        max_num_batched_tokens=args.max_num_batched_tokens,
+                        max_num_seqs=args.max_num_seqs,
+                        max_model_len=max_model_len,
+                        kernel_block_size=args.kernel_block_size,
+                    )
+                    label = (f"{model_name} tp{args.tp} {gib:g} GiB" + (f" +host {host:g}" if host else "")
+                             + (f" bs{bs}" if bs else "") + (f" {rate:,.0f} tok/s" if len(rates) > 1 else ""))
+                    timing = dict(step_ms=args.step_ms, tokens_per_s=rate,
+                                  carry_outputs=not args.no_carry, link=link)
+                    policies: dict[str, Any] = {}
+                    block_size = None
+                    for name in names:
+                        pol = get_policy(name)
+                        setup = build_setup(
+                            cfg, block_size=bs, configure=pol.configure, tune=pol.tune,
+                            kv_cache_bytes=int(gib * (1 << 30)), host_cache_bytes=int(host * (1 << 30)),
+                            **common,
+                        )
+                        block_size = setup.block_size
+                        res = replay(
+                            requests, setup, pol.scheduler_class(), **timing,
+                            progress=None if args.quiet else stderr_progress(f"{label} {name}"),
+                        )
+                        policies[name] = res.to_dict()
+                    best = upstream_best(policies)
+                    if best is not None:
+                        policies[UPSTREAM_BEST] = best
+                    # The attention bound: the same bytes (device + host) on the full-attention
+                    # layers alone, at the attention backend's block size, through the installed
+                    # vLLM's own Scheduler. Independent of the hybrid's block size.
+                    key = (rate, gib, host)
+                    if key not in attention:
+                        asetup = build_setup(cfg, block_size=None, attention_only=True,
+                                             kv_cache_bytes=int((gib + host) * (1 << 30)), **common)
+                        attention[key] = replay(
+                            requests, asetup, get_policy("upstream").scheduler_class(), **timing,
+                            progress=None if args.quiet else stderr_progress(f"{label} attention bound"),
+                        )
+                    ares = attention[key]
+                    if block_size not in infinite:
+                        infinite[block_size] = infinite_bound_tokens(prompts, block_size)
+                    cached, total = infinite[block_size]
+                    runs.append(
+                        {
+                            "model": model_name,
+                            "tp": args.tp,
+                            "kv_cache_gib": gib,
+                            "host_cache_gib": host,
+                            "block_size": block_size,
+                            "tokens_per_s": rate,
+                            "step_ms": args.step_ms,
+                            "offered_prompt_tokens_per_s": offered,
+                            "utilization": offered / rate,
+                            "carry_outputs": not args.no_carry,
+                            "num_requests": len(requests),
+                            "attention_bound": ares.token_hit_rate,
+                            "infinite_bound": cached / total,
+                            "attention": ares.to_dict(),
+                            "infinite": {
+                                "block_size": block_size,
+                                "cached_prompt_tokens": cached,
+                                "prompt_tokens": total,
+                            },
+                            "policies": policies,
+                        }
+                    )
     report = dict(runs[0])
+    report["default_policy"] = DEFAULT_POLICY
+    report["miss_reasons"] = miss_reasons_of(report["policies"], DEFAULT_POLICY)
     report["runs"] = runs
     return report
 
@@ -190,30 +308,42 @@ def format_table(report: dict[str, Any]) -> str:
     """Return the human-readable table of every run in ``report``."""
     lines = []
     head = (
-        f"{'run':<34} {'policy':<16} {'block':>6} {'tok hit':>8} {'req hit':>8} "
-        f"{'computed tok':>14} {'states':>7} {'state GiB':>9}"
+        f"{'run':<34} {'policy':<26} {'block':>6} {'tok hit':>8} {'host hit':>8} {'req hit':>8} "
+        f"{'computed tok':>14} {'states':>7} {'state GiB':>9} {'load s':>7}"
     )
     for run in report["runs"]:
         tag = f"{run['model']} tp{run['tp']} {run['kv_cache_gib']:g}GiB"
+        if run.get("host_cache_gib"):
+            tag += f"+host{run['host_cache_gib']:g}"
         lines.append(head)
         for name, r in run["policies"].items():
+            label = name if "setting" not in r else f"{name} ({r['setting']})"
+            host_hit = r.get("host_cached_prompt_tokens", 0) / r["prompt_tokens"]
             lines.append(
-                f"{tag:<34} {name:<16} {r['block_size']:>6} {r['token_hit_rate']:>8.2%} "
-                f"{r['request_hit_rate']:>8.2%} {r['computed_prompt_tokens']:>14,} "
-                f"{r['cached_states']:>7} {r['cached_state_bytes'] / 2**30:>9.2f}"
+                f"{tag:<34} {label:<26} {r['block_size']:>6} {r['token_hit_rate']:>8.2%} "
+                f"{host_hit:>8.2%} {r['request_hit_rate']:>8.2%} {r['computed_prompt_tokens']:>14,} "
+                f"{r['cached_states']:>7} {r['cached_state_bytes'] / 2**30:>9.2f} "
+                f"{r.get('host', {}).get('load_s', 0.0):>7.2f}"
             )
         a = run["attention"]
         lines.append(
-            f"{tag:<34} {'attention bound':<16} {a['block_size']:>6} {a['token_hit_rate']:>8.2%} "
-            f"{a['request_hit_rate']:>8.2%} {a['computed_prompt_tokens']:>14,} {'-':>7} {'-':>9}"
+            f"{tag:<34} {'attention bound':<26} {a['block_size']:>6} {a['token_hit_rate']:>8.2%} "
+            f"{'-':>8} {a['request_hit_rate']:>8.2%} {a['computed_prompt_tokens']:>14,} {'-':>7} {'-':>9} {'-':>7}"
         )
         inf = run["infinite"]
         lines.append(
-            f"{tag:<34} {'infinite bound':<16} {inf['block_size']:>6} "
-            f"{run['infinite_bound']:>8.2%} {'-':>8} "
-            f"{inf['prompt_tokens'] - inf['cached_prompt_tokens']:>14,} {'-':>7} {'-':>9}"
+            f"{tag:<34} {'infinite bound':<26} {inf['block_size']:>6} "
+            f"{run['infinite_bound']:>8.2%} {'-':>8} {'-':>8} "
+            f"{inf['prompt_tokens'] - inf['cached_prompt_tokens']:>14,} {'-':>7} {'-':>9} {'-':>7}"
         )
-        lines.append(f"prompt tokens: {inf['prompt_tokens']:,} in {run['num_requests']} requests")
+        first = next(iter(run["policies"].values()))
+        lines.append(
+            f"prompt tokens: {inf['prompt_tokens']:,} in {run['num_requests']} requests; offered "
+            f"{run['offered_prompt_tokens_per_s']:,.0f} prompt tok/s against {run['tokens_per_s']:,.0f} "
+            f"tok/s simulated (utilization {run['utilization']:.2f}, busy {first['busy_fraction']:.2f}, "
+            f"mean wait {first['mean_wait_s']:.2f} s); {first['carried_requests']} prompts carry an "
+            "earlier turn's answer"
+        )
     return "\n".join(lines)
 
 

@@ -22,7 +22,7 @@ DESCRIPTIONS = {
 }
 
 #: Lab-only variants of ``lean`` isolating one lever each (not selectable in the engine):
-#: name -> (description, LeanRetentionMixin attribute overrides)
+#: name -> (description, attribute overrides of LeanRetentionMixin / lean_levers.LeanLeversMixin)
 LEVERS: dict[str, tuple[str, dict]] = {
     "lean-r": ("lab-only lever: lean's chunk ends and sparse retention, vLLM's LRU order",
                {"lean_order": False}),
@@ -52,11 +52,9 @@ def _factory(policy: str):
 
 def _lever_factory(name: str, overrides: dict):
     def scheduler_class() -> type:
-        from vllm_hybrid_npu.scheduling.scheduler import scheduler_class as make
+        from vllm_hybrid_npu_lab.lean_levers import lever_scheduler
 
-        base = make("lean")
-        cls_name = "Lever" + name.replace("-", "_").title().replace("_", "") + "Scheduler"
-        return type(cls_name, (base,), dict(overrides))
+        return lever_scheduler(name, overrides)
 
     return scheduler_class
 
@@ -103,10 +101,12 @@ def _gdn_factory(name: str, policy: str, overrides: dict | None):
     def scheduler_class() -> type:
         from vllm_hybrid_npu.scheduling.scheduler import scheduler_class as make
 
+        from vllm_hybrid_npu_lab.lean_levers import lever_scheduler
+
         base = make(policy)
         if overrides is None:
             return base
-        return type("Lab" + name.replace("-", " ").title().replace(" ", "") + "Scheduler", (base,), dict(overrides))
+        return lever_scheduler(name, overrides, base)
 
     return scheduler_class
 

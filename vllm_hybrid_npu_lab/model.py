@@ -52,6 +52,8 @@ class Setup:
     state_bytes: int
     num_gdn_layers: int
     num_attention_layers: int
+    #: host tier bytes per worker (0 = none): vLLM's OffloadingConnector (``--kv-offloading-size``)
+    host_cache_bytes: int = 0
 
 
 def _model_config(cfg: dict[str, Any], max_model_len: int):
@@ -89,6 +91,8 @@ def build_setup(
     kernel_block_size: int = 16,
     attention_only: bool = False,
     configure=None,
+    tune=None,
+    host_cache_bytes: int = 0,
 ) -> Setup:
     """Build the vLLM configs and KV-cache config of one replay.
 
@@ -104,6 +108,15 @@ def build_setup(
         configure: a policy's ``configure(vllm_config)`` hook, called before specs are built
             (it may switch ``cache_config.mamba_cache_mode`` to ``"all"``: the GDN specs and the
             block-size alignment follow the config's mode).
+        tune: ``tune(vllm_config, block_size)``, called once the block size is final and before
+            the KV-cache config is built (upstream option settings expressed in blocks:
+            ``prefix_cache_retention_interval``, ``long_prefill_token_threshold``,
+            ``prefix_match_unit``).
+        host_cache_bytes: host tier per worker, bytes (0 = none): sets
+            ``CacheConfig.kv_offloading_size`` (GiB) so that vLLM's own
+            ``VllmConfig._post_init_kv_transfer_config`` configures the native
+            ``OffloadingConnector`` (``kv_role="kv_both"``, ``cpu_bytes_to_use``), as
+            ``vllm serve --kv-offloading-size`` does; vLLM's checks on that combination apply.
 
     Raises ``ValueError`` naming ``--kv-cache-gib`` when the budget cannot hold one request of
     ``max_model_len`` tokens (vLLM's own check), ``--tp`` when heads do not split.
@@ -156,6 +169,11 @@ def build_setup(
     cache_config.user_specified_block_size = user_block
     if configure is not None:
         configure(vllm_config)
+    if host_cache_bytes:
+        if host_cache_bytes < 0:
+            raise ValueError(f"--host-cache-gib must be >= 0, got {host_cache_bytes / 2**30:g}")
+        cache_config.kv_offloading_size = host_cache_bytes / (1 << 30)
+        vllm_config._post_init_kv_transfer_config()
 
     lt = layer_types(cfg)
     dtype = model_config.dtype
@@ -163,6 +181,8 @@ def build_setup(
     if not attention_only:
         Platform._align_hybrid_block_size(vllm_config, AttentionBackendEnum["FLASH_ATTN"].get_class())
     bs = cache_config.block_size
+    if tune is not None:
+        tune(vllm_config, bs)
     specs: dict[str, Any] = {}
     n_gdn = n_attn = 0
     state_bytes = 0
@@ -224,4 +244,5 @@ def build_setup(
         state_bytes=state_bytes,
         num_gdn_layers=n_gdn,
         num_attention_layers=n_attn,
+        host_cache_bytes=int(host_cache_bytes),
     )

@@ -17,6 +17,8 @@ Interface (what a policy must supply, for the policies of issue 7 and later):
 * ``configure(vllm_config)`` (optional, default no-op): adjusts the ``VllmConfig`` (e.g.
   ``cache_config`` fields) before the KV-cache config and the scheduler are built; called once per
   replay on a config built for that replay only.
+* ``tune(vllm_config, block_size)`` (optional): like ``configure`` but called once the hybrid's
+  block size is final (upstream option values expressed in blocks, :mod:`.upstream_grid`).
 
 Register with :func:`register_policy`; a name can be registered once (``ValueError`` otherwise).
 Modules listed in :data:`POLICY_MODULES` register policies when imported;
@@ -33,7 +35,17 @@ from typing import Any, Callable
 
 #: modules that register more policies on import (issue 7: ``tail``, ``adaptive``); a module
 #: that is not installed is skipped, any other import error propagates
-POLICY_MODULES: tuple[str, ...] = ("vllm_hybrid_npu_lab.engine_policies",)
+POLICY_MODULES: tuple[str, ...] = (
+    "vllm_hybrid_npu_lab.upstream_grid",
+    "vllm_hybrid_npu_lab.engine_policies",
+)
+
+#: The documented default policy (``--policy default``, the JSON's ``default_policy``): the
+#: runtime policy the lab's numbers recommend (docs/hitrate-lab.md, "Which policy").
+DEFAULT_POLICY = "lean"
+
+#: Pseudo-policy: the best upstream setting per point (:mod:`.upstream_grid`).
+UPSTREAM_BEST = "upstream-best"
 
 
 def _noop(vllm_config: Any) -> None:
@@ -48,6 +60,7 @@ class Policy:
     description: str
     scheduler_class: Callable[[], type]
     configure: Callable[[Any], None] = field(default=_noop)
+    tune: Callable[[Any, int], None] | None = None
 
 
 #: name -> Policy; iterate in registration order
@@ -75,6 +88,8 @@ def load_policy_modules() -> None:
 def get_policy(name: str) -> Policy:
     """Return the registered policy ``name``; ``ValueError`` naming ``--policy`` if unknown."""
     load_policy_modules()
+    if name == "default":
+        name = DEFAULT_POLICY
     try:
         return POLICIES[name]
     except KeyError:

@@ -9,8 +9,21 @@ vLLM's own code, as in ``EngineCore.step`` (vllm/v1/engine/core.py, vLLM 0.30).
 
 Simulated clock: a step takes ``step_ms + scheduled_tokens / tokens_per_s`` seconds; requests
 are admitted in trace order once their arrival time (trace ``timestamp``) has passed; when
-nothing is running the clock jumps to the next arrival. Wall-clock time is never read for the
-replay's decisions, so results depend only on the inputs.
+nothing is running the clock jumps to the next arrival (or the next host transfer completion).
+Wall-clock time is never read for the replay's decisions, so results depend only on the inputs.
+
+Generated tokens: request ``i``'s ``k``-th output token is ``output_token(i, k)`` (distinct per
+request and position). With ``carry_outputs`` (the default), a request whose prompt extends an
+earlier one (:func:`vllm_hybrid_npu_lab.trace.conversation_parents`) gets the earlier request's
+prompt followed by its generated tokens where a chat carries the answer, so states kept where
+decode crossed a block boundary can hit (:func:`vllm_hybrid_npu_lab.trace.carried_prompts`).
+
+Host tier (``setup.host_cache_bytes > 0``): the scheduler is built with vLLM's
+``OffloadingConnector`` (the scheduler side a server runs, vLLM 0.30
+``vllm/distributed/kv_transfer/kv_connector/v1/offloading/scheduler.py``); the worker side is
+:class:`vllm_hybrid_npu_lab.host_tier.SimulatedOffloadWorker`, which completes the connector's
+load and store jobs after a bandwidth + latency model and reports them back through
+``ModelRunnerOutput.kv_connector_output`` the way the real worker does.
 """
 
 from __future__ import annotations
@@ -20,7 +33,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
-from vllm_hybrid_npu_lab.trace import TraceRequest, prompt_token_ids
+from vllm_hybrid_npu_lab.trace import TraceRequest
 
 #: at most this many arrived requests wait inside the scheduler; later arrivals wait outside
 #: (in arrival order) so memory stays bounded. With FCFS scheduling the scheduler never looks
@@ -31,6 +44,13 @@ MAX_WAITING_IN_SCHEDULER = 1024
 #: output token id base: above every prompt token id the trace mapping produces for < 2**21
 #: hash ids, so outputs never collide with prompt tokens
 _OUTPUT_TOKEN = 1 << 30
+#: output positions per request in the output token id space (outputs are shorter than this)
+_OUTPUT_SPAN = 1 << 20
+
+
+def output_token(idx: int, k: int) -> int:
+    """Token id of request ``idx``'s ``k``-th generated token (int; distinct for every pair)."""
+    return _OUTPUT_TOKEN + idx * _OUTPUT_SPAN + k
 
 
 @dataclass
@@ -61,13 +81,35 @@ class ReplayResult:
     preemptions: int
     sim_time_s: float
     wall_s: float
+    #: load: offered prompt tokens per second (prompt tokens / trace span), scheduled tokens per
+    #: simulated second, share of simulated time with a non-empty step, mean seconds from arrival
+    #: to first scheduling
+    offered_prompt_tokens_per_s: float = 0.0
+    served_tokens_per_s: float = 0.0
+    busy_fraction: float = 0.0
+    mean_wait_s: float = 0.0
+    #: requests whose prompt carried an earlier request's prompt + generated tokens
+    carried_requests: int = 0
+    #: hits by tier (prompt tokens): device prefix cache, host tier (OffloadingConnector loads)
+    device_cached_prompt_tokens: int = 0
+    host_cached_prompt_tokens: int = 0
+    #: host tier transfers: bytes and simulated seconds of loads/stores, seconds requests waited
+    #: for their loads (arrival of the load job to its completion, summed)
+    host: dict[str, Any] = field(default_factory=dict)
+    #: missed prompt tokens by reason (``vllm_hybrid_npu.core.miss_reasons.MissTracker``
+    #: totals), ``None`` when the runtime has no miss classifier (issue 15 item 5)
+    miss_reasons: dict[str, int] | None = None
     #: prompt tokens found cached at first scheduling, per request in trace order (not in JSON)
     cached_per_request: list[int] = field(default_factory=list, repr=False)
 
+    #: host-tier part of ``cached_per_request`` (not in JSON)
+    host_per_request: list[int] = field(default_factory=list, repr=False)
+
     def to_dict(self) -> dict[str, Any]:
-        """Return the fields as a JSON-ready dict (without ``cached_per_request``)."""
+        """Return the fields as a JSON-ready dict (without the per-request lists)."""
         d = asdict(self)
         del d["cached_per_request"]
+        del d["host_per_request"]
         return d
 
 
@@ -90,6 +132,16 @@ def _count_cached_states(scheduler: Any) -> int:
     return count
 
 
+def _miss_tracker(setup: Any, host_tier: bool) -> Any:
+    """A ``MissTracker`` of the runtime's miss classifier (``vllm_hybrid_npu.core.miss_reasons``,
+    issue 15 item 5) for this replay, or ``None`` while that module is not installed."""
+    try:
+        from vllm_hybrid_npu.core.miss_reasons import MissTracker
+    except ImportError:
+        return None
+    return MissTracker(setup.hash_block_size, host_tier=host_tier, block_size=setup.block_size)
+
+
 def replay(
     requests: list[TraceRequest],
     setup: Any,
@@ -97,16 +149,23 @@ def replay(
     *,
     step_ms: float = 5.0,
     tokens_per_s: float = 40000.0,
+    carry_outputs: bool = True,
+    link: Any = None,
     progress: Callable[[int, int, float], None] | None = None,
 ) -> ReplayResult:
     """Replay ``requests`` through ``scheduler_class`` built on ``setup`` and return the numbers.
 
     Args:
         requests: trace requests in arrival order.
-        setup: a :class:`vllm_hybrid_npu_lab.model.Setup` built for this replay alone.
+        setup: a :class:`vllm_hybrid_npu_lab.model.Setup` built for this replay alone (with
+            ``host_cache_bytes > 0`` its ``vllm_config`` carries the OffloadingConnector).
         scheduler_class: vLLM's ``Scheduler`` or a subclass (a policy's ``scheduler_class()``).
         step_ms: simulated fixed cost of one engine step, milliseconds.
         tokens_per_s: simulated throughput, scheduled tokens per second.
+        carry_outputs: put an earlier request's generated tokens into the prompts that extend it
+            (see module docstring).
+        link: a :class:`vllm_hybrid_npu_lab.host_tier.HostLink` (bandwidth/latency of the host
+            tier); default ``HostLink()`` when the setup has a host tier.
         progress: called as ``progress(finished, total, sim_time_s)`` every few hundred steps.
 
     Raises ``RuntimeError`` if the scheduler stops making progress (a request that can never be
@@ -118,6 +177,8 @@ def replay(
     from vllm.v1.outputs import ModelRunnerOutput
     from vllm.v1.request import Request
     from vllm.v1.structured_output import StructuredOutputManager
+
+    from vllm_hybrid_npu_lab.trace import carried_prompts
 
     t0 = time.perf_counter()
     vllm_config = setup.vllm_config
@@ -132,31 +193,43 @@ def replay(
         hash_block_size=setup.hash_block_size,
         log_stats=False,
     )
+    worker = None
+    if getattr(sched, "connector", None) is not None:
+        from vllm_hybrid_npu_lab.host_tier import HostLink, SimulatedOffloadWorker
 
+        worker = SimulatedOffloadWorker(setup.kv_cache_config, link or HostLink())
+
+    tracker = _miss_tracker(setup, host_tier=worker is not None)
     n = len(requests)
+    prompts, parents = carried_prompts(
+        requests, lambda i, k: output_token(i, k), carry=carry_outputs
+    )
     live: dict[str, Any] = {}
-    out_token: dict[str, int] = {}
     first_hit: dict[str, int] = {}
-    per_request = [0] * len(requests)
+    first_host: dict[str, int] = {}
+    per_request = [0] * n
+    host_per_request = [0] * n
     next_idx = 0
     finished = 0
     clock = 0.0
+    busy = 0.0
+    wait_total = 0.0
     steps = idle_steps = 0
     prompt_tokens = cached_tokens = computed_tokens = hit_requests = preemptions = 0
+    scheduled_total = 0
 
     def admit(idx: int) -> None:
         tr = requests[idx]
         rid = str(idx)
         req = Request(
             request_id=rid,
-            prompt_token_ids=prompt_token_ids(tr),
+            prompt_token_ids=prompts[idx],
             sampling_params=SamplingParams(max_tokens=tr.output_length, ignore_eos=True),
             pooling_params=None,
             arrival_time=tr.timestamp_ms / 1000.0,
             block_hasher=block_hasher,
         )
         live[rid] = req
-        out_token[rid] = _OUTPUT_TOKEN + idx
         sched.add_request(req)
 
     while finished < n:
@@ -174,9 +247,15 @@ def replay(
         total = out.total_num_scheduled_tokens
         req_ids = list(out.num_scheduled_tokens)
         for new in out.scheduled_new_reqs:
-            # First scheduling: the tokens found in the prefix cache (local hit), as vLLM's
-            # PrefillStats.num_local_cached_tokens records them.
-            first_hit.setdefault(new.req_id, new.num_computed_tokens)
+            # First scheduling: the tokens found cached (device prefix cache + host tier), as
+            # vLLM's PrefillStats records them (num_local/num_external_cached_tokens).
+            if new.req_id not in first_hit:
+                first_hit[new.req_id] = new.num_computed_tokens
+                wait_total += clock - requests[int(new.req_id)].timestamp_ms / 1000.0
+                if tracker is not None:
+                    r = live[new.req_id]
+                    tracker.on_admit(r.block_hashes, r.num_prompt_tokens, new.num_computed_tokens,
+                                     getattr(r, "shared_prefix_boundary", 0) or 0)
         sampled: list[list[int]] = []
         for rid in req_ids:
             req = live[rid]
@@ -184,19 +263,40 @@ def replay(
             done_now = req.num_computed_tokens
             p = req.num_prompt_tokens
             computed_tokens += max(0, min(done_now, p) - min(done_now - k, p))
-            sampled.append([out_token[rid]] if done_now >= req.num_tokens else [])
+            sampled.append(
+                [output_token(int(rid), req.num_output_tokens)] if done_now >= req.num_tokens else []
+            )
+        step_s = step_ms / 1000.0 + total / tokens_per_s if total else 0.0
+        kv_out = None
+        if worker is not None:
+            step_s += worker.submit(out.kv_connector_metadata, clock)
+            kv_out = worker.collect(clock + step_s)
         mro = ModelRunnerOutput(
             req_ids=req_ids,
             req_id_to_index={rid: i for i, rid in enumerate(req_ids)},
             sampled_token_ids=sampled,
+            kv_connector_output=kv_out,
         )
+        if worker is not None:
+            # the host-tier share of a request's hit: recorded by vLLM at its lookup
+            for rid in req_ids:
+                if rid not in first_host and rid in live:
+                    stats = live[rid].prefill_stats
+                    first_host[rid] = stats.num_external_cached_tokens if stats is not None else 0
         sched.update_from_output(out, mro)
         steps += 1
+        scheduled_total += total
         if total == 0:
+            clock += step_s  # a flush the worker waited for, if any
             idle_steps += 1
             nxt = requests[next_idx].timestamp_ms / 1000.0 if next_idx < n else None
-            if nxt is not None and nxt > clock:
-                clock = nxt
+            pending = worker.next_completion() if worker is not None else None
+            targets = [t for t in (nxt, pending) if t is not None and t > clock]
+            if targets:
+                clock = min(targets)
+                idle_steps = 0
+            elif pending is not None:
+                clock += 1e-6
             elif idle_steps > 1000:
                 raise RuntimeError(
                     "the scheduler made no progress for 1000 steps; the KV budget "
@@ -204,14 +304,18 @@ def replay(
                 )
         else:
             idle_steps = 0
-            clock += step_ms / 1000.0 + total / tokens_per_s
+            clock += step_s
+            busy += step_s
         for rid in [r for r, req in live.items() if req.is_finished()]:
             req = live.pop(rid)
-            del out_token[rid]
+            if tracker is not None:
+                tracker.on_cached(req.block_hashes, req.num_computed_tokens,
+                                  num_prompt_tokens=req.num_prompt_tokens)
             finished += 1
             prompt_tokens += req.num_prompt_tokens
             hit = first_hit.pop(rid)
             per_request[int(rid)] = hit
+            host_per_request[int(rid)] = min(hit, first_host.pop(rid, 0))
             cached_tokens += hit
             hit_requests += hit > 0
             preemptions += req.num_preemptions
@@ -220,6 +324,8 @@ def replay(
     if progress is not None:
         progress(finished, n, clock)
     states = _count_cached_states(sched)
+    span = (requests[-1].timestamp_ms - requests[0].timestamp_ms) / 1000.0
+    host_tokens = sum(host_per_request)
     return ReplayResult(
         token_hit_rate=cached_tokens / prompt_tokens,
         request_hit_rate=hit_requests / n,
@@ -235,7 +341,17 @@ def replay(
         preemptions=preemptions,
         sim_time_s=clock,
         wall_s=time.perf_counter() - t0,
+        offered_prompt_tokens_per_s=prompt_tokens / span if span > 0 else 0.0,
+        served_tokens_per_s=scheduled_total / clock if clock > 0 else 0.0,
+        busy_fraction=busy / clock if clock > 0 else 0.0,
+        mean_wait_s=wait_total / n,
+        carried_requests=sum(p is not None for p in parents),
+        device_cached_prompt_tokens=cached_tokens - host_tokens,
+        host_cached_prompt_tokens=host_tokens,
+        host=worker.summary() if worker is not None else {},
+        miss_reasons=dict(tracker.totals) if tracker is not None else None,
         cached_per_request=per_request,
+        host_per_request=host_per_request,
     )
 
 

@@ -8,8 +8,10 @@ equal tokens) and the last block is cut to ``input_length``.
 from __future__ import annotations
 
 import json
+import hashlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 #: tokens per trace hash id (Mooncake FAST'25 release)
 TRACE_BLOCK = 512
@@ -110,6 +112,91 @@ def infinite_bound(requests: list[TraceRequest], block_size: int) -> tuple[int, 
         max_hit_blocks = (req.input_length - 1) // block_size
         hit = 0
         while hit < max_hit_blocks and keys[hit] in seen:
+            hit += 1
+        cached += hit * block_size
+        seen.update(keys)
+    return cached, total
+
+
+def conversation_parents(requests: list[TraceRequest]) -> list[int | None]:
+    """For each request, the earlier request whose prompt it extends (a chat's previous turn).
+
+    Request ``j`` extends an earlier request ``i`` when ``i`` has at least one full trace block,
+    ``j``'s hash ids start with the hash ids of ``i``'s full blocks (``i``'s last, partial block
+    differs in ``j`` because ``j`` continues past ``i``'s end: a Mooncake hash id covers a whole
+    512-token block) and ``j`` is longer than ``i``'s prompt plus output. Among several such
+    ``i`` the one with the most full blocks wins, the latest on ties.
+
+    Returns:
+        A list of request indices or ``None``, one per request, in trace order.
+    """
+    by_prefix: dict[tuple[int, ...], int] = {}
+    out: list[int | None] = []
+    for j, req in enumerate(requests):
+        parent = None
+        # longest earlier prefix of full blocks first
+        for k in range(min(len(req.hash_ids), req.input_length // TRACE_BLOCK), 0, -1):
+            i = by_prefix.get(req.hash_ids[:k])
+            if i is not None and requests[i].input_length + requests[i].output_length < req.input_length:
+                parent = i
+                break
+        out.append(parent)
+        full = req.input_length // TRACE_BLOCK
+        if full:
+            by_prefix[req.hash_ids[:full]] = j
+    return out
+
+
+def carried_prompts(
+    requests: list[TraceRequest],
+    output_token: Callable[[int, int], int],
+    carry: bool = True,
+) -> tuple[list[list[int]], list[int | None]]:
+    """Prompt token ids of every request, with a previous turn's answer carried into the next.
+
+    Without ``carry`` every prompt is :func:`prompt_token_ids`. With it, a request ``j`` whose
+    :func:`conversation_parents` entry is ``i`` gets ``i``'s (carried) prompt, then ``i``'s
+    ``output_length`` generated tokens ``output_token(i, 0 .. output_length - 1)``, then its own
+    tokens from that position on, cut to ``input_length``: what a chat sends for the next turn
+    (history + the model's answer + the new message). Lengths are unchanged.
+
+    Returns:
+        ``(prompts, parents)``: token id lists and the parent index (or ``None``) per request.
+    """
+    parents = conversation_parents(requests) if carry else [None] * len(requests)
+    prompts: list[list[int]] = []
+    for j, req in enumerate(requests):
+        own = prompt_token_ids(req)
+        i = parents[j]
+        if i is not None:
+            head = prompts[i] + [output_token(i, k) for k in range(requests[i].output_length)]
+            own = head + own[len(head):]
+        prompts.append(own)
+    return prompts, parents
+
+
+def infinite_bound_tokens(prompts: list[list[int]], block_size: int) -> tuple[int, int]:
+    """:func:`infinite_bound` over explicit prompt token ids (carried prompts included).
+
+    A request hits the longest block-aligned prefix that an earlier prompt held as full blocks
+    (a chain of per-block digests, like vLLM's block hashes), capped at ``len - 1`` tokens.
+    Returns ``(cached prompt tokens, prompt tokens)``; ``ValueError`` for ``block_size < 1``.
+    """
+    if block_size < 1:
+        raise ValueError(f"--block-size must be >= 1, got {block_size}")
+    seen: set[bytes] = set()
+    cached = total = 0
+    for tokens in prompts:
+        total += len(tokens)
+        keys = []
+        parent = b""
+        for b in range(len(tokens) // block_size):
+            chunk = tokens[b * block_size:(b + 1) * block_size]
+            parent = hashlib.sha256(parent + repr(chunk).encode()).digest()
+            keys.append(parent)
+        max_hit = (len(tokens) - 1) // block_size
+        hit = 0
+        while hit < max_hit and keys[hit] in seen:
             hit += 1
         cached += hit * block_size
         seen.update(keys)

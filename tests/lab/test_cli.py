@@ -32,6 +32,37 @@ def test_hitrate_json(tmp_path, tiny_model_dir, capsys, write_trace):
     assert up["prompt_tokens"] == 4500
     assert up["token_hit_rate"] == up["cached_prompt_tokens"] / 4500
     assert up["cached_prompt_tokens"] == 2048  # junction == last block boundary: hits at once
+    # upstream is the only upstream setting replayed: it is the upstream-best row
+    assert report["policies"]["upstream-best"] == {**up, "setting": "upstream"}
+    from vllm_hybrid_npu_lab.policies import DEFAULT_POLICY
+
+    assert report["default_policy"] == DEFAULT_POLICY
+    assert "miss_reasons" in report
+    # 3 requests over 40 s, 1500 prompt tokens each; throughput = offered / utilization 0.5
+    assert report["offered_prompt_tokens_per_s"] == 4500 / 40
+    assert report["tokens_per_s"] == 4500 / 40 / 0.5
+    assert report["host_cache_gib"] == 0.0
+
+
+def test_hitrate_default_and_host_tier(tmp_path, tiny_model_dir, capsys, write_trace):
+    trace = write_trace(
+        tmp_path / "t.jsonl", [(0, 1500, 3, [1, 2, 3]), (20_000, 1500, 3, [1, 2, 4])]
+    )
+    rc = main(
+        ["hitrate", "--trace", str(trace), "--model", str(tiny_model_dir), "--block-size", "1024",
+         "--kv-cache-gib", "0.05", "--host-cache-gib", "0.01", "--policy", "default", "--json",
+         "--quiet", "--tokens-per-s", "1000"]
+    )
+    assert rc == 0
+    out = capsys.readouterr().out
+    report = json.loads(out[out.index("\n{") + 1 :] if not out.startswith("{") else out)
+    from vllm_hybrid_npu_lab.policies import DEFAULT_POLICY
+
+    assert list(report["policies"]) == [DEFAULT_POLICY]
+    assert report["host_cache_gib"] == 0.01 and report["tokens_per_s"] == 1000
+    # the attention bound gets the device plus host bytes: 0.06 GiB
+    assert report["attention"]["num_blocks"] > 0
+    assert "host" in report["policies"][DEFAULT_POLICY]
 
 
 def test_hitrate_bad_input_names_the_flag(tmp_path, tiny_model_dir, capsys, write_trace):
@@ -42,3 +73,7 @@ def test_hitrate_bad_input_names_the_flag(tmp_path, tiny_model_dir, capsys, writ
     assert "--trace" in capsys.readouterr().err
     assert main(["hitrate", "--trace", str(trace), "--model", "no-such-model", "--quiet"]) == 2
     assert "--model 'no-such-model'" in capsys.readouterr().err
+    assert main(["hitrate", "--trace", str(trace), "--host-cache-gib", "-1", "--quiet"]) == 2
+    assert "--host-cache-gib" in capsys.readouterr().err
+    assert main(["hitrate", "--trace", str(trace), "--host-link-gbps", "0", "--quiet"]) == 2
+    assert "--host-link-gbps" in capsys.readouterr().err

@@ -17,11 +17,19 @@ What it changes in vLLM 0.30.0 (``vllm/v1/core``), all on the scheduler's own ob
    them out of the free queue), and returns everything to the pool in
    :func:`.retention.eviction_order`: orphaned attention blocks to the front of the free queue,
    then kept-state segments tail first, appended (LRU among requests, as upstream).
-4. Hold (off in the engine policy; the lab's ``lean-hold`` lever measures it): while a
-   ``MambaManager.remove_skipped_blocks`` call of this scheduler frees a state block that carries
-   a prefix-cache hash (a kept state) and no other request references, the block stays
-   referenced by its request (``BlockPool.free_blocks`` of this pool is wrapped) until
-   ``KVCacheManager.free`` for that request.
+
+The chunk-end override and the retention-interval handling are inherited from
+:class:`.policy_base.CheckpointPolicyMixin` (``_policy_stop`` overridden, ``dense_retention``
+False). The lab's levers (hold, supersede, the adaptive ladder, other windows, no decode states)
+live in ``vllm_hybrid_npu_lab/lean_levers.py`` and use the extension points
+:meth:`LeanRetentionMixin._lean_kept`, :meth:`LeanRetentionMixin._lean_stops`,
+:meth:`LeanRetentionMixin._lean_on_hit`, :meth:`LeanRetentionMixin._lean_take_held`,
+:meth:`LeanRetentionMixin._lean_low_value` and :meth:`LeanRetentionMixin._lean_install_extra`.
+
+With vLLM's OffloadingConnector (``--kv-offloading-size``) the connector's store jobs read the
+request's blocks after ``KVCacheManager.free``; vLLM fences a freed block whose store is still
+pending (``jobs_to_flush`` when it is reallocated), so the reordered free queue never loses a
+state the connector still has to copy; the policy is replayed with the connector in the lab.
 
 Not verified: speculative decoding (EAGLE/MTP) with ``lean`` (its chunk ends do not model
 EAGLE's dropped block), vLLM 0.32.
@@ -38,37 +46,30 @@ import dataclasses
 import logging
 from typing import Any
 
+from vllm_hybrid_npu.scheduling.policy_base import CheckpointPolicyMixin
 from vllm_hybrid_npu.scheduling.retention import eviction_order, extra_stops, kept_boundaries
-from vllm_hybrid_npu.scheduling.split import LEAN_LADDER, LEAN_WINDOW
+from vllm_hybrid_npu.scheduling.split import LEAN_WINDOW
 
 logger = logging.getLogger("vllm_hybrid_npu")
 
 
-class LeanRetentionMixin:
+class LeanRetentionMixin(CheckpointPolicyMixin):
     """Mixin placed before vLLM's ``Scheduler``/``AsyncScheduler`` in the MRO (use
     :func:`.scheduler.scheduler_class` with ``"lean"``).
 
-    Class attributes (the engine policy ``lean`` uses the defaults; the hit-rate lab registers
-    variants to measure each lever): ``lean_window`` (int >= 1, prompt boundaries kept),
-    ``lean_ladder`` (keep the adaptive ladder's states), ``lean_retain`` (sparse retention with
-    the kept boundaries; False = vLLM's dense retention), ``lean_hold`` (hold kept states until
-    the request is freed), ``lean_order`` (segment-ordered eviction), ``lean_low_first`` (ladder
-    states never hit leave before the request's other blocks), ``lean_decode`` (keep the
-    boundaries crossed in decode), ``lean_supersede`` (on a hit, the free cached states of the
-    window boundaries just below it go to the front of the free queue).
+    Class attributes: ``lean_window`` (int >= 1, prompt boundaries kept), ``lean_decode`` (keep
+    the boundaries crossed in decode), ``lean_order`` (segment-ordered eviction),
+    ``lean_low_first`` (kept states never hit below the top leave before the request's other
+    blocks), ``lean_modes`` (Mamba cache modes the hooks act in: ``align``; the lab's
+    ``gdn-lean`` uses ``all``).
     """
 
     checkpoint_policy: str = "lean"
+    dense_retention: bool = False
     lean_window: int = LEAN_WINDOW
-    lean_ladder: bool = LEAN_LADDER
-    lean_retain: bool = True
-    lean_hold: bool = False
     lean_order: bool = True
     lean_low_first: bool = True
     lean_decode: bool = True
-    lean_supersede: bool = False
-    #: Mamba cache modes the hooks act in: ``align`` (the engine policy); the lab's
-    #: ``gdn-lean`` uses ``all`` (states captured in the step, kept like ``lean``)
     lean_modes: tuple[str, ...] = ("align",)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -76,13 +77,7 @@ class LeanRetentionMixin:
         kv_cache_config = kwargs.get("kv_cache_config", args[1] if len(args) > 1 else None)
         self._lean_active = False
         reason = _unsupported(vllm_config, kv_cache_config, self.lean_modes)
-        if reason is None and not self.lean_retain and kv_cache_config.prefix_cache_retention_interval == 0:
-            dense = dataclasses.replace(kv_cache_config, prefix_cache_retention_interval=None)
-            if "kv_cache_config" in kwargs:
-                kwargs["kv_cache_config"] = dense
-            else:
-                args = (args[0], dense, *args[2:])
-        super().__init__(*args, **kwargs)  # type: ignore[call-arg]
+        super().__init__(*args, **kwargs)
         if reason is None:
             reason = self._lean_install()
         if reason is not None:
@@ -91,29 +86,36 @@ class LeanRetentionMixin:
             return
         self._lean_active = True
 
-    # -- chunk ends --------------------------------------------------------------------------
-    def _mamba_block_aligned_split(  # type: ignore[override]
-        self,
-        request: Any,
-        num_new_tokens: int,
-        num_new_local_computed_tokens: int = 0,
-        num_external_computed_tokens: int = 0,
-    ) -> int:
-        """vLLM's split (``Scheduler._mamba_block_aligned_split``, vLLM 0.30), then the next stop
-        of :func:`.retention.extra_stops`. Returns tokens to schedule (never more)."""
-        num = super()._mamba_block_aligned_split(  # type: ignore[misc]
-            request, num_new_tokens, num_new_local_computed_tokens, num_external_computed_tokens
-        )
-        if num <= 0:
-            return num
-        from vllm_hybrid_npu.scheduling.scheduler import chunk_span
+    def _policy_modes(self) -> tuple[str, ...]:
+        return self.lean_modes
 
-        start, prefill_end = chunk_span(
-            request, num_new_local_computed_tokens, num_external_computed_tokens
-        )
-        return extra_stops(
-            start, num, prefill_end, self.cache_config.block_size, self.lean_window, self.lean_ladder
-        )
+    # -- extension points (the lab's levers override these) -----------------------------------
+    def _lean_stops(self, start: int, num_new_tokens: int, prefill_end: int, block_size: int) -> int:
+        """Chunk ends: :func:`.retention.extra_stops` with the window (no ladder)."""
+        return extra_stops(start, num_new_tokens, prefill_end, block_size, self.lean_window, False)
+
+    def _lean_kept(self, num_prompt_tokens: int, num_tokens: int, block_size: int) -> list[int]:
+        """Boundaries (tokens) whose state is kept besides vLLM's: :func:`.retention.kept_boundaries`."""
+        return kept_boundaries(num_prompt_tokens, num_tokens, block_size, self.lean_window, False)
+
+    def _lean_on_hit(self, request: Any, hit_blocks: int) -> None:
+        """Called after a prefix-cache hit of ``hit_blocks`` blocks (runtime: nothing)."""
+
+    def _lean_take_held(self, request_id: str) -> list[Any]:
+        """Blocks held for ``request_id`` outside its block lists, freed with it (runtime: none)."""
+        return []
+
+    def _lean_low_value(self, request: Any, index: int) -> bool:
+        """Whether the kept state at block ``index`` (below the window, not the junction) leaves
+        first: True (runtime)."""
+        return True
+
+    def _lean_install_extra(self) -> None:
+        """Called at the end of :meth:`_lean_install` (runtime: nothing)."""
+
+    # -- chunk ends --------------------------------------------------------------------------
+    def _policy_stop(self, start: int, num_new_tokens: int, prefill_end: int, block_size: int) -> int:
+        return self._lean_stops(start, num_new_tokens, prefill_end, block_size)
 
     # -- hooks ---------------------------------------------------------------------------------
     def _lean_install(self) -> str | None:
@@ -148,133 +150,94 @@ class LeanRetentionMixin:
                 return f"{type(m).__name__}.free is not vLLM's plain free"
         block_size = sizes.pop()
         self._lean_block_size = block_size
-        self._lean_held: dict[str, list[Any]] = {}
-        self._lean_ctx: list[str] = []
 
-        if self.lean_retain:
-            base_boundaries = coord.get_replay_boundaries
+        base_boundaries = coord.get_replay_boundaries
 
-            def get_replay_boundaries(request: Any) -> tuple[int, ...]:
-                extra = kept_boundaries(
-                    request.num_prompt_tokens,
-                    max(request.num_tokens, request.num_prompt_tokens)
-                    if self.lean_decode
-                    else request.num_prompt_tokens,
-                    block_size,
-                    self.lean_window,
-                    self.lean_ladder,
-                )
-                return tuple(sorted({*base_boundaries(request), *extra}))
+        def get_replay_boundaries(request: Any) -> tuple[int, ...]:
+            extra = self._lean_kept(
+                request.num_prompt_tokens,
+                max(request.num_tokens, request.num_prompt_tokens)
+                if self.lean_decode
+                else request.num_prompt_tokens,
+                block_size,
+            )
+            return tuple(sorted({*base_boundaries(request), *extra}))
 
-            coord.get_replay_boundaries = get_replay_boundaries
-
-        if self.lean_hold:
-            base_free_blocks = pool.free_blocks
-            ctx = self._lean_ctx
-            held = self._lean_held
-
-            def free_blocks(ordered_blocks: Any) -> None:
-                if not ctx:
-                    return base_free_blocks(ordered_blocks)
-                rest = []
-                for block in ordered_blocks:
-                    if (
-                        block.block_hash is not None
-                        and block.ref_cnt == 1
-                        and not block.is_null
-                        and self._lean_should_hold(ctx[-1], block)
-                    ):
-                        held.setdefault(ctx[-1], []).append(block)
-                    else:
-                        rest.append(block)
-                return base_free_blocks(rest)
-
-            pool.free_blocks = free_blocks
-            for gid in self._lean_mamba:
-                m = managers[gid]
-                base_rsb = m.remove_skipped_blocks
-
-                def remove_skipped_blocks(request_id: str, *a: Any, _base=base_rsb, **k: Any) -> None:
-                    ctx.append(request_id)
-                    try:
-                        _base(request_id, *a, **k)
-                    finally:
-                        ctx.pop()
-
-                m.remove_skipped_blocks = remove_skipped_blocks
+        coord.get_replay_boundaries = get_replay_boundaries
 
         self._lean_hit: dict[int, Any] = {}
-        if self.lean_order:
-            base_get = mgr.get_computed_blocks
-            hit_ids = self._lean_hit
+        base_get = mgr.get_computed_blocks
+        hit_ids = self._lean_hit
 
-            def get_computed_blocks(request: Any):  # type: ignore[no-untyped-def]
-                result = base_get(request)
-                blocks, hit = result[0], result[1]
-                if hit > 0:
+        def get_computed_blocks(request: Any):  # type: ignore[no-untyped-def]
+            result = base_get(request)
+            blocks, hit = result[0], result[1]
+            if hit > 0:
+                if self.lean_order:
                     for gid in self._lean_mamba:
                         group = blocks.blocks[gid] if hasattr(blocks, "blocks") else blocks[gid]
                         if group and not group[-1].is_null and group[-1].block_hash is not None:
                             hit_ids[group[-1].block_id] = group[-1].block_hash
-                    if self.lean_supersede:
-                        self._lean_supersede_below(request, hit // block_size)
-                return result
+                self._lean_on_hit(request, hit // block_size)
+            return result
 
-            mgr.get_computed_blocks = get_computed_blocks
+        mgr.get_computed_blocks = get_computed_blocks
 
-        if self.lean_order or self.lean_hold:
-            base_free = mgr.free
+        base_free = mgr.free
 
-            def free(request: Any) -> None:
-                self._lean_free(request, base_free)
+        def free(request: Any) -> None:
+            self._lean_free(request, base_free)
 
-            mgr.free = free
+        mgr.free = free
+        self._lean_offloading_hook()
+        self._lean_install_extra()
         return None
 
-    def _lean_supersede_below(self, request: Any, hit_blocks: int) -> None:
-        """Move the free cached states of the ``lean_window - 1`` boundaries just below a hit
-        at ``hit_blocks`` blocks to the front of the free queue: a later turn of the same
-        conversation resumed at the hit, so the earlier turn's other window states are unlikely
-        to be reused."""
-        pool = self.kv_cache_manager.block_pool
-        queue = pool.free_block_queue
-        front = []
-        for i in range(max(0, hit_blocks - self.lean_window), hit_blocks - 1):
-            if i >= len(request.block_hashes):
-                break
-            cached = pool.get_cached_block(request.block_hashes[i], self._lean_mamba)
-            if cached is None or any(b.ref_cnt != 0 or b.is_null for b in cached):
-                continue
-            for b in cached:
-                queue.remove(b)
-                front.append(b)
-        if front:
-            queue.prepend_n(front)
+    def _lean_offloading_hook(self) -> None:
+        """Make vLLM's OffloadingConnector copy the states lean keeps to the host tier.
 
-    def _lean_should_hold(self, request_id: str, block: Any) -> bool:
-        """Hold a kept state of the prompt's last-boundary window or of decode, not a ladder state."""
-        from vllm.v1.core.kv_cache_utils import get_block_hash
+        vLLM 0.30's ``OffloadingConnectorScheduler._reachable_store_block_mask`` selects the
+        Mamba blocks a store job copies from its own rule (retention interval 0: the replay
+        boundary ``num_prompt_tokens - 1`` and the junction, passed as ``reachable_boundaries``),
+        which knows nothing of lean's window and decode states: without this, a state lean keeps
+        on the device would never reach the host. The wrapper adds :meth:`_lean_kept`'s
+        boundaries (the prompt length read back from the replay boundary, the decode boundary
+        from the store's end) to ``reachable_boundaries``; the block selection itself stays
+        vLLM's ``MambaManager.reachable_block_mask``. No-op without the connector.
+        """
+        from vllm_hybrid_npu.scheduling.policy_base import offloading_scheduler
 
-        request = self.requests.get(request_id)
-        if request is None:
-            return False
-        key = bytes(get_block_hash(block.block_hash))
+        cs = offloading_scheduler(self)
+        if cs is None:
+            return
+        from vllm.v1.kv_cache_interface import MambaSpec
+
+        base_mask = cs._reachable_store_block_mask
         bs = self._lean_block_size
-        last = request.num_prompt_tokens // bs * bs
-        first_kept = last - (self.lean_window - 1) * bs
-        hashes = request.block_hashes
-        for i in range(len(hashes) - 1, -1, -1):
-            if (i + 1) * bs < first_kept:
-                return False
-            if bytes(hashes[i]) == key:
-                return True
-        return False
+
+        def reachable_store_block_mask(group_config: Any, start_chunk_idx: int, end_chunk_idx: int,
+                                       final_segment_end_chunk_idx: Any,
+                                       reachable_boundaries: tuple[int, ...]) -> Any:
+            extra: tuple[int, ...] = ()
+            if reachable_boundaries and isinstance(group_config.kv_cache_spec, MambaSpec):
+                prompt = reachable_boundaries[0] + 1
+                end = end_chunk_idx * group_config.tokens_per_chunk
+                extra = tuple(self._lean_kept(prompt, max(prompt, end) if self.lean_decode else prompt, bs))
+            return base_mask(
+                group_config=group_config,
+                start_chunk_idx=start_chunk_idx,
+                end_chunk_idx=end_chunk_idx,
+                final_segment_end_chunk_idx=final_segment_end_chunk_idx,
+                reachable_boundaries=tuple(reachable_boundaries) + extra,
+            )
+
+        cs._reachable_store_block_mask = reachable_store_block_mask
 
     def _lean_free(self, request: Any, base_free: Any) -> None:
         from vllm.v1.core.kv_cache_utils import get_block_hash
 
         rid = request.request_id
-        held = self._lean_held.pop(rid, [])
+        held = self._lean_take_held(rid)
         if not self.lean_order:
             base_free(request)
             if held:
@@ -331,6 +294,7 @@ class LeanRetentionMixin:
             for i in full
             if ((i + 1) * bs < window_start or last_prompt < (i + 1) * bs < last_decode)
             and (i + 1) * bs != junction
+            and self._lean_low_value(request, i)
             and not any(self._lean_hit.get(states[g][i].block_id) == states[g][i].block_hash
                         for g in self._lean_mamba)
         ]

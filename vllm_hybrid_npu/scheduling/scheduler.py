@@ -32,90 +32,16 @@ just wrote).
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Any
-
-from vllm_hybrid_npu.scheduling.split import POLICY_NAMES, policy_chunk_tokens
+from vllm_hybrid_npu.scheduling.lean import LeanRetentionMixin
+from vllm_hybrid_npu.scheduling.policy_base import (  # noqa: F401 (re-exported)
+    GDN_POLICY,
+    CheckpointPolicyMixin,
+    _has_mamba_align,
+    chunk_span,
+)
+from vllm_hybrid_npu.scheduling.split import POLICY_NAMES
 
 _CLASS_CACHE: dict[tuple[str, type], type] = {}
-
-#: The policy for GDN states captured inside the step (no extra chunk ends, dense retention in
-#: ``'all'`` mode).
-GDN_POLICY = "gdn"
-
-
-def _has_mamba_align(kv_cache_config: Any, vllm_config: Any, modes=("align",)) -> bool:
-    try:
-        from vllm.v1.kv_cache_interface import MambaSpec
-    except ImportError:  # pragma: no cover - every supported vLLM has it
-        return False
-    if getattr(vllm_config.cache_config, "mamba_cache_mode", None) not in modes:
-        return False
-    return any(isinstance(g.kv_cache_spec, MambaSpec) for g in kv_cache_config.kv_cache_groups)
-
-
-def chunk_span(request: Any, local_computed: int = 0, external_computed: int = 0) -> tuple[int, int]:
-    """``(start, prefill_end)`` of a chunk, in tokens, as vLLM 0.30/0.32's
-    ``Scheduler._mamba_block_aligned_split`` computes them: the first token to schedule
-    (computed + new local and external hits) and the end of the prefill (the prompt, or the
-    replayed output of a resumed request)."""
-    start = request.num_computed_tokens + local_computed + external_computed
-    return start, max(request.num_prompt_tokens, request.num_tokens - 1)
-
-
-class CheckpointPolicyMixin:
-    """Mixin placed before vLLM's ``Scheduler`` (or ``AsyncScheduler``) in the MRO.
-
-    Class attribute ``checkpoint_policy`` is one of :data:`.split.POLICY_NAMES`; use
-    :func:`scheduler_class` to get a concrete class.
-    """
-
-    checkpoint_policy: str = "upstream"
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        vllm_config = kwargs.get("vllm_config", args[0] if args else None)
-        kv_cache_config = kwargs.get("kv_cache_config", args[1] if len(args) > 1 else None)
-        if (
-            self.checkpoint_policy != "upstream"
-            and vllm_config is not None
-            and kv_cache_config is not None
-            and getattr(kv_cache_config, "prefix_cache_retention_interval", None) == 0
-            and _has_mamba_align(
-                kv_cache_config,
-                vllm_config,
-                ("all",) if self.checkpoint_policy == GDN_POLICY else ("align",),
-            )
-        ):
-            dense = dataclasses.replace(kv_cache_config, prefix_cache_retention_interval=None)
-            if "kv_cache_config" in kwargs:
-                kwargs["kv_cache_config"] = dense
-            else:
-                args = (args[0], dense, *args[2:])
-        super().__init__(*args, **kwargs)
-
-    def _mamba_block_aligned_split(  # type: ignore[override]
-        self,
-        request: Any,
-        num_new_tokens: int,
-        num_new_local_computed_tokens: int = 0,
-        num_external_computed_tokens: int = 0,
-    ) -> int:
-        """vLLM's split, then the policy's extra checkpoint stop (never a longer chunk).
-
-        Mirrors/extends ``Scheduler._mamba_block_aligned_split`` of vLLM 0.30.0 and 0.32.0
-        (``vllm/v1/core/sched/scheduler.py``). Returns tokens to schedule (int >= 0).
-        """
-        num = super()._mamba_block_aligned_split(  # type: ignore[misc]
-            request, num_new_tokens, num_new_local_computed_tokens, num_external_computed_tokens
-        )
-        if self.checkpoint_policy in ("upstream", GDN_POLICY) or num <= 0:
-            return num
-        start, prefill_end = chunk_span(
-            request, num_new_local_computed_tokens, num_external_computed_tokens
-        )
-        return policy_chunk_tokens(
-            start, num, prefill_end, self.cache_config.block_size, self.checkpoint_policy
-        )
 
 
 def scheduler_class(policy: str, base: type | None = None) -> type:
@@ -154,12 +80,7 @@ def scheduler_class(policy: str, base: type | None = None) -> type:
     cls = _CLASS_CACHE.get(key)
     if cls is None:
         name = f"{policy.capitalize()}Checkpoint{base.__name__}"
-        if policy == "lean":
-            from vllm_hybrid_npu.scheduling.lean import LeanRetentionMixin
-
-            mixin: type = LeanRetentionMixin
-        else:
-            mixin = CheckpointPolicyMixin
+        mixin: type = LeanRetentionMixin if policy == "lean" else CheckpointPolicyMixin
         cls = type(
             name,
             (mixin, base),

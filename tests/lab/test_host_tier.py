@@ -1,0 +1,208 @@
+"""Host tier, carried answers and the upstream option grid of the hit-rate lab, on the tiny hybrid.
+
+The tiny hybrid (3 GDN + 1 attention layer, block 256 tokens): one block of any group is 256
+tokens x 256 bytes = 65,536 bytes (the GDN state page is padded to the attention page), so a
+state at one boundary is 3 blocks (one per GDN group). Trace blocks are 512 tokens. Requests
+arrive 10 simulated seconds apart, so each runs alone. Expected hits are worked out by hand in
+the comments (align mode: a prefill stops at the prompt's last block boundary, where vLLM keeps
+the state; ``lean`` also keeps the state at every boundary decode crosses).
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from vllm_hybrid_npu_lab.host_tier import HostLink
+from vllm_hybrid_npu_lab.model import build_setup
+from vllm_hybrid_npu_lab.policies import DEFAULT_POLICY, get_policy
+from vllm_hybrid_npu_lab.presets import resolve_model
+from vllm_hybrid_npu_lab.replay import output_token, replay
+from vllm_hybrid_npu_lab.trace import TraceRequest, carried_prompts, conversation_parents
+
+BLOCK_BYTES = 256 * 256  # one block of any group
+
+
+@pytest.fixture(scope="module")
+def cfg(tiny_model_dir):
+    return resolve_model(str(tiny_model_dir))[1]
+
+
+def _reqs(rows):
+    return [TraceRequest(10_000.0 * i, n, out, tuple(h)) for i, (n, out, h) in enumerate(rows)]
+
+
+def _run(cfg, reqs, policy="upstream", *, kv_bytes=64 << 20, host_bytes=0, link=None, carry=True):
+    pol = get_policy(policy)
+    setup = build_setup(
+        cfg,
+        kv_cache_bytes=kv_bytes,
+        host_cache_bytes=host_bytes,
+        max_model_len=max(r.input_length + r.output_length for r in reqs),
+        block_size=256,
+        configure=pol.configure,
+        tune=pol.tune,
+    )
+    return replay(reqs, setup, pol.scheduler_class(), link=link, carry_outputs=carry)
+
+
+# A (1,100 tokens: state kept at its last boundary 1,024), A again, B (3,000 distinct tokens: 12
+# attention blocks), A again. The device pool holds 24 blocks: B's 12 attention blocks + its
+# running GDN blocks + A's 4 cached attention blocks + A's 3-block state do not fit, and vLLM
+# frees a request's GDN groups before its attention group, so LRU takes A's state first.
+EVICT = [(1100, 4, [1, 2, 3]), (1100, 4, [1, 2, 3]), (3000, 4, [5, 6, 7, 8, 9, 10]), (1100, 4, [1, 2, 3])]
+DEVICE_24_BLOCKS = 24 * BLOCK_BYTES
+
+
+def test_host_tier_serves_what_the_device_evicted(cfg):
+    reqs = _reqs(EVICT)
+    device = _run(cfg, reqs, kv_bytes=DEVICE_24_BLOCKS)
+    assert device.num_blocks == 24
+    assert device.cached_per_request == [0, 1024, 0, 0]
+    assert device.host_cached_prompt_tokens == 0 and device.host == {}
+    gbps, lat = random.choice([(10.0, 0.0), (50.0, 10.0), (25.0, 3.0)])
+    tiered = _run(cfg, reqs, kv_bytes=DEVICE_24_BLOCKS, host_bytes=64 << 20, link=HostLink(gbps, lat))
+    # the last A loads its 1,024-token prefix from the host: 4 attention blocks + the state at
+    # 1,024 (3 blocks), one load job of 7 blocks
+    assert tiered.cached_per_request == [0, 1024, 0, 1024]
+    assert tiered.host_per_request == [0, 0, 0, 1024]
+    assert tiered.host_cached_prompt_tokens == 1024
+    assert tiered.device_cached_prompt_tokens == 1024
+    assert tiered.host["load_jobs"] == 1
+    assert tiered.host["load_bytes"] == 7 * BLOCK_BYTES
+    assert tiered.host["load_s"] == pytest.approx(lat * 1e-6 + 7 * BLOCK_BYTES / (gbps * 1e9))
+    assert tiered.host["store_bytes"] > 0
+
+
+def test_host_tier_gives_nothing_when_the_device_keeps_everything(cfg):
+    reqs = _reqs(EVICT)
+    tiered = _run(cfg, reqs, host_bytes=64 << 20)
+    assert tiered.cached_per_request == [0, 1024, 0, 1024]
+    assert tiered.host_cached_prompt_tokens == 0 and tiered.host["load_jobs"] == 0
+
+
+def test_host_link_rejects_bad_values():
+    with pytest.raises(ValueError, match="--host-link-gbps"):
+        HostLink(0.0, 1.0)
+    with pytest.raises(ValueError, match="--host-link-latency-us"):
+        HostLink(1.0, -1.0)
+
+
+# A: 1,100-token prompt, 300 generated tokens (decode crosses 1,280); C extends A's two full
+# trace blocks [1, 2] with 2,000 tokens: a chat's next turn.
+TURNS = [(1100, 300, [1, 2, 3]), (2000, 4, [1, 2, 7, 8])]
+
+
+def test_carried_prompt_is_history_plus_answer():
+    reqs = _reqs(TURNS)
+    assert conversation_parents(reqs) == [None, 0]
+    prompts, parents = carried_prompts(reqs, output_token)
+    assert parents == [None, 0]
+    assert len(prompts[1]) == 2000
+    assert prompts[1][:1100] == prompts[0]
+    assert prompts[1][1100:1400] == [output_token(0, k) for k in range(300)]
+    # its own tokens from 1,400 on: trace block 2 (id 7) covers 1,024..1,535
+    assert prompts[1][1400] == 7 * 512 + (1400 - 1024)
+    plain, none = carried_prompts(reqs, output_token, carry=False)
+    assert none == [None, None] and plain[1][1100] == 7 * 512 + 76
+
+
+@pytest.mark.parametrize("policy", ["lean", "upstream:ret=dense"])
+def test_state_kept_in_decode_hits_the_next_turn(cfg, policy):
+    reqs = _reqs(TURNS)
+    carried = _run(cfg, reqs, policy)
+    plain = _run(cfg, reqs, policy, carry=False)
+    # without the answer in the next prompt the shared prefix is 1,024 tokens (two trace
+    # blocks, A's last prompt boundary): both hit 1,024
+    assert plain.cached_per_request == [0, 1024]
+    assert carried.carried_requests == 1
+    # lean keeps the state where decode crossed 1,280 (1,100 + 180 generated tokens); vLLM's
+    # dense retention keeps every state a step end wrote, decode's included
+    assert carried.cached_per_request == [0, 1280]
+
+
+def test_tail_is_upstream_with_dense_retention_and_one_block_threshold(cfg):
+    seed = random.randrange(2**32)
+    rng = random.Random(seed)
+    rows, next_id = [], 100
+    prefixes = [[rng.randrange(5) for _ in range(3)] for _ in range(3)]
+    for _ in range(8):
+        ids = rng.choice(prefixes)[: rng.randint(1, 3)] + list(range(next_id, next_id + 2))
+        next_id += 2
+        rows.append((rng.randint((len(ids) - 1) * 512 + 1, len(ids) * 512), rng.randint(1, 300), ids))
+    reqs = _reqs(rows)
+    tail = _run(cfg, reqs, "tail")
+    flags = _run(cfg, reqs, "upstream:ret=dense,lpt=1b")
+    assert tail.cached_per_request == flags.cached_per_request, f"seed {seed}"
+    assert tail.computed_prompt_tokens == flags.computed_prompt_tokens, f"seed {seed}"
+
+
+def test_upstream_best_names_the_best_setting():
+    from vllm_hybrid_npu_lab.cli import upstream_best
+
+    policies = {
+        "upstream": {"token_hit_rate": 0.1},
+        "upstream:ret=dense": {"token_hit_rate": 0.3},
+        "lean": {"token_hit_rate": 0.9},
+        "upstream:lpt=1b": {"token_hit_rate": 0.2},
+    }
+    best = upstream_best(policies)
+    assert best == {"token_hit_rate": 0.3, "setting": "upstream:ret=dense"}
+    assert upstream_best({"lean": {"token_hit_rate": 0.5}}) is None
+
+
+def test_prefix_match_unit_must_divide_the_block(cfg):
+    from vllm_hybrid_npu_lab.upstream_grid import UpstreamSetting
+
+    reqs = _reqs(TURNS)
+    with pytest.raises(ValueError, match="--prefix-match-unit 96"):
+        build_setup(cfg, kv_cache_bytes=64 << 20, max_model_len=2100, block_size=256,
+                    tune=UpstreamSetting(0, 0, 96).tune)
+    assert reqs
+
+
+def test_default_policy_is_selectable():
+    assert get_policy("default") is get_policy(DEFAULT_POLICY)
+
+
+def test_miss_reasons_account_for_every_missed_token(cfg):
+    import importlib.util
+
+    reqs = _reqs(EVICT)
+    res = _run(cfg, reqs, kv_bytes=DEVICE_24_BLOCKS)
+    if importlib.util.find_spec("vllm_hybrid_npu.core.miss_reasons") is None:
+        # hook for issue 15 item 5: no classifier in this runtime yet
+        assert res.miss_reasons is None
+        return
+    from vllm_hybrid_npu.core.miss_reasons import REASONS
+
+    m = res.miss_reasons
+    assert m["prompt_tokens"] == res.prompt_tokens == 3 * 1100 + 3000
+    assert m["hit_tokens"] == res.cached_prompt_tokens
+    assert sum(m[r] for r in REASONS) == res.prompt_tokens - res.cached_prompt_tokens
+    # the last A: its attention blocks (1,024 tokens) survived B, its state did not
+    assert m["no_state"] == 1024
+
+
+# A (2,000 tokens: last boundary 1,792), B evicts A from the device, C shares A's first three
+# trace blocks (1,536 tokens = one block below A's last boundary).
+HOST_WINDOW = [(2000, 4, [1, 2, 3, 4]), (3000, 4, [5, 6, 7, 8, 9, 10]), (2000, 4, [1, 2, 3, 11])]
+
+
+@pytest.mark.parametrize(
+    "policy, hit",
+    [
+        ("upstream", 0),  # the connector copies only the replay-boundary state (1,792)
+        ("lean", 1536),  # lean's window state (1,536) reaches the host through the hook
+        ("tail", 1536),  # dense retention: every boundary, the connector too
+        ("adaptive", 1024),  # the ladder's states: 256, 512, 1,024 (and 1,792)
+    ],
+)
+def test_policy_states_reach_the_host_tier(cfg, policy, hit):
+    reqs = _reqs(HOST_WINDOW)
+    device = _run(cfg, reqs, policy, kv_bytes=DEVICE_24_BLOCKS)
+    assert device.cached_per_request == [0, 0, 0]
+    tiered = _run(cfg, reqs, policy, kv_bytes=DEVICE_24_BLOCKS, host_bytes=64 << 20)
+    assert tiered.cached_per_request == [0, 0, hit]
+    assert tiered.host_per_request == [0, 0, hit]

@@ -1,0 +1,133 @@
+"""The checkpoint-policy mixin every policy scheduler builds on (no policy module imported here).
+
+:class:`CheckpointPolicyMixin` holds the two changes a checkpoint policy makes to vLLM's
+``Scheduler`` (vLLM 0.30.0 and 0.32.0, ``vllm/v1/core/sched/scheduler.py``; see
+:mod:`.scheduler` for the full description): the chunk-end override of
+``_mamba_block_aligned_split`` and the dense-retention swap of ``prefix_cache_retention_interval``.
+Policies with their own rules (:mod:`.lean`) subclass it and override
+:meth:`CheckpointPolicyMixin._policy_stop` / :attr:`CheckpointPolicyMixin.dense_retention`;
+:mod:`.scheduler` builds the concrete classes. Importing this module does not import vLLM.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from vllm_hybrid_npu.scheduling.split import policy_chunk_tokens
+
+#: The policy for GDN states captured inside the step (no extra chunk ends, dense retention in
+#: ``'all'`` mode).
+GDN_POLICY = "gdn"
+
+
+def _has_mamba_align(kv_cache_config: Any, vllm_config: Any, modes=("align",)) -> bool:
+    try:
+        from vllm.v1.kv_cache_interface import MambaSpec
+    except ImportError:  # pragma: no cover - every supported vLLM has it
+        return False
+    if getattr(vllm_config.cache_config, "mamba_cache_mode", None) not in modes:
+        return False
+    return any(isinstance(g.kv_cache_spec, MambaSpec) for g in kv_cache_config.kv_cache_groups)
+
+
+def chunk_span(request: Any, local_computed: int = 0, external_computed: int = 0) -> tuple[int, int]:
+    """``(start, prefill_end)`` of a chunk, in tokens, as vLLM 0.30/0.32's
+    ``Scheduler._mamba_block_aligned_split`` computes them: the first token to schedule
+    (computed + new local and external hits) and the end of the prefill (the prompt, or the
+    replayed output of a resumed request)."""
+    start = request.num_computed_tokens + local_computed + external_computed
+    return start, max(request.num_prompt_tokens, request.num_tokens - 1)
+
+
+def offloading_scheduler(scheduler: Any) -> Any:
+    """The scheduler side of vLLM's ``OffloadingConnector`` (``--kv-offloading-size``) if the
+    scheduler has one (vLLM 0.30: ``Scheduler.connector.connector_scheduler``, an
+    ``OffloadingConnectorScheduler`` with ``config`` and ``_reachable_store_block_mask``),
+    else ``None``."""
+    conn = getattr(scheduler, "connector", None)
+    cs = getattr(conn, "connector_scheduler", None)
+    if cs is None or not hasattr(cs, "_reachable_store_block_mask") or not hasattr(cs, "config"):
+        return None
+    return cs
+
+
+def _dense_offloading(scheduler: Any) -> None:
+    """With dense retention, let the OffloadingConnector store every state the scheduler keeps.
+
+    vLLM 0.30's ``OffloadingConnectorScheduler`` reads ``prefix_cache_retention_interval`` from
+    ``CacheConfig`` (``SchedulerOffloadConfig.from_spec``), not from the scheduler's
+    ``KVCacheConfig``: with the default 0 it would copy only the replay-boundary and junction
+    states to the host tier, never the policy's extra checkpoints. Its ``config``
+    (a ``NamedTuple``) gets ``retention_interval=None`` (dense), as for the scheduler."""
+    cs = offloading_scheduler(scheduler)
+    if cs is not None and getattr(cs.config, "retention_interval", None) == 0:
+        cs.config = cs.config._replace(retention_interval=None)
+
+
+class CheckpointPolicyMixin:
+    """Mixin placed before vLLM's ``Scheduler`` (or ``AsyncScheduler``) in the MRO.
+
+    Class attributes: ``checkpoint_policy`` (one of :data:`.split.POLICY_NAMES` or
+    :data:`GDN_POLICY`); ``dense_retention`` (True: when the ``KVCacheConfig``'s
+    ``prefix_cache_retention_interval`` is vLLM's default 0, build the scheduler with a copy
+    whose interval is ``None``, vLLM's dense retention; a policy that selects its own states,
+    like ``lean``, sets it False). Use :func:`.scheduler.scheduler_class` to get a concrete class.
+    """
+
+    checkpoint_policy: str = "upstream"
+    dense_retention: bool = True
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        vllm_config = kwargs.get("vllm_config", args[0] if args else None)
+        kv_cache_config = kwargs.get("kv_cache_config", args[1] if len(args) > 1 else None)
+        swapped = False
+        if (
+            self.dense_retention
+            and self.checkpoint_policy != "upstream"
+            and vllm_config is not None
+            and kv_cache_config is not None
+            and getattr(kv_cache_config, "prefix_cache_retention_interval", None) == 0
+            and _has_mamba_align(kv_cache_config, vllm_config, self._policy_modes())
+        ):
+            dense = dataclasses.replace(kv_cache_config, prefix_cache_retention_interval=None)
+            if "kv_cache_config" in kwargs:
+                kwargs["kv_cache_config"] = dense
+            else:
+                args = (args[0], dense, *args[2:])
+            swapped = True
+        super().__init__(*args, **kwargs)
+        if swapped:
+            _dense_offloading(self)
+
+    def _policy_modes(self) -> tuple[str, ...]:
+        """Mamba cache modes the policy acts in (``align``; ``all`` for :data:`GDN_POLICY`)."""
+        return ("all",) if self.checkpoint_policy == GDN_POLICY else ("align",)
+
+    def _policy_stop(self, start: int, num_new_tokens: int, prefill_end: int, block_size: int) -> int:
+        """Tokens to schedule once the policy's next checkpoint stop is applied to vLLM's chunk
+        of ``num_new_tokens`` starting at ``start`` (never more; see
+        :func:`.split.policy_chunk_tokens` for the contract)."""
+        return policy_chunk_tokens(start, num_new_tokens, prefill_end, block_size, self.checkpoint_policy)
+
+    def _mamba_block_aligned_split(  # type: ignore[override]
+        self,
+        request: Any,
+        num_new_tokens: int,
+        num_new_local_computed_tokens: int = 0,
+        num_external_computed_tokens: int = 0,
+    ) -> int:
+        """vLLM's split, then the policy's extra checkpoint stop (never a longer chunk).
+
+        Mirrors/extends ``Scheduler._mamba_block_aligned_split`` of vLLM 0.30.0 and 0.32.0
+        (``vllm/v1/core/sched/scheduler.py``). Returns tokens to schedule (int >= 0).
+        """
+        num = super()._mamba_block_aligned_split(  # type: ignore[misc]
+            request, num_new_tokens, num_new_local_computed_tokens, num_external_computed_tokens
+        )
+        if self.checkpoint_policy in ("upstream", GDN_POLICY) or num <= 0:
+            return num
+        start, prefill_end = chunk_span(
+            request, num_new_local_computed_tokens, num_external_computed_tokens
+        )
+        return self._policy_stop(start, num, prefill_end, self.cache_config.block_size)
