@@ -36,19 +36,17 @@ CLASS_NAME = next(n for n, (p, base) in SCHEDULER_CLASS_NAMES.items()
 
 
 @pytest.fixture(scope="module")
-def llm(tiny_model_dir):
+def llm(tiny_model_dir, engine_args):
     mp = pytest.MonkeyPatch()
     mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process engine core
     from vllm import LLM
-
-    from vllm_hybrid_npu.tools.server import CPU_SAFE_ENGINE_ARGS
 
     engine = LLM(
         model=str(tiny_model_dir("qwen3_next")),
         enable_prefix_caching=True,
         mamba_cache_mode="align",
         scheduler_cls=f"vllm_hybrid_npu.scheduling.scheduler.{CLASS_NAME}",
-        **{**CPU_SAFE_ENGINE_ARGS, "kv_cache_memory_bytes": 256 << 20, "max_num_seqs": 4},
+        **{**engine_args, "kv_cache_memory_bytes": 256 << 20, "max_num_seqs": 4},
     )
     yield engine
     del engine

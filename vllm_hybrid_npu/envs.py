@@ -82,7 +82,7 @@ register(EnvVar(
     name="VLLM_HYBRID_NPU_CHECKPOINTS",
     values=("upstream", "tail", "adaptive", "lean", "gdn"),
     kind="",
-    default="per target: `upstream` on NPU, `adaptive` on CUDA and CPU (`scheduling.DEFAULT_POLICY`)",
+    default="per target: `upstream` on NPU, `lean` on CUDA and CPU (`scheduling.DEFAULT_POLICY`)",
     read_by="`scheduling.selected_policy`; registry entry `checkpoint-policy` "
     "(`SchedulerConfig.get_scheduler_cls`)",
     effect="checkpoint policy of the scheduler: `upstream` = vLLM's own chunk ends and retention "

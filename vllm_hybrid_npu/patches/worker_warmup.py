@@ -5,14 +5,20 @@ CUDA) and ``vllm_ascend.worker.worker.NPUWorker.compile_or_warm_up_model`` (vllm
 0.30.0rc2, 0.23.0.post1). After upstream's warm-up, :func:`vllm_hybrid_npu.ops.warm_up` launches
 every variant of our kernel once on the worker's device, so the first align-mode step that copies
 a state does not pay Triton's JIT compile (hundreds of milliseconds) inside ``execute_model``.
-Applied only in a process where one of the copy-kernel entries applied (the probe reads this
-process's load report).
+The wrapper decides when it runs (worker start, after upstream's warm-up), not when it is
+applied: it warms up only if one of our launchers is installed in ``mamba_utils`` /
+vllm-ascend's ``patch_mamba_utils`` by then (the copy-kernel entries apply at the import of
+modules the worker loads after ``gpu_worker``), and not for vLLM's V2 model runner
+(``Worker.use_v2_model_runner``: vLLM 0.30's default for these models on CUDA), which copies
+align-mode states in its own fused kernel and never calls the launcher; it then logs that our
+kernel is off that path.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import sys
 from typing import Any
 
 from vllm_hybrid_npu.patches import registry
@@ -21,19 +27,32 @@ from vllm_hybrid_npu.support import Stack
 
 logger = logging.getLogger("vllm_hybrid_npu")
 
-COPY_ENTRIES = ("copy-kernel", "copy-kernel-ascend")
+LAUNCHERS = (
+    ("vllm.v1.worker.mamba_utils", "batch_memcpy"),
+    ("vllm_ascend.patch.worker.patch_mamba_utils", "_batch_memcpy_triton"),
+)
 
 
-def _probe(upstream: Any, stack: Stack) -> str | None:
-    if not any(n in registry.REPORT.applied for n in COPY_ENTRIES):
-        return "our copy kernel is not in use in this process"
-    return None
+def our_launcher_installed() -> bool:
+    """Whether one of the launchers the copy-kernel entries replace is ours in this process."""
+    return any(
+        registry.is_ours(getattr(sys.modules.get(mod), attr, None)) for mod, attr in LAUNCHERS
+    )
 
 
 def _make(upstream: Any, stack: Stack) -> Any:
     @functools.wraps(upstream)
     def compile_or_warm_up_model(self, *args, **kwargs):
         out = upstream(self, *args, **kwargs)
+        if not our_launcher_installed():
+            return out
+        if getattr(self, "use_v2_model_runner", False):
+            logger.info(
+                "vllm-hybrid-npu: vLLM's V2 model runner copies align-mode states in its own fused "
+                "kernel; our copy kernel is installed but not on its path (VLLM_USE_V2_MODEL_RUNNER=0 "
+                "selects the V1 runner, which calls it)"
+            )
+            return out
         from vllm_hybrid_npu.ops import warm_up
 
         device = getattr(self, "device", None)
@@ -56,7 +75,6 @@ PATCHES = [
         targets=("cuda",),
         vllm=("0.30.0", "0.32.0"),
         signature=("self",),
-        probe=_probe,
         make=_make,
         why=_WHY,
         until=_UNTIL,
@@ -69,7 +87,6 @@ PATCHES = [
         vllm=("0.30.0", "0.23.0"),
         vllm_ascend=("0.30.0rc2", "0.23.0.post1"),
         signature=("self",),
-        probe=_probe,
         make=_make,
         why=_WHY,
         until=_UNTIL,

@@ -34,8 +34,9 @@ WORKER_MODES: tuple[str, ...] = ("gdn",)
 
 #: Policy used when :data:`ENV_VAR` is unset or empty, per target. ``upstream`` (no scheduler
 #: change) wherever a policy is not proven on that stack: on NPU until vllm-ascend's scheduler
-#: patches composed with a policy are replayed (issue 12); elsewhere see docs/configuration.md.
-DEFAULT_POLICY: dict[str, str] = {"npu": "upstream", "cuda": "adaptive", "cpu": "adaptive"}
+#: patches composed with a policy are replayed on an NPU (issue 12); ``lean`` on CUDA and CPU,
+#: the best policy against upstream at its best in the lab (docs/hitrate-lab.md, 2026-11-23).
+DEFAULT_POLICY: dict[str, str] = {"npu": "upstream", "cuda": "lean", "cpu": "lean"}
 
 
 def policy_is_default() -> bool:
