@@ -94,13 +94,22 @@ def test_served_counters_explain_every_miss(cached_server, replay):
     """``/metrics`` (API-server process) carries the engine core's scheduler counts: every
     missed prompt token of the replay has one reason, state moves were counted, and the
     start-up line names the block size."""
+    from importlib.metadata import entry_points
+
     from vllm_hybrid_npu.tools.server import counter_from_metrics, counters_by_label
 
+    assert any(ep.name == "vllm_hybrid_npu" for ep in entry_points(group="vllm.stat_logger_plugins")), (
+        "the vllm.stat_logger_plugins entry point is not installed: reinstall the package "
+        "(pip install -e .) so vLLM loads vllm_hybrid_npu.metrics:HybridNpuStatLogger")
     text = cached_server.metrics()
     bs = block_size_from_metrics(text)
     miss = counters_by_label(text, "vllm_hybrid_npu:prefix_cache_miss_tokens_total", "reason")
     assert set(miss) == {"partial_block", "no_state", "evicted", "evicted_host", "new"}
     assert sum(miss.values()) == sum(r.prompt_tokens - r.cached_tokens for r in replay)
+    # ... and vLLM's own counters of the same lookups (no KV connector here)
+    queries = counter_from_metrics(text, "vllm:prefix_cache_queries_total")
+    hits = counter_from_metrics(text, "vllm:prefix_cache_hits_total")
+    assert sum(miss.values()) == queries - hits
     # by definition: the tokens past the last block boundary a hit can reach, (N - 1) // bs * bs
     assert miss["partial_block"] == sum(
         r.prompt_tokens - max((r.prompt_tokens - 1) // bs * bs, r.cached_tokens) for r in replay

@@ -42,7 +42,8 @@ def composed(request, tmp_path_factory):
 def test_policy_class_wraps_balance_scheduler_and_ascend_split(composed):
     assert composed["installed"] == ["checkpoint-policy"] and composed["failed"] == {}
     mro = composed["mro"]
-    policy = mro.index("vllm_hybrid_npu.scheduling.policy_base.CheckpointPolicyMixin")
+    policy = next(i for i, c in enumerate(mro)
+                  if c.startswith("vllm_hybrid_npu.") and c.endswith(".CheckpointPolicyMixin"))
     balance = mro.index("vllm_ascend.patch.platform.patch_balance_schedule.BalanceScheduler")
     vllm = mro.index("vllm.v1.core.sched.scheduler.Scheduler")
     assert policy < balance < vllm, mro
