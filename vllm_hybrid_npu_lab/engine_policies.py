@@ -11,7 +11,7 @@ over vLLM's ``Scheduler``: the very class the plugin installs in the engine (the
 
 from __future__ import annotations
 
-from vllm_hybrid_npu_lab.policies import POLICIES, Policy, register_policy
+from vllm_hybrid_npu_lab.registry import POLICIES, Policy, register_policy
 
 DESCRIPTIONS = {
     "tail": "state checkpoint at every block boundary of the prefill, dense state retention",
