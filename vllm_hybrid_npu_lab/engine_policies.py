@@ -13,7 +13,7 @@ over vLLM's ``Scheduler``: the very class the plugin installs in the engine (the
 
 from __future__ import annotations
 
-from vllm_hybrid_npu_lab.policies import POLICIES, Policy, register_policy
+from vllm_hybrid_npu_lab.registry import POLICIES, Policy, register_policy
 from vllm_hybrid_npu_lab.retired_policies import RULES as RETIRED_RULES
 
 DESCRIPTIONS = {
