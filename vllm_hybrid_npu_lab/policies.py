@@ -31,7 +31,8 @@ from __future__ import annotations
 
 import importlib
 
-#: modules that register more policies on import (issue 7: ``tail``, ``adaptive``); a module
+#: modules that register more policies on import (``lean`` and its levers, the retired ``tail`` and
+#: ``adaptive``, the upstream option grid); a module
 #: that is not installed is skipped, any other import error propagates
 POLICY_MODULES: tuple[str, ...] = (
     "vllm_hybrid_npu_lab.upstream_grid",
