@@ -118,6 +118,11 @@ def pytest_report_header(config):
     return f"random draws: session seed {SESSION_SEED} ({how}); replay with {SEED_ENV}={SESSION_SEED}"
 
 
+def pytest_terminal_summary(terminalreporter):
+    # also under -q, where the header is not shown
+    terminalreporter.write_line(f"random draws: session seed {SESSION_SEED}; replay with {SEED_ENV}={SESSION_SEED}")
+
+
 def _seeds_of(item) -> list[str]:
     lines = []
     node = item

@@ -125,7 +125,11 @@ _CMD_WORDS = (r"(?:[A-Z_]+=\S+ )*(?:python3?|vllm-hybrid-npu(?:-lab)?|vllm serve
               r"docker|nice|timeout|curl)\b")
 #: a backticked command line, a shell fence, or a fence whose first line is a command
 _COMMAND = re.compile(
-    rf"`{_CMD_WORDS}[^`]*`|^```(?:bash|sh|console)\s*$|^```\s*\n{_CMD_WORDS}", re.M)
+    rf"`{_CMD_WORDS}[^`]*`|^\s*```(?:bash|sh|console)\s*$|^\s*```\s*\n\s*{_CMD_WORDS}", re.M)
+
+
+#: a table of configuration values rather than measurements names its source just above it
+_STATIC = re.compile(r"\bvalues from\b", re.I)
 
 
 @dataclass
@@ -180,7 +184,7 @@ def numeric_tables(path: Path, after: int = 6) -> list[NumericTable]:
         line = lines[i]
         if line.startswith("```"):
             in_fence = not in_fence
-        if not in_fence and line.startswith("#"):
+        if not in_fence and re.match(r"^#{1,2} ", line):
             heading = i
         if not in_fence and line.startswith("|") and i + 1 < len(lines) and re.match(r"^\|[-:| ]+\|\s*$", lines[i + 1]):
             j = i + 2
@@ -188,8 +192,9 @@ def numeric_tables(path: Path, after: int = 6) -> list[NumericTable]:
                 j += 1
             if _numbers_in(lines[i + 2:j]):
                 context = "\n".join(lines[heading:min(len(lines), j + after)])
-                out.append(NumericTable(path, i + 1, bool(_COMMAND.search(context)),
-                                        bool(_DATE.search(context))))
+                static = bool(_STATIC.search("\n".join(lines[max(heading, i - 8):i])))
+                out.append(NumericTable(path, i + 1, static or bool(_COMMAND.search(context)),
+                                        static or bool(_DATE.search(context))))
             i = j
             continue
         i += 1

@@ -13,12 +13,12 @@ each run's token is within ``bound`` (logprob) of the other's in *both* runs, an
 each other's top logprobs. :data:`LOGPROB_BOUND` comes from a measurement on fresh prompts
 (``e2e/measure_on_off.py``; numbers, commands and dates in docs/testing.md).
 
-What it cannot see (measured, docs/testing.md): the tiny random-weight model's next-token
-distribution depends mostly on the last few hundred tokens; the same last 96 tokens after two
-*different* 3,072-token prefixes gave the same greedy tokens in 14 of 15 draws, with logprobs
-within 0.17 nats. A wrong state handed over at a block boundary far back therefore barely shows
-in the outputs, whatever the comparison; those bugs are caught by the exact unit tests (the
-state-copy plan and the GDN round runner against references: tests/core).
+Power (measured, docs/testing.md): with transformers' GDN initialisation the tiny model forgets
+a state within a few tokens, and the same last 96 tokens after two *different* 3,072-token
+prefixes gave the same greedy tokens in 14 of 15 draws (logprobs within 0.17 nats): no output
+comparison can see a wrong state there. The e2e tests therefore compare outputs of the
+``make-model --gdn-memory long`` checkpoint, where the same control failed the rule in 8 of 8
+draws, at the first token.
 """
 
 from __future__ import annotations
@@ -30,6 +30,14 @@ from dataclasses import dataclass, field
 #: (docs/testing.md, 2026-11-23): largest seen 0.48 (a shared token) and 0.63 (the losing side of
 #: a near-tie) over 70 fresh requests, 507 positions; 1.0 keeps a 1.6x margin.
 LOGPROB_BOUND = 1.0
+
+#: The bound across *chunkings* (a 128-token budget shared by 4 requests, prompts split off the
+#: 64-token grid, vs caching off unchunked; a hit round vs the computed round): one fresh draw
+#: (e2e run of 2026-11-23, session seed 212681670) had a near-tie whose gap swung by 1.53 nats
+#: (1.22 with caching off, -0.31 with it on), beyond :data:`LOGPROB_BOUND`; vLLM's own path gave
+#: the same tokens bit for bit there (ours == upstream), so it is vLLM's CPU numerics. 2.0 keeps
+#: a 1.3x margin over it; a token outside the other run's top 20 still fails.
+CHUNKING_BOUND = 2.0
 
 
 @dataclass

@@ -1,6 +1,7 @@
 """GDN states at every block boundary inside the step (issue 8), on the real engine (CPU).
 
-Two in-process vLLM 0.30 engines on the tiny random Qwen3-Next, one after the other:
+Two in-process vLLM 0.30 engines on the tiny random Qwen3-Next (``--gdn-memory long``: a state
+handed over at a hit shapes the outputs hundreds of tokens later), one after the other:
 
 * *off*: prefix caching off (upstream's GDN path, one pass per prompt);
 * *gdn*: ``--enable-prefix-caching --mamba-cache-mode all`` with the plugin's GDN 'all'-mode path
@@ -39,7 +40,9 @@ ENGINE = dict(kv_cache_memory_bytes=256 << 20, max_num_seqs=4, max_num_batched_t
 def _engine(tiny_model_dir, engine_args, **kw):
     from vllm import LLM
 
-    return LLM(model=str(tiny_model_dir("qwen3_next")), **{**engine_args, **ENGINE, **kw})
+    # long GDN memory: a wrong state handed over at a hit would show in the outputs
+    return LLM(model=str(tiny_model_dir("qwen3_next", gdn_memory="long")),
+               **{**engine_args, **ENGINE, **kw})
 
 
 def _gen(llm, prompts, max_tokens):

@@ -45,3 +45,25 @@ def test_same_seed_same_weights_other_seed_other_weights(tmp_path):
 def test_unknown_arch_is_rejected(tmp_path):
     with pytest.raises(ValueError, match="--arch 'llama'"):
         make_model.build_model(tmp_path / "x", arch="llama")
+
+
+def test_long_gdn_memory_draws_slow_decays_only(tmp_path):
+    """``--gdn-memory long``: every GDN layer's decay rate A = exp(A_log) lies in [0.001, 0.01]
+    (per-token decay exp(-A * softplus(.)) close to 1); the default keeps transformers' draw
+    from [0.01, 16]; other weights are the same draw."""
+    from safetensors.torch import load_file
+
+    short = load_file(make_model.build_model(tmp_path / "s", seed=2) / "model.safetensors")
+    long = load_file(make_model.build_model(tmp_path / "l", seed=2, gdn_memory="long") / "model.safetensors")
+    a_logs = [k for k in long if k.endswith("linear_attn.A_log")]
+    assert len(a_logs) == 3  # 3 GDN layers
+    for k in a_logs:
+        a_long, a_short = long[k].float().exp(), short[k].float().exp()
+        assert ((a_long >= 0.001 * 0.99) & (a_long <= 0.01 * 1.01)).all(), a_long
+        assert ((a_short >= 0.01 * 0.99) & (a_short <= 16 * 1.01)).all(), a_short
+    assert all(long[k].equal(short[k]) for k in long if k not in a_logs)
+
+
+def test_unknown_gdn_memory_is_rejected(tmp_path):
+    with pytest.raises(ValueError, match="--gdn-memory 'forever'"):
+        make_model.build_model(tmp_path / "x", gdn_memory="forever")

@@ -42,3 +42,35 @@ def test_scheduler_cls_row_names_every_policy_scheduler():
     row = next(line for line in text.splitlines() if line.startswith("| `--scheduler-cls`"))
     missing = sorted(set(SCHEDULER_CLASS_NAMES) - set(CLASS.findall(row)))
     assert not missing, f"docs/configuration.md's --scheduler-cls row lacks {missing}"
+
+
+def test_lab_policy_table_lists_the_registry():
+    """docs/hitrate-lab.md's "Registered:" table names exactly the lab's registered policies."""
+    from vllm_hybrid_npu_lab.policies import POLICIES, load_policy_modules
+
+    load_policy_modules()
+    text = (ROOT / "docs" / "hitrate-lab.md").read_text()
+    m = re.search(r"Registered:\s*\n\s*\n(\|.*\n\|[-| ]+\|\n(?:\|.*\n)+)", text)
+    assert m, "docs/hitrate-lab.md has no table after 'Registered:'"
+    named = set()
+    for row in m.group(1).splitlines()[2:]:
+        first = row.strip().strip("|").split("|")[0]
+        named |= set(re.findall(r"`([^`]+)`", first))
+    # a documented family such as ``upstream:ret=…,lpt=…,pmu=…`` covers every registered
+    # ``upstream:<some of those keys>=<value>,...``
+    families = {n for n in named if "…" in n}
+
+    def covered_by(name: str, fam: str) -> bool:
+        head, _, params = fam.partition(":")
+        keys = {p.split("=")[0] for p in params.split(",")}
+        got_head, _, got_params = name.partition(":")
+        return got_head == head and bool(got_params) and {
+            p.split("=")[0] for p in got_params.split(",")} <= keys
+
+    registered = set(POLICIES)
+    missing = sorted(n for n in registered - named if not any(covered_by(n, f) for f in families))
+    unknown = sorted(n for n in named - registered if n not in families)
+    empty = sorted(f for f in families if not any(covered_by(n, f) for n in registered))
+    assert not missing and not unknown and not empty, (
+        f"missing from the table: {missing}; not registered: {unknown}; families matching "
+        f"nothing: {empty}")

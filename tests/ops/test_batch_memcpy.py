@@ -15,6 +15,7 @@ byte (guards, sources) is untouched.
 from __future__ import annotations
 
 import functools
+import sys
 import importlib.util
 
 import numpy as np
@@ -334,3 +335,14 @@ def test_selection_by_setting(monkeypatch):
     finally:
         monkeypatch.undo()
         refresh_settings()
+
+
+def test_broken_interpreter_fails_the_cpu_cases_instead_of_skipping(monkeypatch):
+    """CI's only run of the Triton kernel must not vanish into a skip: an incompatible
+    Triton/numpy pair fails the CPU-interpreter cases, naming the fix."""
+    monkeypatch.setattr(sys.modules[__name__], "_interpreter_broken",
+                        lambda: "Triton 3.6 interpreter is incompatible with numpy 2.5")
+    with pytest.raises(pytest.fail.Exception, match=r"incompatible.*pip install -e '\.\[test\]'"):
+        _select_target(("cpu", "triton"), monkeypatch)
+    monkeypatch.undo()
+    refresh_settings()

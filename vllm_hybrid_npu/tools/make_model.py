@@ -26,6 +26,13 @@ from pathlib import Path
 
 ARCHS = ("qwen3_next", "qwen3_5")
 
+#: ``--gdn-memory``: how fast the GDN layers forget. ``short``: transformers' initialisation (decay
+#: rate ``A`` drawn from U(0.01, 16) per value head, so a state keeps little beyond the last few
+#: tokens); ``long``: ``A`` from U(0.001, 0.01) (per-token decay ``exp(-A * softplus(.))`` close to 1),
+#: so the state handed over at a block boundary still shapes the outputs hundreds of tokens later
+#: (what makes output comparisons see a wrong state; measured in docs/testing.md).
+GDN_MEMORY = {"short": None, "long": (0.001, 0.01)}
+
 #: Bumped whenever the generated checkpoint changes, so cached default builds are rebuilt.
 FORMAT_VERSION = 1
 
@@ -145,22 +152,40 @@ def _hf_model(arch: str, eos_id: int, pad_id: int):
     raise ValueError(f"--arch {arch!r} is not one of {', '.join(ARCHS)}")
 
 
-def build_model(out_dir: str | os.PathLike, arch: str = "qwen3_next", seed: int = 0) -> Path:
+def _set_gdn_memory(model, memory: str) -> None:
+    """Redraw every GDN layer's ``A_log`` for ``memory`` (:data:`GDN_MEMORY`)."""
+    import torch
+
+    bounds = GDN_MEMORY[memory]
+    if bounds is None:
+        return
+    for name, param in model.named_parameters():
+        if name.endswith("linear_attn.A_log"):
+            with torch.no_grad():
+                param.copy_(torch.empty_like(param).uniform_(*bounds).log_())
+
+
+def build_model(out_dir: str | os.PathLike, arch: str = "qwen3_next", seed: int = 0,
+                gdn_memory: str = "short") -> Path:
     """Write a tiny random hybrid checkpoint and its tokenizer to ``out_dir``.
 
     Args:
         out_dir: target directory; created, and replaced atomically if it exists.
         arch: ``"qwen3_next"`` or ``"qwen3_5"``.
         seed: seed of the weight initialisation (same seed, same weights).
+        gdn_memory: ``"short"`` (transformers' GDN decay) or ``"long"`` (:data:`GDN_MEMORY`).
 
     Returns:
         ``out_dir`` as a :class:`~pathlib.Path`.
 
     Raises:
-        ValueError: ``arch`` is not one of :data:`ARCHS`.
+        ValueError: ``arch`` is not one of :data:`ARCHS`, or ``gdn_memory`` not one of
+            :data:`GDN_MEMORY`.
     """
     if arch not in ARCHS:
         raise ValueError(f"--arch {arch!r} is not one of {', '.join(ARCHS)}")
+    if gdn_memory not in GDN_MEMORY:
+        raise ValueError(f"--gdn-memory {gdn_memory!r} is not one of {', '.join(GDN_MEMORY)}")
     import torch
 
     out = Path(out_dir)
@@ -173,11 +198,13 @@ def build_model(out_dir: str | os.PathLike, arch: str = "qwen3_next", seed: int 
         tok = Tokenizer.from_file(str(tmp / "tokenizer.json"))
         eos_id, pad_id = tok.token_to_id("<|im_end|>"), tok.token_to_id("<|endoftext|>")
         torch.manual_seed(seed)
-        model = _hf_model(arch, eos_id, pad_id).to(torch.bfloat16)
+        model = _hf_model(arch, eos_id, pad_id)
+        _set_gdn_memory(model, gdn_memory)
+        model = model.to(torch.bfloat16)
         model.config.dtype = "bfloat16"
         model.save_pretrained(tmp, safe_serialization=True)
         (tmp / "vllm_hybrid_npu.json").write_text(
-            json.dumps({"arch": arch, "seed": seed, "format": FORMAT_VERSION})
+            json.dumps({"arch": arch, "seed": seed, "gdn_memory": gdn_memory, "format": FORMAT_VERSION})
         )
         if out.exists():
             shutil.rmtree(out)
@@ -196,19 +223,20 @@ def cache_root() -> Path:
     return Path(env) if env else Path.home() / ".cache" / "vllm-hybrid-npu"
 
 
-def _default_name(arch: str, seed: int) -> str:
-    return f"tiny-{arch}-s{seed}"
+def _default_name(arch: str, seed: int, gdn_memory: str = "short") -> str:
+    return f"tiny-{arch}-s{seed}" + ("" if gdn_memory == "short" else f"-{gdn_memory}")
 
 
-def default_model_dir(arch: str = "qwen3_next", seed: int = 0) -> Path:
-    """Return the cached default build for ``arch``/``seed``, building it on first use."""
-    out = cache_root() / "models" / _default_name(arch, seed)
+def default_model_dir(arch: str = "qwen3_next", seed: int = 0, gdn_memory: str = "short") -> Path:
+    """Return the cached default build for ``arch``/``seed``/``gdn_memory``, building it on
+    first use."""
+    out = cache_root() / "models" / _default_name(arch, seed, gdn_memory)
     marker = out / "vllm_hybrid_npu.json"
     if marker.exists():
         meta = json.loads(marker.read_text())
         if meta.get("format") == FORMAT_VERSION:
             return out
-    return build_model(out, arch=arch, seed=seed)
+    return build_model(out, arch=arch, seed=seed, gdn_memory=gdn_memory)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -220,13 +248,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "$VLLM_HYBRID_NPU_CACHE or ~/.cache/vllm-hybrid-npu)",
     )
     parser.add_argument("--seed", type=int, default=0, help="weight initialisation seed")
+    parser.add_argument("--gdn-memory", choices=tuple(GDN_MEMORY), default="short",
+                        help="GDN decay: 'short' (transformers' init) or 'long' (states remembered "
+                        "for hundreds of tokens, so output comparisons see a wrong state)")
 
 
 def run(args: argparse.Namespace) -> int:
     if args.out is None:
-        out = build_model(cache_root() / "models" / _default_name(args.arch, args.seed),
-                          args.arch, args.seed)
+        out = build_model(cache_root() / "models" / _default_name(args.arch, args.seed, args.gdn_memory),
+                          args.arch, args.seed, args.gdn_memory)
     else:
-        out = build_model(args.out, args.arch, args.seed)
+        out = build_model(args.out, args.arch, args.seed, args.gdn_memory)
     print(out)
     return 0
