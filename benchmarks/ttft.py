@@ -1,18 +1,20 @@
 """Time to first token of cold requests, upstream vs the checkpoint policies.
 
 ``python -m benchmarks.ttft [--model DIR] [--blocks 1 2 ... 8]
-[--repeats 5] [--policies upstream tail adaptive] [--json FILE]``
+[--repeats 5] [--policies upstream lean [tail adaptive]] [--json FILE]``
 
 One real vLLM engine (in-process engine core, align mode, prefix caching on, enforce-eager)
 serves every run. For each repeat, each prompt size (``n`` blocks plus half a block, so that the
 prompt is not block-aligned) and each policy, in an interleaved order (policies rotated per
 repeat, because the CPU is shared with other work), a fresh random prompt (cold: no prefix hit)
 is generated with ``max_tokens=1``; the wall time of that ``LLM.generate`` call is its time to
-first token. Between runs the engine's scheduler is switched to the policy's class
-(the engine runs a policy scheduler class whose instance attribute ``checkpoint_policy`` is set
-per run; ``upstream`` returns vLLM's own split unchanged): the policies differ only in
-``_mamba_block_aligned_split`` and in state retention, and retention does not touch a cold
-request's prefill, so one engine serves all policies fairly.
+first token. Between runs the engine's scheduler is switched to the policy's chunk ends (the
+engine runs a scheduler class built by ``scheduler_class`` from a :class:`SplitRule` that
+delegates to the policy of the run; ``upstream`` returns vLLM's own split unchanged): the
+policies differ only in ``_mamba_block_aligned_split`` and in state retention, and retention does
+not touch a cold request's prefill, so one engine serves all policies fairly. Policies: the
+runtime's (``upstream``, ``lean``) and the lab's retired ``tail`` and ``adaptive``
+(``vllm_hybrid_npu_lab/retired_policies.py``, retired from the runtime on 2026-11-23).
 
 Prints a table (median TTFT per policy in ms, the ratio to upstream measured in the same run,
 the prefill steps each policy takes) and writes/prints one JSON object.
@@ -35,18 +37,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--blocks", type=int, nargs="+", default=list(range(1, 9)),
                         help="prompt sizes in blocks (each prompt gets half a block more)")
     parser.add_argument("--repeats", type=int, default=5, help="runs per size and policy")
-    parser.add_argument("--policies", nargs="+", default=["upstream", "tail", "adaptive"])
+    parser.add_argument("--policies", nargs="+", default=["upstream", "lean"],
+                        help="upstream, lean, or the lab's retired tail / adaptive")
     parser.add_argument("--max-num-batched-tokens", type=int, default=None,
                         help="engine token budget per step (default: vLLM's)")
     parser.add_argument("--json", default=None, help="also write the JSON result to this file")
 
 
 def run(args: argparse.Namespace) -> int:
-    from vllm_hybrid_npu.scheduling.split import POLICY_NAMES, checkpoint_positions
+    from vllm_hybrid_npu.scheduling.split import (
+        POLICY_NAMES,
+        SplitRule,
+        checkpoint_positions,
+        policy_chunk_tokens,
+    )
 
+    from vllm_hybrid_npu_lab.retired_policies import RULES
+
+    known = (*POLICY_NAMES, *RULES)
     for p in args.policies:
-        if p not in POLICY_NAMES:
-            raise SystemExit(f"--policies: unknown policy {p!r}; expected {', '.join(POLICY_NAMES)}")
+        if p not in known:
+            raise SystemExit(f"--policies: unknown policy {p!r}; expected {', '.join(known)}")
+    rules = {p: RULES.get(p, p) for p in args.policies}  # name or SplitRule
+    current = ["upstream"]
+
+    def run_policy(start: int, n: int, prefill_end: int, block_size: int) -> int:
+        return policy_chunk_tokens(start, n, prefill_end, block_size, rules[current[0]])
     if args.repeats < 1 or any(b < 1 for b in args.blocks):
         raise SystemExit("--repeats and --blocks must be >= 1")
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -54,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
 
     from vllm_hybrid_npu.tools.server import CPU_SAFE_ENGINE_ARGS
 
-    from vllm_hybrid_npu.scheduling.scheduler import CheckpointPolicyMixin
+    from vllm_hybrid_npu.scheduling.scheduler import CheckpointPolicyMixin, scheduler_class
 
     model = args.model
     if model is None:
@@ -65,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
     if args.max_num_batched_tokens:
         kw["max_num_batched_tokens"] = args.max_num_batched_tokens
     llm = LLM(model=model, enable_prefix_caching=True, mamba_cache_mode="align",
-              scheduler_cls="vllm_hybrid_npu.scheduling.scheduler.TailCheckpointScheduler",
+              scheduler_cls=scheduler_class(SplitRule("ttft-bench", run_policy)),
               **{**CPU_SAFE_ENGINE_ARGS, "kv_cache_memory_bytes": 256 << 20, "max_num_seqs": 4,
                  **kw})
     core = llm.llm_engine.engine_core.engine_core
@@ -89,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
     # one-off costs on CPU)
     for n in args.blocks:
         for p in args.policies:
-            sched.checkpoint_policy = p
+            current[0] = p
             once(n * bs + bs // 2)
     print("warm-up done", file=sys.stderr, flush=True)
     times: dict[tuple[int, str], list[float]] = {}
@@ -97,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
         order = args.policies[r % len(args.policies):] + args.policies[: r % len(args.policies)]
         for n in args.blocks:
             for p in order:
-                sched.checkpoint_policy = p
+                current[0] = p
                 times.setdefault((n, p), []).append(once(n * bs + bs // 2))
         print(f"repeat {r + 1}/{args.repeats} done", file=sys.stderr, flush=True)
 
@@ -112,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
                 "ttft_ms_median": round(med * 1e3, 2),
                 "ttft_ms_all": [round(t * 1e3, 2) for t in times[(n, p)]],
                 "ratio_to_" + args.policies[0]: round(med / ref, 3),
-                "prefill_steps": len(checkpoint_positions(tokens, bs, p, chunk_limit)),
+                "prefill_steps": len(checkpoint_positions(tokens, bs, rules[p], chunk_limit)),
             }
         rows.append(row)
     result = {"model": model, "block_size": bs, "max_num_batched_tokens": chunk_limit,

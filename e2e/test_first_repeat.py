@@ -38,19 +38,17 @@ CLASS_NAME = next(n for n, (p, base) in SCHEDULER_CLASS_NAMES.items()
 
 
 @pytest.fixture(scope="module")
-def llm(tiny_model_dir):
+def llm(tiny_model_dir, engine_args):
     mp = pytest.MonkeyPatch()
     mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process engine core
     from vllm import LLM
-
-    from vllm_hybrid_npu.tools.server import CPU_SAFE_ENGINE_ARGS
 
     engine = LLM(
         model=str(tiny_model_dir("qwen3_next")),
         enable_prefix_caching=True,
         mamba_cache_mode="align",
         scheduler_cls=f"vllm_hybrid_npu.scheduling.scheduler.{CLASS_NAME}",
-        **{**CPU_SAFE_ENGINE_ARGS, "kv_cache_memory_bytes": 256 << 20, "max_num_seqs": 4},
+        **{**engine_args, "kv_cache_memory_bytes": 256 << 20, "max_num_seqs": 4},
     )
     yield engine
     del engine
@@ -91,17 +89,15 @@ def test_policy_scheduler_is_running(llm):
 def test_shared_prefix_hits_on_first_repeat(llm, block_size, rng):
     bs = block_size
     # the shared prefix ends inside block 12 and every prompt's last block boundary (12 blocks)
-    # lies past it: upstream stores no state within the shared prefix on first sight.
+    # lies past it: upstream stores no state within the shared prefix on first sight; lean (the
+    # CPU default) stops and keeps a state at the prompt's last two boundaries, 11 and 12 blocks,
+    # so the first repeat hits the block-aligned shared prefix (11 blocks).
+    assert DEFAULT_POLICY["cpu"] == "lean"
     prefix = [rng.randrange(10, 1000) for _ in range(11 * bs + bs * 3 // 4)]
     prompts = [prefix + [rng.randrange(10, 1000) for _ in range(bs // 2)] for _ in range(3)]
     outs = [_gen(llm, p, 3) for p in prompts]
     expected_hit = len(prefix) // bs * bs  # the block-aligned shared prefix
-    if DEFAULT_POLICY["cpu"] == "tail":
-        assert [o.num_cached_tokens for o in outs] == [0, expected_hit, expected_hit]
-    else:
-        assert outs[0].num_cached_tokens == 0
-        assert 0 < outs[1].num_cached_tokens <= expected_hit
-        assert outs[2].num_cached_tokens == expected_hit
+    assert [o.num_cached_tokens for o in outs] == [0, expected_hit, expected_hit]
     for p, o in zip(prompts, outs):
         assert list(o.outputs[0].token_ids) == _cold(llm, p, 3)
 

@@ -37,14 +37,12 @@ pytestmark = pytest.mark.skipif(
 ENGINE = dict(kv_cache_memory_bytes=256 << 20, max_num_seqs=4, max_num_batched_tokens=4096)
 
 
-def _engine(tiny_model_dir, **kw):
+def _engine(tiny_model_dir, engine_args, **kw):
     from vllm import LLM
-
-    from vllm_hybrid_npu.tools.server import CPU_SAFE_ENGINE_ARGS
 
     # long GDN memory: a wrong state handed over at a hit would show in the outputs
     return LLM(model=str(tiny_model_dir("qwen3_next", gdn_memory="long")),
-               **{**CPU_SAFE_ENGINE_ARGS, **ENGINE, **kw})
+               **{**engine_args, **ENGINE, **kw})
 
 
 def _gen(llm, prompts, max_tokens):
@@ -82,7 +80,9 @@ class Scenario:
 
 
 @pytest.fixture(scope="module")
-def runs(tiny_model_dir, request, seed_for):
+def runs(tiny_model_dir, request, seed_for, engine_args, e2e_target_name):
+    if e2e_target_name != "cpu":
+        pytest.skip("the GDN 'all'-mode patches exist for the CPU target only (registry: gdn-*)")
     from vllm_hybrid_npu.patches import apply_patches, registry
 
     mp = pytest.MonkeyPatch()
@@ -105,7 +105,7 @@ def runs(tiny_model_dir, request, seed_for):
             ),
         ),
     ]:
-        llm = _engine(tiny_model_dir, **kw)
+        llm = _engine(tiny_model_dir, engine_args, **kw)
         cfg = llm.llm_engine.vllm_config.cache_config
         if name == "off":
             sc = Scenario(cfg.block_size, seed_for(request, "prompts"))

@@ -7,7 +7,6 @@ import pytest
 
 from vllm_hybrid_npu.tools import demo
 from vllm_hybrid_npu.tools.server import (
-    CPU_SAFE_ARGS,
     PREFIX_CACHING_ARGS,
     VllmServer,
     block_size_from_metrics,
@@ -15,10 +14,10 @@ from vllm_hybrid_npu.tools.server import (
 
 
 @pytest.fixture(scope="module")
-def cached_server(tiny_model_dir):
+def cached_server(tiny_model_dir, serve_args):
     model = tiny_model_dir("qwen3_next")
     server = VllmServer(
-        model, [*PREFIX_CACHING_ARGS, "--enable-prompt-tokens-details", *CPU_SAFE_ARGS]
+        model, [*PREFIX_CACHING_ARGS, "--enable-prompt-tokens-details", *serve_args]
     )
     server.start()
     yield server
@@ -30,9 +29,9 @@ def replay(cached_server):
     return demo.replay_conversations(cached_server.base_url, paragraphs=6, turns=2, max_tokens=8)
 
 
-def test_plugin_loaded_in_server_processes(cached_server):
+def test_plugin_loaded_in_server_processes(cached_server, e2e_target_name):
     log = cached_server.log_text()
-    lines = [l for l in log.splitlines() if "vllm-hybrid-npu" in l and "loaded: target=cpu" in l]
+    lines = [l for l in log.splitlines() if "vllm-hybrid-npu" in l and f"loaded: target={e2e_target_name}" in l]
     # API server process and engine-core process each load the plugin once.
     assert len(lines) >= 2, log[-3000:]
 
@@ -54,9 +53,9 @@ def test_repeats_hit_the_prefix_cache(replay):
         assert 0 <= r.cached_tokens < r.prompt_tokens
 
 
-def test_outputs_equal_prefix_caching_off(tiny_model_dir, replay):
+def test_outputs_equal_prefix_caching_off(tiny_model_dir, replay, serve_args):
     model = tiny_model_dir("qwen3_next")
-    with VllmServer(model, ["--no-enable-prefix-caching", *CPU_SAFE_ARGS]).start() as base:
+    with VllmServer(model, ["--no-enable-prefix-caching", *serve_args]).start() as base:
         base_results = demo.replay_bodies(base.base_url, [r.body for r in replay])
     assert all(b.cached_tokens == 0 for b in base_results)
     assert [r.output_token_ids for r in replay] == [b.output_token_ids for b in base_results]
@@ -95,13 +94,22 @@ def test_served_counters_explain_every_miss(cached_server, replay):
     """``/metrics`` (API-server process) carries the engine core's scheduler counts: every
     missed prompt token of the replay has one reason, state moves were counted, and the
     start-up line names the block size."""
+    from importlib.metadata import entry_points
+
     from vllm_hybrid_npu.tools.server import counter_from_metrics, counters_by_label
 
+    assert any(ep.name == "vllm_hybrid_npu" for ep in entry_points(group="vllm.stat_logger_plugins")), (
+        "the vllm.stat_logger_plugins entry point is not installed: reinstall the package "
+        "(pip install -e .) so vLLM loads vllm_hybrid_npu.metrics:HybridNpuStatLogger")
     text = cached_server.metrics()
     bs = block_size_from_metrics(text)
     miss = counters_by_label(text, "vllm_hybrid_npu:prefix_cache_miss_tokens_total", "reason")
     assert set(miss) == {"partial_block", "no_state", "evicted", "evicted_host", "new"}
     assert sum(miss.values()) == sum(r.prompt_tokens - r.cached_tokens for r in replay)
+    # ... and vLLM's own counters of the same lookups (no KV connector here)
+    queries = counter_from_metrics(text, "vllm:prefix_cache_queries_total")
+    hits = counter_from_metrics(text, "vllm:prefix_cache_hits_total")
+    assert sum(miss.values()) == queries - hits
     # by definition: the tokens past the last block boundary a hit can reach, (N - 1) // bs * bs
     assert miss["partial_block"] == sum(
         r.prompt_tokens - max((r.prompt_tokens - 1) // bs * bs, r.cached_tokens) for r in replay

@@ -42,9 +42,11 @@ results = {}
 unit = None  # tokens: the align-mode block size of the first engine; sizes the prompts of all
 for name, cfg in json.loads(sys.argv[1]).items():
     kw = {"mamba_cache_mode": "align"} if cfg["pc"] else {}
+    base = dict(gpu_memory_utilization=0.05, enforce_eager=True, seed=0)
+    base.update(json.loads(os.environ.get("VLLM_HYBRID_NPU_E2E_ENGINE_ARGS") or "{}"))  # target's
     llm = LLM(model=cfg["model"], enable_prefix_caching=cfg["pc"], kv_cache_memory_bytes=cfg["kv"],
-              gpu_memory_utilization=0.05, max_model_len=MAX_LEN, max_num_seqs=4, enforce_eager=True,
-              seed=0, max_num_batched_tokens=cfg.get("mnbt", 128), disable_log_stats=False, **kw)
+              max_model_len=MAX_LEN, max_num_seqs=4, max_num_batched_tokens=cfg.get("mnbt", 128),
+              disable_log_stats=False, **base, **kw)
     runner = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner
     bss = [g.kv_cache_spec.block_size for g in runner.kv_cache_config.kv_cache_groups]
     kinds = [type(g.kv_cache_spec).__name__ for g in runner.kv_cache_config.kv_cache_groups]
@@ -97,6 +99,7 @@ def _run(mode: str, configs: dict) -> dict:
             "VLLM_HYBRID_NPU_CHECKPOINTS")
     env = {k: v for k, v in os.environ.items() if k not in drop}
     env.update(MODES[mode])
+    env.update(json.loads(os.environ.get("VLLM_HYBRID_NPU_E2E_WORKER_ENV") or "{}"))  # target's
     proc = subprocess.run(
         [sys.executable, "-c", WORKLOAD, json.dumps(configs)],
         env=env, capture_output=True, text=True, timeout=900,
@@ -248,15 +251,15 @@ def test_qwen3_5_ours_equals_caching_off(tiny_model_dir, seed):
     assert runs["pc"]["stale"] == [[], [], []]
 
 
-def test_served_log_line(tiny_model_dir):
+def test_served_log_line(tiny_model_dir, serve_args):
     """``vllm serve --enable-prefix-caching --mamba-cache-mode align``: every process's load line
     lists what applied, and the configuration wrapper applied in the API-server process."""
     import requests
 
-    from vllm_hybrid_npu.tools.server import CPU_SAFE_ARGS, PREFIX_CACHING_ARGS, VllmServer
+    from vllm_hybrid_npu.tools.server import PREFIX_CACHING_ARGS, VllmServer
 
     model = tiny_model_dir("qwen3_next")
-    with VllmServer(model, [*PREFIX_CACHING_ARGS, *CPU_SAFE_ARGS, "--max-num-batched-tokens", "256"]) as srv:
+    with VllmServer(model, [*PREFIX_CACHING_ARGS, *serve_args, "--max-num-batched-tokens", "256"]) as srv:
         prompt = [11 + (i * 7) % 1900 for i in range(1000)]  # > 2 blocks of 384 tokens
         for _ in range(2):
             r = requests.post(srv.base_url + "/v1/completions", json={

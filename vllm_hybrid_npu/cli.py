@@ -17,6 +17,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "vllm_hybrid_npu.tools.make_model",
         "write a tiny random-weight hybrid checkpoint (GDN + attention) and a local tokenizer",
     ),
+    "wheelhouse": (
+        "vllm_hybrid_npu.tools.wheelhouse",
+        "build an offline wheelhouse for an air-gapped site (cuda, npu) and install from it",
+    ),
     "demo": (
         "vllm_hybrid_npu.tools.demo",
         "serve a hybrid model with --enable-prefix-caching --mamba-cache-mode align and show hits",

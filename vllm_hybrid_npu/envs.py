@@ -80,21 +80,22 @@ register(EnvVar(
 ))
 register(EnvVar(
     name="VLLM_HYBRID_NPU_CHECKPOINTS",
-    values=("upstream", "tail", "adaptive", "lean", "gdn"),
+    values=("upstream", "lean", "gdn"),
     kind="",
     default="per target: `upstream` on NPU, `lean` on CUDA and CPU (`scheduling.DEFAULT_POLICY`)",
     read_by="`scheduling.selected_policy`; registry entry `checkpoint-policy` "
     "(`SchedulerConfig.get_scheduler_cls`)",
     effect="checkpoint policy of the scheduler: `upstream` = vLLM's own chunk ends and retention "
-    "(nothing installed); `tail` = a chunk end (a state) at every block boundary of a prefill; "
-    "`adaptive` = chunk ends at power-of-two block distances below the prompt's last block "
-    "boundary; `lean` = chunk ends at the prompt's last 2 block boundaries, only those states "
+    "(nothing installed); `lean` = chunk ends at the prompt's last 2 block boundaries, only those states "
     "kept (sparse retention) ([first-repeat-hits.md](first-repeat-hits.md)); `gdn` = GDN states "
     "at every block boundary from inside the step: `--mamba-cache-mode align` becomes `all` for "
     "GDN models on CPU, scheduler `GdnCheckpointScheduler` (dense retention, no extra chunk "
     "ends); on CUDA/NPU a warning and align mode ([gdn-checkpoints.md](gdn-checkpoints.md)). "
     "The entry `checkpoint-policy` shows as applied in the load line unless the policy is "
-    "`upstream`; an explicit `--scheduler-cls` wins",
+    "`upstream`; an explicit `--scheduler-cls` wins. The retired `tail` and `adaptive` raise "
+    "`ValueError`: `tail` = vLLM's `--long-prefill-token-threshold <block size> "
+    "--prefix-cache-retention-interval None`; `adaptive` is lab only "
+    "(`vllm-hybrid-npu-lab hitrate --policy adaptive`)",
 ))
 register(EnvVar(
     name="VLLM_HYBRID_NPU_COPY_IMPL",

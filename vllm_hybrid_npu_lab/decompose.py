@@ -218,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tp", type=int, default=1)
     p.add_argument("--kv-cache-gib", type=float, default=16.0)
     p.add_argument("--limit", type=int, default=1500)
-    p.add_argument("--policy", nargs="+", default=["upstream", "adaptive"])
+    p.add_argument("--policy", nargs="+", default=["upstream", "lean"])
     p.add_argument("--sample-every", type=int, default=20)
     args = p.parse_args(argv)
     # vLLM logs to stdout by default; keep stdout for the JSON (as the hitrate CLI does)

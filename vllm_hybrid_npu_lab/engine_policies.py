@@ -1,22 +1,26 @@
-"""The checkpoint policies (``tail``, ``adaptive``, ``lean`` and lab-only ``lean`` lever variants) registered in the hit-rate lab.
+"""The checkpoint policies (``lean``, the retired ``tail`` and ``adaptive``, ``gdn`` variants and lab-only ``lean`` lever variants) registered in the hit-rate lab.
 
-Importing this module registers them in :data:`vllm_hybrid_npu_lab.policies.POLICIES` under the
-names ``VLLM_HYBRID_NPU_CHECKPOINTS`` uses; ``upstream`` is the lab's own entry. Registration is
+Importing this module registers them in :data:`vllm_hybrid_npu_lab.policies.POLICIES`; ``lean``
+under the name ``VLLM_HYBRID_NPU_CHECKPOINTS`` uses, ``upstream`` is the lab's own entry. ``tail``
+and ``adaptive`` are lab-only since 2026-11-23 (:mod:`.retired_policies`: split rules passed to the
+runtime's ``scheduler_class``). Registration is
 idempotent (a second import, or a name already registered by this module, is skipped).
 
-Each policy's ``scheduler_class()`` is :func:`vllm_hybrid_npu.scheduling.scheduler.scheduler_class`
+``lean``'s ``scheduler_class()`` is :func:`vllm_hybrid_npu.scheduling.scheduler.scheduler_class`
 over vLLM's ``Scheduler``: the very class the plugin installs in the engine (there the base is
 ``AsyncScheduler`` when async scheduling is on; both share the split and retention code).
 """
 
 from __future__ import annotations
 
-from vllm_hybrid_npu_lab.policies import POLICIES, Policy, register_policy
+from vllm_hybrid_npu_lab.registry import POLICIES, Policy, register_policy
+from vllm_hybrid_npu_lab.retired_policies import RULES as RETIRED_RULES
 
 DESCRIPTIONS = {
-    "tail": "state checkpoint at every block boundary of the prefill, dense state retention",
-    "adaptive": "checkpoints at 1, 2, 4, 8... blocks and the prompt's last block boundary, "
-    "dense state retention",
+    "tail": "retired from the runtime (= vLLM's --long-prefill-token-threshold <block size> "
+    "--prefix-cache-retention-interval None): " + RETIRED_RULES["tail"].description,
+    "adaptive": "retired from the runtime (below upstream's best): "
+    + RETIRED_RULES["adaptive"].description,
     "lean": "checkpoints at the prompt's last 2 block boundaries; keeps only those, decode "
     "boundaries and junctions; segment-ordered eviction (orphaned attention blocks first)",
 }
@@ -45,7 +49,7 @@ def _factory(policy: str):
     def scheduler_class() -> type:
         from vllm_hybrid_npu.scheduling.scheduler import scheduler_class as make
 
-        return make(policy)
+        return make(RETIRED_RULES.get(policy, policy))
 
     return scheduler_class
 
@@ -112,7 +116,8 @@ def _gdn_factory(name: str, policy: str, overrides: dict | None):
 
 
 def register() -> list[str]:
-    """Register ``tail`` and ``adaptive`` in the lab (skipping names already present).
+    """Register ``tail``, ``adaptive``, ``lean``, the ``gdn`` variants and the lean levers in the
+    lab (skipping names already present).
 
     Returns:
         The names registered by this call.

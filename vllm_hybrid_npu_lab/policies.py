@@ -30,10 +30,9 @@ module only needs its name added there.
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass, field
-from typing import Any, Callable
 
-#: modules that register more policies on import (issue 7: ``tail``, ``adaptive``); a module
+#: modules that register more policies on import (``lean`` and its levers, the retired ``tail`` and
+#: ``adaptive``, the upstream option grid); a module
 #: that is not installed is skipped, any other import error propagates
 POLICY_MODULES: tuple[str, ...] = (
     "vllm_hybrid_npu_lab.upstream_grid",
@@ -48,31 +47,9 @@ DEFAULT_POLICY = "lean"
 UPSTREAM_BEST = "upstream-best"
 
 
-def _noop(vllm_config: Any) -> None:
-    return None
-
-
-@dataclass(frozen=True)
-class Policy:
-    """A replay policy (see module docstring for the contract)."""
-
-    name: str
-    description: str
-    scheduler_class: Callable[[], type]
-    configure: Callable[[Any], None] = field(default=_noop)
-    tune: Callable[[Any, int], None] | None = None
-
-
-#: name -> Policy; iterate in registration order
-POLICIES: dict[str, Policy] = {}
-
-
-def register_policy(policy: Policy) -> Policy:
-    """Add ``policy`` to :data:`POLICIES` and return it; ``ValueError`` if the name is taken."""
-    if policy.name in POLICIES:
-        raise ValueError(f"policy {policy.name!r} is already registered")
-    POLICIES[policy.name] = policy
-    return policy
+# The registry itself lives in .registry (policy modules import it, not this module, so that
+# POLICY_MODULES naming them makes no import cycle); re-exported here.
+from vllm_hybrid_npu_lab.registry import POLICIES, Policy, register_policy  # noqa: E402,F401
 
 
 def load_policy_modules() -> None:
@@ -104,13 +81,14 @@ def _upstream_scheduler() -> type:
     return Scheduler
 
 
-register_policy(
-    Policy(
-        name="upstream",
-        description="the installed vLLM's Scheduler, unmodified (align mode)",
-        scheduler_class=_upstream_scheduler,
+if "upstream" not in POLICIES:
+    register_policy(
+        Policy(
+            name="upstream",
+            description="the installed vLLM's Scheduler, unmodified (align mode)",
+            scheduler_class=_upstream_scheduler,
+        )
     )
-)
 
 
 def _free_states_scheduler() -> type:
@@ -121,11 +99,12 @@ def _free_states_scheduler() -> type:
     return free_states_scheduler(Scheduler)
 
 
-register_policy(
-    Policy(
-        name="free-states",
-        description="reference, not a policy: cached GDN states free and everywhere, running "
-        "requests' states charged (vllm_hybrid_npu_lab/bounds.py)",
-        scheduler_class=_free_states_scheduler,
+if "free-states" not in POLICIES:
+    register_policy(
+        Policy(
+            name="free-states",
+            description="reference, not a policy: cached GDN states free and everywhere, running "
+            "requests' states charged (vllm_hybrid_npu_lab/bounds.py)",
+            scheduler_class=_free_states_scheduler,
+        )
     )
-)

@@ -12,8 +12,10 @@ one ``RESULT`` line per case and a final JSON object:
   cached tokens.
 
 ``--policy upstream`` names vLLM's own ``Scheduler`` with ``scheduler_cls`` (an explicit class
-wins over the plugin's default policy); ``tail`` / ``adaptive`` name the policy class (what the
-plugin installs by default); ``gdn`` runs ``--mamba-cache-mode all`` with
+wins over the plugin's default policy); ``lean`` names the runtime's ``LeanCheckpointScheduler``
+(the plugin's default on CUDA and CPU); ``tail`` / ``adaptive`` (retired from the runtime on
+2026-11-23, lab only) pass the class built from :mod:`.retired_policies`' split rule (an in-process
+engine takes a class as ``scheduler_cls``); ``gdn`` runs ``--mamba-cache-mode all`` with
 ``GdnCheckpointScheduler`` (what ``VLLM_HYBRID_NPU_CHECKPOINTS=gdn`` selects: GDN states at every
 block boundary inside the step, :mod:`vllm_hybrid_npu.patches.gdn_all_mode`).
 """
@@ -50,6 +52,12 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("--engine-args must be a JSON object")
     if args.policy == "upstream":
         kw["scheduler_cls"] = "vllm.v1.core.sched.scheduler.Scheduler"
+    elif args.policy in ("tail", "adaptive"):
+        from vllm_hybrid_npu.scheduling.scheduler import scheduler_class
+
+        from vllm_hybrid_npu_lab.retired_policies import RULES
+
+        kw["scheduler_cls"] = scheduler_class(RULES[args.policy])
     else:
         kw["scheduler_cls"] = (
             f"vllm_hybrid_npu.scheduling.scheduler.{args.policy.capitalize()}CheckpointScheduler")

@@ -31,7 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from vllm_hybrid_npu_lab.policies import POLICIES, Policy, register_policy
+from vllm_hybrid_npu_lab.registry import POLICIES, Policy, register_policy
 
 
 @dataclass(frozen=True)
@@ -97,7 +97,7 @@ def _upstream_scheduler() -> type:
 def register() -> None:
     """Register every grid setting except ``upstream`` (registered by :mod:`.policies`)."""
     for s in UPSTREAM_GRID:
-        if s.name in POLICIES:
+        if s.name == "upstream" or s.name in POLICIES:  # "upstream": .policies registers it
             continue
         register_policy(
             Policy(

@@ -198,6 +198,7 @@ class Sim:
         self.preempted: list[Req] = []
         self.n = 0
         self.t = 0  # steps taken
+        self.accepted_all = False
         self.finished_ids: set[str] = set()
         self.preempted_ids: set[str] = set()
 
@@ -262,7 +263,14 @@ class Sim:
         for r in batch:
             n = scheduled[r.rid]
             if r.rid in spec:
-                r.accepted = rng.randint(1, 1 + len(spec[r.rid]))
+                # the first speculative step of a case accepts every draft (a non-zero accept
+                # bias is then certain to reach preprocess), later ones a random count
+                if self.accepted_all:
+                    r.accepted = rng.randint(1, 1 + len(spec[r.rid]))
+                else:
+                    r.accepted = 1 + len(spec[r.rid])
+                    r.max_out = max(r.max_out, r.out + r.accepted + 1)  # next step sees it
+                    self.accepted_all = True
                 r.computed += n - len(spec[r.rid]) + r.accepted - 1
                 r.out += r.accepted
             else:
@@ -305,6 +313,9 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, required=True)
     ap.add_argument("--launcher", default="plugin", choices=("plugin", "standin", "upstream"))
     ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--copy-impl", default="triton", choices=("triton", "torch"),
+                    help="what moves the bytes on CPU: our Triton kernel under the interpreter "
+                         "(default) or ops' torch implementation")
     ap.add_argument("--sync-check", action="store_true",
                     help="then replay the cases again with the runner's staged buffers on the meta "
                          "device and the copy launchers monitored for host syncs, uploads, files")
@@ -375,12 +386,28 @@ def run(args, result) -> None:
     if getattr(mamba_utils, "batch_memcpy_kernel", None) is not None:
         mamba_utils.batch_memcpy_kernel = UpstreamKernel()
 
-    real_torch_copy = ops_memcpy.batch_memcpy_torch
+    # the bytes are moved by our Triton kernel itself, under the Triton interpreter (CPU tensors);
+    # ``--copy-impl torch`` uses ops' torch implementation instead (faster, same contract)
+    os.environ[ops.COPY_IMPL_ENV] = args.copy_impl
+    if args.copy_impl == "triton":
+        os.environ["TRITON_INTERPRET"] = "1"  # read by ops (not by vLLM: imported already)
+    ops.refresh_settings()
+    result["copy_impl"] = args.copy_impl
+    from vllm_hybrid_npu.ops import _triton_copy
+
+    real_launch, real_torch_copy = _triton_copy.launch, ops_memcpy.batch_memcpy_torch
+
+    def recording_launch(kernel, src, dst, sizes, *a, **k):
+        if src.device.type == "cpu":
+            rec.calls.append({"layer": rec.layer, "rows": byte_rows(src, dst, sizes),
+                              "impl": "triton"})
+        return real_launch(kernel, src, dst, sizes, *a, **k)
 
     def recording_copy(src, dst, sizes):
-        rec.calls.append({"layer": rec.layer, "rows": byte_rows(src, dst, sizes)})
+        rec.calls.append({"layer": rec.layer, "rows": byte_rows(src, dst, sizes), "impl": "torch"})
         return real_torch_copy(src, dst, sizes)
 
+    _triton_copy.launch = recording_launch
     ops_memcpy.batch_memcpy_torch = recording_copy
     result["launchers"] = {
         "patch_mamba_utils._batch_memcpy_triton": qualname(getattr(pmu, "_batch_memcpy_triton", None)),
@@ -405,6 +432,11 @@ def run(args, result) -> None:
     run_cases(args, result, "cpu", "", plan, runner_src, rec, mamba_utils, pmu, torch, triton_ok)
     if args.sync_check and triton_ok:
         # the same cases with the staged buffers on the meta device, launchers monitored
+        # the device path: ops picks its Triton launch for device tensors (not the CPU choice)
+        import vllm_hybrid_npu.ops as ops_mod
+
+        os.environ[ops_mod.COPY_IMPL_ENV] = "auto"
+        ops_mod.refresh_settings()
         report, monitored = install_sync_monitor(pmu, mamba_utils, torch)
         result["sync_check"] = report
         run_cases(args, result, "meta", "meta:", plan, runner_src, rec, mamba_utils, pmu, torch,
@@ -817,6 +849,9 @@ def replay_case(args, device_name, runner_src, rec, mamba_utils, pmu, torch, con
         if device_name == "meta":
             pass  # rows live on the meta device; the sync report counts the copies launched
         elif triton_ok:
+            impls = {c["impl"] for c in calls}
+            if calls and impls != {args.copy_impl}:
+                raise AssertionError(f"step {step}: copies ran through {impls}, not {args.copy_impl}")
             if sorted(launched) != sorted(plan):
                 raise AssertionError(f"step {step}: launched rows {sorted(launched)} != plan {sorted(plan)}")
             if layerwise:

@@ -2,8 +2,9 @@
 
 ``tests/ascend/sched_replay.py`` imports vllm-ascend's ``patch_mamba_block_aligned_split`` (the
 split wrapper) and ``patch_balance_schedule`` (``BalanceScheduler``) for real, applies the
-plugin's registry with ``VLLM_HYBRID_NPU_CHECKPOINTS=tail`` (a checkpoint stop at every block
-boundary of the prefill; the NPU default is ``upstream``), takes the
+plugin's registry with ``VLLM_HYBRID_NPU_CHECKPOINTS=lean`` (the runtime policy: a checkpoint stop
+one block below the prompt's last block boundary, sparse retention and segment-ordered eviction;
+the NPU default is ``upstream``), takes the
 scheduler class from vLLM's ``SchedulerConfig.get_scheduler_cls`` and replays four requests
 sharing a random prefix through vLLM's real scheduler and KV-cache manager (the lab's replay).
 Balance scheduling on (vllm-ascend's copied ``schedule()`` runs) and off (``super().schedule``).
@@ -28,7 +29,7 @@ SEED = int(os.environ.get("VLLM_HYBRID_NPU_TEST_SEED") or random.SystemRandom().
 @pytest.fixture(scope="module", params=["on", "off"], ids=["balance-on", "balance-off"])
 def composed(request, tmp_path_factory):
     out = tmp_path_factory.mktemp("sched") / "r.json"
-    cmd = [sys.executable, str(HERE / "sched_replay.py"), "--seed", str(SEED), "--policy", "tail",
+    cmd = [sys.executable, str(HERE / "sched_replay.py"), "--seed", str(SEED), "--policy", "lean",
            "--balance", request.param, "--out", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0 and out.exists(), (
@@ -42,7 +43,11 @@ def composed(request, tmp_path_factory):
 def test_policy_class_wraps_balance_scheduler_and_ascend_split(composed):
     assert composed["installed"] == ["checkpoint-policy"] and composed["failed"] == {}
     mro = composed["mro"]
-    policy = mro.index("vllm_hybrid_npu.scheduling.scheduler.CheckpointPolicyMixin")
+    lean = next(i for i, c in enumerate(mro)
+                if c.startswith("vllm_hybrid_npu.") and c.endswith(".LeanRetentionMixin"))
+    policy = next(i for i, c in enumerate(mro)
+                  if c.startswith("vllm_hybrid_npu.") and c.endswith(".CheckpointPolicyMixin"))
+    assert lean < policy, mro
     balance = mro.index("vllm_ascend.patch.platform.patch_balance_schedule.BalanceScheduler")
     vllm = mro.index("vllm.v1.core.sched.scheduler.Scheduler")
     assert policy < balance < vllm, mro
@@ -60,15 +65,15 @@ def test_requests_scheduled_with_the_policy_chunk_ends(composed):
     policy_stops = 0
     for rid, start, asked, got, prefill_end in composed["splits"]:
         assert 0 <= got <= asked, (rid, start, asked, got)
-        boundary = (start // bs + 1) * bs
-        if boundary < prefill_end:
-            # tail: no chunk crosses a block boundary inside the prefill
-            assert start + got <= boundary, f"seed {SEED}: chunk {start}+{got} crosses {boundary}"
-            last_boundary = prefill_end // bs * bs
-            if start + asked > boundary and start + got == boundary and boundary < last_boundary:
+        stop = prefill_end // bs * bs - bs  # lean's window: the boundary below the last one
+        if start < stop:
+            # lean: no chunk crosses its stop
+            assert start + got <= stop, f"seed {SEED}: chunk {start}+{got} crosses {stop}"
+            if start + asked > stop and start + got == stop:
                 policy_stops += 1  # a stop upstream would not make on first sight
     assert policy_stops > 0, f"seed {SEED}: no checkpoint stop of the policy appeared"
-    # tail puts a state on every block boundary: the first repeat hits the whole shared prefix
+    # every prompt's last boundary is one block past the shared prefix, so lean's window keeps a
+    # state at the shared prefix's end: the first repeat hits the whole shared prefix
     shared_tokens = [len(h) - 1 for _, _, h in rows][0] * 512
     assert composed["cached_per_request"][0] == 0
     assert composed["cached_per_request"][1] == shared_tokens, (SEED, composed["cached_per_request"])

@@ -75,7 +75,7 @@ def test_gdn_policy_switches_align_to_all(tiny_model_dir, monkeypatch):
 
 
 def test_other_policies_keep_align(tiny_model_dir, monkeypatch):
-    monkeypatch.setenv("VLLM_HYBRID_NPU_CHECKPOINTS", "adaptive")
+    monkeypatch.setenv("VLLM_HYBRID_NPU_CHECKPOINTS", "lean")
     cfg = _config(tiny_model_dir, mamba_cache_mode="align")
     assert cfg.cache_config.mamba_cache_mode == "align"
 

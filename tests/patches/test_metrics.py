@@ -42,9 +42,13 @@ def cfg(tmp_path_factory):
 
 @pytest.fixture
 def patched():
+    before = hook.applied()  # vLLM may have loaded the plugin in this process already
     hook.apply()
+    assert hook.applied()
     yield
-    hook.unapply()
+    if not before:
+        hook.unapply()
+        assert not hook.applied()
 
 
 def _scheduler(cfg, max_num_batched_tokens):

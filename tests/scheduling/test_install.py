@@ -102,3 +102,25 @@ def test_npu_default_is_upstream():
     finally:
         if env is not None:
             os.environ["VLLM_HYBRID_NPU_CHECKPOINTS"] = env
+
+
+def test_retired_policies_raise_with_what_replaces_them(monkeypatch):
+    """``tail`` and ``adaptive`` were retired (2026-11-23): the error names the variable and
+    says what replaces them."""
+    from vllm_hybrid_npu.scheduling import selected_policy
+
+    monkeypatch.setenv("VLLM_HYBRID_NPU_CHECKPOINTS", "tail")
+    with pytest.raises(ValueError) as err:
+        selected_policy("cpu")
+    msg = str(err.value)
+    assert "VLLM_HYBRID_NPU_CHECKPOINTS='tail'" in msg
+    assert "--long-prefill-token-threshold <block size> --prefix-cache-retention-interval None" in msg
+    monkeypatch.setenv("VLLM_HYBRID_NPU_CHECKPOINTS", "Adaptive")
+    with pytest.raises(ValueError) as err:
+        selected_policy("cpu")
+    msg = str(err.value)
+    assert "VLLM_HYBRID_NPU_CHECKPOINTS='Adaptive'" in msg and "'adaptive' was retired" in msg
+    assert "vllm-hybrid-npu-lab hitrate --policy adaptive" in msg
+    for value in ("upstream", "lean", "gdn"):
+        monkeypatch.setenv("VLLM_HYBRID_NPU_CHECKPOINTS", value)
+        assert selected_policy("cpu") == value

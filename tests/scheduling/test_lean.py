@@ -63,8 +63,8 @@ def test_lean_hits_a_prefix_ending_one_block_before_the_prompt_end(cfg):
 
 def test_lean_keeps_only_its_boundaries(cfg):
     # one 4000-token prompt (15 full blocks, last boundary 3840), 1 output token: lean keeps
-    # the window {3584, 3840}: 2 states; tail keeps one per block boundary crossed by a step end
-    # (15); upstream only the replay boundary (1); a window of 3 adds 3328, the ladder 256, 512,
+    # the window {3584, 3840}: 2 states; the lab's retired tail keeps one per block boundary
+    # crossed by a step end (15); upstream only the replay boundary (1); a window of 3 adds 3328, the ladder 256, 512,
     # 1024, 2048.
     rows = [(4000, 1, [1, 2, 3, 4, 5, 6, 7, 8])]
     assert _run(cfg, rows, "lean").cached_states == 2

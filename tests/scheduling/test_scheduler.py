@@ -4,7 +4,9 @@ replay: real hybrid KV-cache specs, align mode, only the forward pass stood in).
 Tiny hybrid (3 GDN + 1 attention layer), block size 256 tokens, requests 10 simulated seconds
 apart (each runs alone). Trace blocks are 512 tokens, so a prompt sharing its first ``k`` trace
 blocks with an earlier one shares ``512 * k`` tokens; the hits expected below are worked out by
-hand from the rule each policy states.
+hand from the rule each policy states. ``tail`` and ``adaptive`` are the lab's retired policies
+(``vllm_hybrid_npu_lab/retired_policies.py``), built through the runtime's split-rule extension
+point (``scheduler_class(SplitRule)``); the runtime's names for them raise.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from vllm_hybrid_npu_lab.presets import TINY_HYBRID, resolve_model
 from vllm_hybrid_npu_lab.replay import replay
 from vllm_hybrid_npu_lab.trace import TraceRequest
 from vllm_hybrid_npu.scheduling.scheduler import CheckpointPolicyMixin, scheduler_class
+from vllm_hybrid_npu_lab.retired_policies import RULES
 
 TINY = TINY_HYBRID
 BS = 256
@@ -40,7 +43,7 @@ def _run(cfg, rows, policy, max_num_batched_tokens=8192):
         max_num_batched_tokens=max_num_batched_tokens,
     )
     assert setup.block_size == BS
-    return replay(reqs, setup, scheduler_class(policy))
+    return replay(reqs, setup, scheduler_class(RULES.get(policy, policy)))
 
 
 # Four 2000-token prompts sharing 3 trace blocks = 1536 tokens = 6 blocks of 256. The prompt's
@@ -76,12 +79,13 @@ def test_prompt_shorter_than_a_block_and_exact_resend(cfg, policy):
     assert res.computed_prompt_tokens == up.computed_prompt_tokens == 400
 
 
-@pytest.mark.parametrize("policy", ["upstream", "tail", "adaptive"])
+@pytest.mark.parametrize("policy", ["upstream", "tail", "adaptive", "lean"])
 def test_chunk_limit_smaller_than_prompt(cfg, policy):
     # token budget 512 (2 blocks): every policy's prefill chunks end at 512, 1024, 1536, ...,
     # so a state at the shared 1536 is computed on first sight. Upstream's sparse retention
     # (prefix_cache_retention_interval=0) keeps only the replay boundary (1792) and drops it;
-    # the policies retain it, and the second request hits all 1536 shared tokens.
+    # the policies retain it (lean: 1536 is one of the prompt's last 2 boundaries, 1536 and
+    # 1792), and the second request hits all 1536 shared tokens.
     res = _run(cfg, SHARED[:2], policy, max_num_batched_tokens=512)
     hit = 0 if policy == "upstream" else 1536
     assert res.cached_per_request == [0, hit]
@@ -93,10 +97,31 @@ def test_policy_class_keeps_base_and_dense_retention(cfg):
     from vllm.v1.core.sched.scheduler import Scheduler
 
     assert scheduler_class("upstream") is Scheduler
-    tail = scheduler_class("tail")
+    lean = scheduler_class("lean")
+    assert issubclass(lean, Scheduler) and issubclass(lean, CheckpointPolicyMixin)
+    assert scheduler_class("lean") is lean  # cached
+    assert issubclass(scheduler_class("lean", AsyncScheduler), AsyncScheduler)
+    # a split rule (the extension point): a dense-retention class named after the rule
+    tail = scheduler_class(RULES["tail"])
     assert issubclass(tail, Scheduler) and issubclass(tail, CheckpointPolicyMixin)
-    assert scheduler_class("tail") is tail  # cached
-    atail = scheduler_class("tail", AsyncScheduler)
+    assert tail.__name__ == "TailCheckpointScheduler" and tail.dense_retention
+    assert tail.split_rule is RULES["tail"] and scheduler_class(RULES["tail"]) is tail
+    atail = scheduler_class(RULES["tail"], AsyncScheduler)
     assert issubclass(atail, AsyncScheduler)
-    with pytest.raises(ValueError, match="VLLM_HYBRID_NPU_CHECKPOINTS"):
+    with pytest.raises(ValueError, match="VLLM_HYBRID_NPU_CHECKPOINTS='every'"):
         scheduler_class("every")
+    from vllm_hybrid_npu.scheduling.split import SplitRule
+
+    with pytest.raises(ValueError, match="'lean'"):
+        scheduler_class(SplitRule("lean", RULES["tail"].chunk_tokens))
+
+
+@pytest.mark.parametrize("name", ["tail", "adaptive"])
+def test_retired_policy_names_raise(name):
+    with pytest.raises(ValueError, match=f"VLLM_HYBRID_NPU_CHECKPOINTS='{name}'.*was retired"):
+        scheduler_class(name)
+    import vllm_hybrid_npu.scheduling.scheduler as mod
+
+    assert not any(name in p for p, _ in mod.SCHEDULER_CLASS_NAMES.values())
+    with pytest.raises(AttributeError):
+        getattr(mod, f"{name.capitalize()}CheckpointScheduler")

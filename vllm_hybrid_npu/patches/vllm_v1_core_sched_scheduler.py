@@ -5,7 +5,10 @@ Patches (vLLM 0.23.0, 0.30.0, 0.32.0; every target, since they only read the sch
 * ``vllm.v1.core.sched.scheduler:Scheduler.schedule`` (``step-counters``): after upstream's
   ``schedule()`` returns its ``SchedulerOutput``, counts in plain ints (a) the align-mode state
   moves of the step and their bytes and (b) the missed prompt tokens, by reason, of each request
-  scheduled for the first time. O(scheduled requests) Python per step, no tensor, no host sync.
+  scheduled for the first time. O(scheduled requests) Python per step, no tensor, no host sync
+  (cProfile of a 600-request Mooncake-trace replay through vLLM 0.30.0's Scheduler, Qwen3.5-35B
+  specs, 2026-11-23: 0.19 s of ours against 19.0 s in ``schedule`` + ``update_from_output``, about
+  1 %; a profile, not a benchmark).
 * ``vllm.v1.core.sched.scheduler:Scheduler.make_stats`` (``step-counters-stats``): attaches the
   counts since the previous call to upstream's ``SchedulerStats`` as
   ``SchedulerStats.vllm_hybrid_npu`` (declared by :func:`vllm_hybrid_npu.metrics.
@@ -78,10 +81,6 @@ _SCHED = "vllm.v1.core.sched.scheduler"
 _KVM = "vllm.v1.core.kv_cache_manager"
 
 
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 def state_bytes_per_move(kv_cache_config: Any, tensor_parallel_size: int = 1) -> tuple[int, int | None]:
     """Bytes one align-mode state move copies, and the GDN/Mamba block size.
 
@@ -141,15 +140,30 @@ class StepCounters:
         self.tracker: MissTracker | None = None
         kvm = scheduler.kv_cache_manager
         if cache_config.enable_prefix_caching:
-            hbs = int(getattr(scheduler, "hash_block_size", None) or cache_config.block_size)
+            # the scheduler's block size (LCM of the KV-cache groups' block sizes), where vLLM
+            # registers full-block entries; cache_config.block_size is not always it in the
+            # engine-core process (vLLM 0.30.0 CPU serve: 128 there, 384-token
+            # cache blocks; the INFO line below shows both)
+            bs = int(getattr(scheduler, "block_size", None) or cache_config.block_size)
+            hbs = int(getattr(scheduler, "hash_block_size", None) or bs)
             kvc = scheduler.kv_cache_config
-            cap = max(4 * int(getattr(kvc, "num_blocks", 0)) * max(cache_config.block_size // hbs, 1), 1 << 16)
+            cap = max(4 * int(getattr(kvc, "num_blocks", 0)) * max(bs // hbs, 1), 1 << 16)
             self.tracker = MissTracker(
                 hbs, host_tier=_host_tier(scheduler), capacity=cap,
-                block_size=int(cache_config.block_size),
+                block_size=bs if bs % hbs == 0 else hbs,
             )
             setattr(kvm, TRACKER_ATTR, self.tracker)
         self._broken = False
+        logger.info(
+            "vllm-hybrid-npu: step counters on: align=%s, GDN/Mamba block %s tokens, %d bytes "
+            "per state move; miss reasons %s (cache block %s, hash block %s tokens; "
+            "cache_config.block_size %s)",
+            self.align, self.block_size, self.bytes_per_move,
+            "on" if self.tracker else "off (prefix caching off)",
+            self.tracker.block_size if self.tracker else "-",
+            self.tracker.hash_block_size if self.tracker else "-",
+            cache_config.block_size,
+        )
 
     def on_schedule(self, scheduler: Any, out: Any) -> None:
         """Count one ``SchedulerOutput``; never raises (a failure is logged once, counting stops)."""
@@ -178,7 +192,7 @@ class StepCounters:
                 rid = new.req_id
                 nc = new.num_computed_tokens
                 prev = col.get(rid, (nc - 1) // bs)
-                curr = _cdiv(nc + num_sched[rid], bs) - 1
+                curr = -(-(nc + num_sched[rid]) // bs) - 1  # ceil((nc + k) / bs) - 1
                 col[rid] = curr
                 moves += prev != -1 and prev != curr
             for rid, nc in zip(cached.req_ids, cached.num_computed_tokens):
@@ -186,7 +200,7 @@ class StepCounters:
                 if k is None:
                     continue
                 prev = col.get(rid, (nc - 1) // bs)
-                curr = _cdiv(nc + k, bs) - 1
+                curr = -(-(nc + k) // bs) - 1
                 col[rid] = curr
                 moves += prev != -1 and prev != curr
             if moves:
@@ -380,16 +394,45 @@ PATCHES = [
 
 
 def apply(stack: Stack | None = None) -> None:
-    """Apply this module's entries through the registry (idempotent; for the lab and tests)."""
+    """Apply this module's entries through the registry (idempotent: entries already applied
+    in this process are left as they are; for the lab and tests)."""
     from vllm_hybrid_npu.patches.registry import apply_all
     from vllm_hybrid_npu.support import detect_stack
 
     apply_all(PATCHES, stack or detect_stack())
 
 
-def unapply() -> None:
-    """Undo the registry's patches of this process (all of them: the registry restores in one
-    go; for the lab and tests)."""
-    from vllm_hybrid_npu.patches.registry import unapply_all
+def applied() -> bool:
+    """Whether ``Scheduler.schedule`` is this module's wrapper in this process."""
+    from vllm.v1.core.sched.scheduler import Scheduler
 
-    unapply_all()
+    from vllm_hybrid_npu.patches.registry import is_ours
+
+    return is_ours(vars(Scheduler).get("schedule"))
+
+
+def unapply() -> None:
+    """Restore upstream's objects for this module's entries only (idempotent; other registry
+    entries stay applied; for the lab and tests)."""
+    from vllm_hybrid_npu.patches import registry
+
+    names = {p.name for p in PATCHES}
+    with registry._lock:
+        keep = []
+        for owner, attr, previous, name in registry._replaced:
+            if name not in names:
+                keep.append((owner, attr, previous, name))
+                continue
+            if previous is registry._ABSENT:
+                try:
+                    delattr(owner, attr)
+                except AttributeError:
+                    pass
+            else:
+                setattr(owner, attr, previous)
+        registry._replaced[:] = keep
+        report = registry.REPORT
+        report.applied[:] = [n for n in report.applied if n not in names]
+        for n in names:
+            report.pending.pop(n, None)
+            report.skipped.pop(n, None)

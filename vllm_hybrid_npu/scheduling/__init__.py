@@ -6,12 +6,16 @@
   boundaries, only those states kept, kept states and their attention blocks evicted as
   segments, orphaned attention blocks first).
 * :func:`selected_policy`: the policy of this process,
-  ``VLLM_HYBRID_NPU_CHECKPOINTS=upstream|tail|adaptive|lean|gdn`` (default per target:
+  ``VLLM_HYBRID_NPU_CHECKPOINTS=upstream|lean|gdn`` (default per target:
   :data:`DEFAULT_POLICY`); the patch registry's ``checkpoint-policy`` entry
   (:mod:`vllm_hybrid_npu.patches.vllm_config_scheduler`) installs it. ``gdn`` is not a scheduling policy: it selects GDN states captured
   inside the step (vLLM's ``'all'`` mode for GDN models,
   :mod:`vllm_hybrid_npu.patches.gdn_all_mode`), which needs no extra chunk ends; its scheduler
-  only keeps the per-block states (dense retention).
+  only keeps the per-block states (dense retention). ``tail`` and ``adaptive`` were retired
+  (2026-11-23, docs/hitrate-lab.md): ``tail`` gives exactly the hits of vLLM's own
+  ``--long-prefill-token-threshold <block size> --prefix-cache-retention-interval None``,
+  ``adaptive`` was below upstream's best setting at every lab point; both remain lab-only policies
+  (``vllm_hybrid_npu_lab/retired_policies.py``), and the values raise ``ValueError`` here.
 
 Keep top-level imports light: this package is imported by the plugin in every vLLM process.
 """
@@ -21,7 +25,7 @@ from __future__ import annotations
 import logging
 import os
 
-from vllm_hybrid_npu.scheduling.split import POLICY_NAMES
+from vllm_hybrid_npu.scheduling.split import POLICY_NAMES, unknown_policy_message
 
 logger = logging.getLogger("vllm_hybrid_npu")
 
@@ -52,7 +56,8 @@ def selected_policy(target: str | None = None) -> str:
             (:func:`vllm_hybrid_npu.target.detect_target`).
 
     Raises:
-        ValueError: the variable names no known policy (the message names the variable).
+        ValueError: the variable names no known policy (the message names the variable; for the
+            retired ``tail``/``adaptive`` it says what replaces them).
     """
     value = os.environ.get(ENV_VAR, "").strip().lower()
     if not value:
@@ -63,7 +68,6 @@ def selected_policy(target: str | None = None) -> str:
         return DEFAULT_POLICY[target]
     if value not in POLICY_NAMES + WORKER_MODES:
         raise ValueError(
-            f"{ENV_VAR}={os.environ.get(ENV_VAR)!r} is not a checkpoint policy; expected one "
-            f"of {', '.join(POLICY_NAMES + WORKER_MODES)}"
+            unknown_policy_message(ENV_VAR, os.environ.get(ENV_VAR), POLICY_NAMES + WORKER_MODES)
         )
     return value

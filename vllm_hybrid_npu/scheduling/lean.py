@@ -20,7 +20,7 @@ What it changes in vLLM 0.30.0 (``vllm/v1/core``), all on the scheduler's own ob
 
 The chunk-end override and the retention-interval handling are inherited from
 :class:`.policy_base.CheckpointPolicyMixin` (``_policy_stop`` overridden, ``dense_retention``
-False). The lab's levers (hold, supersede, the adaptive ladder, other windows, no decode states)
+False). The lab's levers (hold, supersede, the power-of-two ladder, other windows, no decode states)
 live in ``vllm_hybrid_npu_lab/lean_levers.py`` and use the extension points
 :meth:`LeanRetentionMixin._lean_kept`, :meth:`LeanRetentionMixin._lean_stops`,
 :meth:`LeanRetentionMixin._lean_on_hit`, :meth:`LeanRetentionMixin._lean_take_held`,

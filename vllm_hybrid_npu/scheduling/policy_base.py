@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from vllm_hybrid_npu.scheduling.split import policy_chunk_tokens
+from vllm_hybrid_npu.scheduling.split import SplitRule, policy_chunk_tokens
 
 #: The policy for GDN states captured inside the step (no extra chunk ends, dense retention in
 #: ``'all'`` mode).
@@ -69,13 +69,16 @@ class CheckpointPolicyMixin:
     """Mixin placed before vLLM's ``Scheduler`` (or ``AsyncScheduler``) in the MRO.
 
     Class attributes: ``checkpoint_policy`` (one of :data:`.split.POLICY_NAMES` or
-    :data:`GDN_POLICY`); ``dense_retention`` (True: when the ``KVCacheConfig``'s
+    :data:`GDN_POLICY`, or the name of ``split_rule``); ``split_rule`` (a
+    :class:`.split.SplitRule` whose chunk ends apply instead of the named policy's, or None; set
+    by :func:`.scheduler.scheduler_class` for a rule it is given); ``dense_retention`` (True: when the ``KVCacheConfig``'s
     ``prefix_cache_retention_interval`` is vLLM's default 0, build the scheduler with a copy
     whose interval is ``None``, vLLM's dense retention; a policy that selects its own states,
     like ``lean``, sets it False). Use :func:`.scheduler.scheduler_class` to get a concrete class.
     """
 
     checkpoint_policy: str = "upstream"
+    split_rule: SplitRule | None = None
     dense_retention: bool = True
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -108,7 +111,8 @@ class CheckpointPolicyMixin:
         """Tokens to schedule once the policy's next checkpoint stop is applied to vLLM's chunk
         of ``num_new_tokens`` starting at ``start`` (never more; see
         :func:`.split.policy_chunk_tokens` for the contract)."""
-        return policy_chunk_tokens(start, num_new_tokens, prefill_end, block_size, self.checkpoint_policy)
+        rule = self.split_rule if self.split_rule is not None else self.checkpoint_policy
+        return policy_chunk_tokens(start, num_new_tokens, prefill_end, block_size, rule)
 
     def _mamba_block_aligned_split(  # type: ignore[override]
         self,

@@ -12,13 +12,14 @@ state at or past them, so no hit can use them) because (1) vLLM frees a finished
 groups before its attention group, so LRU evicts the states first, and (2) the state at the
 prompt's last boundary is released to the free queue when decode moves on, long before the
 request's attention blocks, and is evicted while the request still runs. Dense retention
-(``tail``/``adaptive``) instead fills the pool with states nobody reuses. The ``lean`` policy:
+(the retired ``tail``/``adaptive``, lab only since 2026-11-23) instead fills the pool with states
+nobody reuses. The ``lean`` policy:
 
 * **states kept**: the prompt's last ``window`` block boundaries (the last one is vLLM's replay
   boundary; the others cover later prompts that share all but the end of this one), the
   boundaries crossed during decode (a follow-up turn resumes at the latest), vLLM's
-  shared-prefix junctions, and optionally the adaptive ladder (1, 2, 4, ... blocks below the
-  last boundary); everything else stays request-local (vLLM's
+  shared-prefix junctions, and optionally the power-of-two ladder (1, 2, 4, ... blocks below the
+  last boundary; the lab's ``lean-ladder`` lever); everything else stays request-local (vLLM's
   ``prefix_cache_retention_interval=0``). Ladder states never hit and decode states below the
   latest are *low value*: they leave the cache first among the request's blocks;
 * **hold** (an option, off in ``lean``: it cost more pages than it saved in the lab): a kept
@@ -41,7 +42,9 @@ def _check(name: str, value: int, minimum: int) -> None:
 
 
 def ladder_boundaries(last_boundary: int, block_size: int) -> list[int]:
-    """Boundaries of :mod:`.split`'s ``adaptive`` ladder below ``last_boundary`` (tokens).
+    """Boundaries of the power-of-two ladder below ``last_boundary`` (tokens): the chunk ends of
+    the retired ``adaptive`` policy, used by ``lean`` only with ``ladder`` (the lab's
+    ``lean-ladder`` lever).
 
     ``block_size * 2**k`` for ``k >= 0`` strictly below ``last_boundary``, increasing.
     """
@@ -86,7 +89,7 @@ def kept_boundaries(
             proceeds, this keeps every boundary decode crosses).
         block_size: hybrid block size (tokens).
         window: how many of the prompt's last boundaries to keep (>= 1).
-        ladder: also keep the adaptive ladder's boundaries.
+        ladder: also keep the power-of-two ladder's boundaries (:func:`ladder_boundaries`).
 
     Returns:
         Sorted distinct positions, all multiples of ``block_size`` and > 0.
@@ -115,7 +118,7 @@ def extra_stops(
     Same contract as :func:`.split.policy_chunk_tokens` (applied after vLLM's own align-mode
     split, never lengthens the chunk, decode and chunks without a stop inside are unchanged).
     The stops are the prompt's last ``window`` boundaries below the last one (vLLM already
-    stops at the last) and, with ``ladder``, the adaptive ladder.
+    stops at the last) and, with ``ladder``, the power-of-two ladder.
 
     Returns:
         Tokens to schedule, ``0 < result <= num_new_tokens`` (0 stays 0).
@@ -144,7 +147,7 @@ def eviction_order(
         state_blocks: block indices holding a kept state (a state at block ``i`` makes attention
             blocks ``0 .. i`` usable); indices ``>= num_blocks`` are ignored.
         low_value: indices of ``state_blocks`` below the highest one whose state is unlikely to
-            be reused (an adaptive-ladder state never hit): listed first in ``segments``,
+            be reused (a ladder state never hit): listed first in ``segments``,
             shallowest first, and not used to delimit segments.
 
     Returns:

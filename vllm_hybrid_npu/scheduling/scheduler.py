@@ -39,17 +39,20 @@ from vllm_hybrid_npu.scheduling.policy_base import (  # noqa: F401 (re-exported)
     _has_mamba_align,
     chunk_span,
 )
-from vllm_hybrid_npu.scheduling.split import POLICY_NAMES
+from vllm_hybrid_npu.scheduling.split import POLICY_NAMES, SplitRule, unknown_policy_message
 
-_CLASS_CACHE: dict[tuple[str, type], type] = {}
+_CLASS_CACHE: dict[tuple[str | SplitRule, type], type] = {}
 
 
-def scheduler_class(policy: str, base: type | None = None) -> type:
+def scheduler_class(policy: str | SplitRule, base: type | None = None) -> type:
     """The scheduler class applying ``policy`` on top of ``base``.
 
     Args:
-        policy: one of :data:`.split.POLICY_NAMES` or :data:`GDN_POLICY`; ``"upstream"`` returns
-            ``base`` itself.
+        policy: one of :data:`.split.POLICY_NAMES` or :data:`GDN_POLICY` (``"upstream"``
+            returns ``base`` itself); or a :class:`.split.SplitRule` (the extension point: a
+            class ``<Name>Checkpoint<Base>`` on :class:`.policy_base.CheckpointPolicyMixin`
+            whose chunk ends are the rule's, with dense retention; the lab builds its lab-only
+            policies ``tail`` and ``adaptive`` this way).
         base: vLLM's ``Scheduler`` (default) or ``AsyncScheduler``, or any subclass of
             ``Scheduler`` that keeps ``_mamba_block_aligned_split``.
 
@@ -57,14 +60,19 @@ def scheduler_class(policy: str, base: type | None = None) -> type:
         A subclass ``<Policy><Base>`` (cached: the same class for the same arguments).
 
     Raises:
-        ValueError: unknown policy; TypeError: ``base`` has no ``_mamba_block_aligned_split``
-        (a vLLM without align-mode splitting).
+        ValueError: unknown policy name (a retired one, ``tail``/``adaptive``, says what replaces
+        it) or a rule named ``upstream``/``gdn``/``lean``; TypeError: ``base`` has no
+        ``_mamba_block_aligned_split`` (a vLLM without align-mode splitting).
     """
-    if policy not in (*POLICY_NAMES, GDN_POLICY):
-        raise ValueError(
-            f"VLLM_HYBRID_NPU_CHECKPOINTS={policy!r} is unknown; expected one of "
-            f"{', '.join((*POLICY_NAMES, GDN_POLICY))}"
-        )
+    names = (*POLICY_NAMES, GDN_POLICY)
+    if isinstance(policy, SplitRule):
+        if policy.name.lower() in names:
+            raise ValueError(
+                f"split rule {policy.name!r} shadows the runtime policy of that name; name it "
+                "differently"
+            )
+    elif policy not in names:
+        raise ValueError(unknown_policy_message("VLLM_HYBRID_NPU_CHECKPOINTS", policy, names))
     if base is None:
         from vllm.v1.core.sched.scheduler import Scheduler
 
@@ -79,13 +87,18 @@ def scheduler_class(policy: str, base: type | None = None) -> type:
     key = (policy, base)
     cls = _CLASS_CACHE.get(key)
     if cls is None:
-        name = f"{policy.capitalize()}Checkpoint{base.__name__}"
-        mixin: type = LeanRetentionMixin if policy == "lean" else CheckpointPolicyMixin
-        cls = type(
-            name,
-            (mixin, base),
-            {"checkpoint_policy": policy, "__module__": __name__, "__qualname__": name},
-        )
+        attrs: dict = {"__module__": __name__}
+        if isinstance(policy, SplitRule):
+            title = "".join(p.capitalize() for p in policy.name.replace("_", "-").split("-"))
+            mixin: type = CheckpointPolicyMixin
+            attrs.update(checkpoint_policy=policy.name, split_rule=policy)
+        else:
+            title = policy.capitalize()
+            mixin = LeanRetentionMixin if policy == "lean" else CheckpointPolicyMixin
+            attrs["checkpoint_policy"] = policy
+        name = f"{title}Checkpoint{base.__name__}"
+        attrs["__qualname__"] = name
+        cls = type(name, (mixin, base), attrs)
         _CLASS_CACHE[key] = cls
     return cls
 
@@ -93,10 +106,6 @@ def scheduler_class(policy: str, base: type | None = None) -> type:
 #: Module attributes resolvable by ``--scheduler-cls vllm_hybrid_npu.scheduling.scheduler.<NAME>``
 #: (built on first access, so importing this module does not import vLLM).
 SCHEDULER_CLASS_NAMES: dict[str, tuple[str, str]] = {
-    "TailCheckpointScheduler": ("tail", "Scheduler"),
-    "AdaptiveCheckpointScheduler": ("adaptive", "Scheduler"),
-    "TailCheckpointAsyncScheduler": ("tail", "AsyncScheduler"),
-    "AdaptiveCheckpointAsyncScheduler": ("adaptive", "AsyncScheduler"),
     "LeanCheckpointScheduler": ("lean", "Scheduler"),
     "LeanCheckpointAsyncScheduler": ("lean", "AsyncScheduler"),
     "GdnCheckpointScheduler": (GDN_POLICY, "Scheduler"),

@@ -14,30 +14,84 @@ shares only a shorter prefix (a system prompt followed by a different user messa
 state at or below its shared prefix and misses; vLLM notices the junction then and checkpoints
 it, so only the third request hits.
 
-The policies here add more chunk ends (``checkpoint stops``) during prefill; they never lengthen
-a chunk, so every upstream stop (junction, tail boundary, chunk limit, spec-decode lookahead)
-is kept:
+A policy adds more chunk ends (``checkpoint stops``) during prefill; it never lengthens a chunk,
+so every upstream stop (junction, tail boundary, chunk limit, spec-decode lookahead) is kept.
+The runtime's scheduling policies (:data:`POLICY_NAMES`):
 
 * ``upstream``: no extra stop.
-* ``tail``: a stop at every block boundary of the prefill (chunks are whole blocks except the
-  last one); every block-aligned prefix of the prompt gets a state on first sight.
 * ``lean``: the stops of :func:`.retention.extra_stops` (the prompt's last two block
   boundaries, no ladder); its retention and eviction order are in :mod:`.retention` and
   :mod:`.lean`.
-* ``adaptive``: stops at block boundaries that are a power-of-two number of blocks
-  (1, 2, 4, 8, ... blocks) below the prompt's last block boundary: a prompt of ``n`` blocks takes
-  about ``log2(n)`` extra steps instead of ``n``, and a later request sharing ``k >= 1`` blocks
-  hits at least ``k/2`` of them (rounded down to a power of two) on its first repeat.
+
+(``gdn``, the third value of ``VLLM_HYBRID_NPU_CHECKPOINTS``, adds no chunk end: its states are
+captured inside the step, :mod:`vllm_hybrid_npu.patches.gdn_all_mode`.)
+
+Extension point: a :class:`SplitRule` (a name and a chunk-end function with the contract of
+:func:`policy_chunk_tokens`) can be passed wherever a policy name is accepted here and to
+:func:`.scheduler.scheduler_class`; the runtime's own ``lean`` is the rule :data:`LEAN_RULE`.
+The hit-rate lab defines its lab-only policies this way (``vllm_hybrid_npu_lab/retired_policies.py``:
+``tail`` and ``adaptive``, retired from the runtime on 2026-11-23, :data:`RETIRED_POLICIES`).
 """
 
 from __future__ import annotations
 
-POLICY_NAMES: tuple[str, ...] = ("upstream", "tail", "adaptive", "lean")
+from dataclasses import dataclass
+from typing import Callable
+
+#: The runtime's scheduling policies (``VLLM_HYBRID_NPU_CHECKPOINTS`` also takes ``gdn``).
+POLICY_NAMES: tuple[str, ...] = ("upstream", "lean")
+
+#: Policies the runtime no longer has -> why, and what replaces them (docs/hitrate-lab.md,
+#: 2026-11-23). Named in the error a retired value gets.
+RETIRED_POLICIES: dict[str, str] = {
+    "tail": "'tail' was retired: it gives exactly the hits of vLLM's own flags "
+    "--long-prefill-token-threshold <block size> --prefix-cache-retention-interval None "
+    "(use those, or the default 'lean')",
+    "adaptive": "'adaptive' was retired: it is below upstream's best setting at every lab point "
+    "(use the default 'lean'; lab only: vllm-hybrid-npu-lab hitrate --policy adaptive)",
+}
 
 #: ``lean``'s stops (:mod:`.retention`): the prompt's last ``LEAN_WINDOW`` block boundaries
-#: and, when ``LEAN_LADDER``, the adaptive ladder.
+#: and, when ``LEAN_LADDER``, the power-of-two ladder (a lab lever, ``lean-ladder``).
 LEAN_WINDOW = 2
 LEAN_LADDER = False
+
+
+def unknown_policy_message(label: str, value: object, expected: tuple[str, ...]) -> str:
+    """The error text for a policy value that is not in ``expected``.
+
+    Args:
+        label: what carried the value (``"VLLM_HYBRID_NPU_CHECKPOINTS"``, ``"checkpoint policy"``).
+        value: the value as given.
+        expected: the accepted names.
+
+    Returns:
+        ``"<label>=<value!r> is not a checkpoint policy; expected one of ..."``, followed by the
+        retirement note of :data:`RETIRED_POLICIES` when ``value`` names a retired policy.
+    """
+    msg = f"{label}={value!r} is not a checkpoint policy; expected one of {', '.join(expected)}"
+    note = RETIRED_POLICIES.get(str(value).strip().lower()) if isinstance(value, str) else None
+    return f"{msg}. {note}" if note else msg
+
+
+@dataclass(frozen=True)
+class SplitRule:
+    """A checkpoint policy's chunk-end rule (the extension point of this module).
+
+    Attributes:
+        name: the policy name (used in scheduler class names, ``<Name>Checkpoint<Base>``, and in
+            errors); must not be ``upstream`` or ``gdn``.
+        chunk_tokens: ``(start, num_new_tokens, prefill_end, block_size) -> int``, all in
+            tokens: how many of the ``num_new_tokens`` vLLM scheduled from ``start`` to run in
+            this step. Called only for a prefill chunk (``0 < num_new_tokens``,
+            ``start < prefill_end``); must return ``0 < result <= num_new_tokens``
+            (:func:`policy_chunk_tokens` raises ``ValueError`` otherwise). Pure, host-only.
+        description: one line for reports.
+    """
+
+    name: str
+    chunk_tokens: Callable[[int, int, int, int], int]
+    description: str = ""
 
 
 def _check(name: str, value: int, minimum: int) -> None:
@@ -45,38 +99,36 @@ def _check(name: str, value: int, minimum: int) -> None:
         raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
 
 
-def next_checkpoint_stop(start: int, block_size: int, policy: str) -> int | None:
-    """The first checkpoint position strictly after ``start`` that ``policy`` asks for.
+def _lean_chunk_tokens(start: int, num_new_tokens: int, prefill_end: int, block_size: int) -> int:
+    from vllm_hybrid_npu.scheduling.retention import extra_stops
 
-    Args:
-        start: tokens already computed (the chunk's first position), >= 0.
-        block_size: hybrid block size in tokens, >= 1.
-        policy: one of :data:`POLICY_NAMES`.
+    return extra_stops(start, num_new_tokens, prefill_end, block_size, LEAN_WINDOW, LEAN_LADDER)
 
-    Returns:
-        A block-aligned token position ``> start``, or ``None`` when the policy asks for none
-        (``upstream``).
+
+#: The runtime's ``lean`` chunk ends (:func:`.retention.extra_stops` with :data:`LEAN_WINDOW`).
+LEAN_RULE = SplitRule(
+    "lean", _lean_chunk_tokens, "chunk ends at the prompt's last 2 block boundaries"
+)
+
+#: Runtime policy name -> its rule (``upstream`` has none: vLLM's split unchanged).
+SPLIT_RULES: dict[str, SplitRule] = {"lean": LEAN_RULE}
+
+
+def split_rule(policy: str | SplitRule) -> SplitRule | None:
+    """The :class:`SplitRule` of ``policy``: ``None`` for ``upstream``, the rule itself for a
+    :class:`SplitRule`, :data:`SPLIT_RULES` otherwise.
 
     Raises:
-        ValueError: unknown ``policy`` or out-of-range arguments.
+        ValueError: an unknown name (the message says why a retired one is gone).
     """
-    _check("start", start, 0)
-    _check("block_size", block_size, 1)
+    if isinstance(policy, SplitRule):
+        return policy
     if policy == "upstream":
         return None
-    if policy == "lean":
-        raise ValueError("checkpoint policy 'lean' stops depend on the prompt end: use policy_chunk_tokens")
-    if policy == "tail":
-        return (start // block_size + 1) * block_size
-    if policy == "adaptive":
-        # smallest power-of-two number of blocks whose boundary lies after start
-        blocks = 1
-        while blocks * block_size <= start:
-            blocks *= 2
-        return blocks * block_size
-    raise ValueError(
-        f"checkpoint policy {policy!r} is unknown; expected one of {', '.join(POLICY_NAMES)}"
-    )
+    rule = SPLIT_RULES.get(policy)
+    if rule is None:
+        raise ValueError(unknown_policy_message("checkpoint policy", policy, POLICY_NAMES))
+    return rule
 
 
 def policy_chunk_tokens(
@@ -84,7 +136,7 @@ def policy_chunk_tokens(
     num_new_tokens: int,
     prefill_end: int,
     block_size: int,
-    policy: str,
+    policy: str | SplitRule,
 ) -> int:
     """Shorten a prefill chunk so that it ends at the policy's next checkpoint stop.
 
@@ -102,35 +154,35 @@ def policy_chunk_tokens(
         prefill_end: end of the prefill in tokens (upstream's
             ``max(request.num_prompt_tokens, request.num_tokens - 1)``).
         block_size: hybrid block size in tokens (>= 1).
-        policy: one of :data:`POLICY_NAMES`.
+        policy: one of :data:`POLICY_NAMES`, or a :class:`SplitRule`.
 
     Returns:
         The number of tokens to schedule, ``0 < result <= num_new_tokens`` when
         ``num_new_tokens > 0`` (0 stays 0).
 
     Raises:
-        ValueError: unknown ``policy`` or negative arguments.
+        ValueError: unknown ``policy``, negative arguments, or a rule returning a result out of
+        ``(0, num_new_tokens]``.
     """
+    _check("start", start, 0)
     _check("num_new_tokens", num_new_tokens, 0)
     _check("prefill_end", prefill_end, 0)
-    if policy == "lean":
-        from vllm_hybrid_npu.scheduling.retention import extra_stops
-
-        _check("block_size", block_size, 1)
-        return extra_stops(start, num_new_tokens, prefill_end, block_size, LEAN_WINDOW, LEAN_LADDER)
-    stop = next_checkpoint_stop(start, block_size, policy)
-    if stop is None or num_new_tokens == 0 or start >= prefill_end:
+    _check("block_size", block_size, 1)
+    rule = split_rule(policy)
+    if rule is None or num_new_tokens == 0 or start >= prefill_end:
         return num_new_tokens
-    end = start + num_new_tokens
-    # The adaptive ladder stops below the prompt's last block boundary: upstream stops there.
-    if policy == "adaptive" and stop >= prefill_end // block_size * block_size:
-        return num_new_tokens
-    if start < stop < min(end, prefill_end):
-        return stop - start
-    return num_new_tokens
+    n = rule.chunk_tokens(start, num_new_tokens, prefill_end, block_size)
+    if not 0 < n <= num_new_tokens:
+        raise ValueError(
+            f"split rule {rule.name!r} returned {n!r} tokens for a chunk of {num_new_tokens} "
+            f"from {start}; expected 0 < tokens <= {num_new_tokens}"
+        )
+    return n
 
 
-def checkpoint_positions(prompt_len: int, block_size: int, policy: str, chunk_limit: int) -> list[int]:
+def checkpoint_positions(
+    prompt_len: int, block_size: int, policy: str | SplitRule, chunk_limit: int
+) -> list[int]:
     """Step ends of a cold prefill of ``prompt_len`` tokens, as upstream + ``policy`` cut it.
 
     A model of upstream's split for one request alone in the batch with no cache hit and no

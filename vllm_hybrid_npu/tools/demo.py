@@ -317,6 +317,9 @@ def run(args: argparse.Namespace) -> int:
         if state_copies is not None:
             out.append(f"align-mode state moves (server /metrics): {state_copies:.0f} moves, "
                        f"{state_copy_bytes:.0f} bytes copied")
+        if not miss_reasons:
+            print("no vllm_hybrid_npu counters on the server's /metrics: is the package's "
+                  "vllm.stat_logger_plugins entry point installed? (pip install -e .)")
         if miss_reasons:
             missed = sum(miss_reasons.values())
             out.append(f"prompt tokens that missed the prefix cache, by reason (server /metrics, "

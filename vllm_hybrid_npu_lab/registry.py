@@ -1,0 +1,34 @@
+"""The lab's policy registry: :class:`Policy` and :data:`POLICIES` (the contract is in
+:mod:`vllm_hybrid_npu_lab.policies`, which re-exports these and loads the policy modules)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+
+def _noop(vllm_config: Any) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A replay policy (see :mod:`vllm_hybrid_npu_lab.policies` for the contract)."""
+
+    name: str
+    description: str
+    scheduler_class: Callable[[], type]
+    configure: Callable[[Any], None] = field(default=_noop)
+    tune: Callable[[Any, int], None] | None = None
+
+
+#: name -> Policy; iterate in registration order
+POLICIES: dict[str, Policy] = {}
+
+
+def register_policy(policy: Policy) -> Policy:
+    """Add ``policy`` to :data:`POLICIES` and return it; ``ValueError`` if the name is taken."""
+    if policy.name in POLICIES:
+        raise ValueError(f"policy {policy.name!r} is already registered")
+    POLICIES[policy.name] = policy
+    return policy
