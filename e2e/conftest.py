@@ -103,9 +103,10 @@ def serve_args(engine_args) -> tuple[str, ...]:
 @pytest.fixture(scope="session")
 def tiny_model_dir():
     """A function ``(arch, gdn_memory="short") -> Path`` returning the cached tiny checkpoint of
-    ``arch`` (``"qwen3_next"`` or ``"qwen3_5"``), built on first use. Output comparisons use
-    ``gdn_memory="long"``: with transformers' GDN decay the tiny model forgets a state within a
-    few tokens, so a wrong state would not show in its outputs (docs/testing.md)."""
+    ``arch`` (``"qwen3_next"`` or ``"qwen3_5"``), built on first use. The exact output
+    comparisons of test_gdn_engine.py use ``gdn_memory="long"``: with transformers' GDN decay the
+    tiny model forgets a state within a few tokens, so a wrong state would not show in its
+    outputs (docs/testing.md)."""
     from vllm_hybrid_npu.tools.make_model import default_model_dir
 
     return default_model_dir

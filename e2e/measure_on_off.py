@@ -127,6 +127,7 @@ def budget(model, draws, rng, gen):
 
 
 def main(argv=None):
+    global TOP
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("scenario", choices=["follow-up", "budget", "control"])
     ap.add_argument("--draws", type=int, default=30)
@@ -134,7 +135,9 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=None, help="prompt seed (default: fresh, printed)")
     ap.add_argument("--model", default=None, help="checkpoint (default: the cached tiny Qwen3-Next)")
     ap.add_argument("--json", default=None, help="also write the per-request data here")
+    ap.add_argument("--top", type=int, default=TOP, help="top logprobs per position (vLLM allows 20)")
     args = ap.parse_args(argv)
+    TOP = args.top
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**31)
     from vllm_hybrid_npu.tools.make_model import default_model_dir
