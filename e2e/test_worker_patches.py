@@ -169,23 +169,60 @@ def test_ours_equals_upstream_tokens_and_cached_counts(next_runs):
         assert ours[name]["rounds"] == upstream[name]["rounds"], f"{name}: logprobs differ"
 
 
+#: vLLM 0.30.0 CPU's own align-mode path (``VLLM_HYBRID_NPU_PATCHES=none``) sometimes leaves the
+#: reference distribution on a fresh draw (seen 2026-11-23, a few runs in 10 of this module: a
+#: request's second generated token, in the round computed while other requests still prefill in
+#: 128-token chunks, with top logprobs disjoint from the reference's; ours equal to it bit for bit).
+#: Where upstream diverges, ours must diverge at exactly the same places and the test ends as an
+#: expected failure naming the draw: an upstream divergence, not caused by the plugin (ours vs
+#: upstream is asserted exact in ``test_ours_equals_upstream_tokens_and_cached_counts``).
+UPSTREAM_DIVERGENCE = ("vLLM 0.30.0 CPU's own align-mode path diverges on this draw (replay with "
+                       "the session seed the summary prints; ours identical to it)")
+
+
+def _close_or_upstream_divergence(ref_ours, got_ours, ref_up, got_up, what) -> str | None:
+    """Assert ours within the bound, unless upstream's same comparison fails: then assert ours
+    fails identically and return the divergence (str)."""
+    up = compare_greedy(ref_up, got_up, bound=CHUNKING_BOUND)
+    if up.ok:
+        _assert_close(ref_ours, got_ours, what)
+        return None
+    mine = compare_greedy(ref_ours, got_ours, bound=CHUNKING_BOUND)
+    assert mine.errors == up.errors, (
+        f"{what}: ours diverges differently from upstream: {mine.errors} vs {up.errors}")
+    return f"{what}: {up.errors}"
+
+
 def test_cache_hits_reproduce_the_computed_outputs(next_runs):
     """Round 2 (prefix cache hits, states restored from copied block states) gives round 1's
     tokens (computed), in the same engine, up to bf16 near-ties: a wrong or missing state copy
     changes the distribution far beyond the bound."""
     ours, upstream = next_runs
-    for name, run in (("ours pc", ours["pc"]), ("ours tiny", ours["tiny"]), ("upstream pc", upstream["pc"])):
-        _assert_close(_seqs(run, 0), _seqs(run, 1), f"{name}: hit round vs computed round")
+    found = []
+    for name in ("pc", "tiny"):
+        d = _close_or_upstream_divergence(_seqs(ours[name], 0), _seqs(ours[name], 1),
+                                          _seqs(upstream[name], 0), _seqs(upstream[name], 1),
+                                          f"{name}: hit round vs computed round")
+        if d:
+            found.append(d)
+    if found:
+        pytest.xfail(UPSTREAM_DIVERGENCE + ": " + "; ".join(found))
 
 
 def test_prefix_caching_on_equals_off(next_runs):
     """Caching on (align mode; ours and upstream's path) == caching off, up to bf16 near-ties
-    (different chunkings). The preempted configuration is compared below."""
+    (different chunkings). The preempted configuration is compared below. Upstream divergences:
+    see :data:`UPSTREAM_DIVERGENCE`."""
     ours, upstream = next_runs
+    found = []
     for rnd in (0, 1):
         off = _seqs(ours["off"], rnd)
-        _assert_close(off, _seqs(ours["pc"], rnd), f"round {rnd}: ours on vs off")
-        _assert_close(off, _seqs(upstream["pc"], rnd), f"round {rnd}: upstream on vs off")
+        d = _close_or_upstream_divergence(off, _seqs(ours["pc"], rnd), off,
+                                          _seqs(upstream["pc"], rnd), f"round {rnd}: on vs off")
+        if d:
+            found.append(d)
+    if found:
+        pytest.xfail(UPSTREAM_DIVERGENCE + ": " + "; ".join(found))
 
 
 #: A draw whose preempted run leaves caching off's distribution (vLLM 0.30.0 CPU, its own path
