@@ -154,10 +154,9 @@ def test_attention_bound_is_never_below_any_policy(cfg, attn_bytes_per_token):
         assert res.cached_prompt_tokens <= cached and res.prompt_tokens == total, f"{name}, seed {seed}"
 
 
-def test_replay_does_not_depend_on_wall_clock(cfg, monkeypatch):
+def test_replay_does_not_depend_on_wall_clock(cfg, monkeypatch, rng):
     reqs = _reqs(SHARED[:3])
     first = _run(cfg, reqs, block_size=256).to_dict()
-    rng = random.Random()
     real = time.time
     monkeypatch.setattr(time, "time", lambda: real() + rng.uniform(-1e6, 1e6))
     monkeypatch.setattr(time, "monotonic", lambda: rng.uniform(0, 1e9))

@@ -3,7 +3,6 @@ hand from the rules in ``vllm_hybrid_npu/scheduling/retention.py``, plus random 
 
 from __future__ import annotations
 
-import random
 
 import pytest
 
@@ -44,8 +43,7 @@ def test_extra_stops_by_hand():
     assert extra_stops(0, 0, 3100, 256, 2, True) == 0
 
 
-def test_extra_stops_random_invariants():
-    rng = random.Random()
+def test_extra_stops_random_invariants(rng):
     for _ in range(3000):
         bs = rng.choice([16, 256, 1056, 2048])
         end = rng.randrange(1, 40 * bs)
@@ -80,8 +78,7 @@ def test_eviction_order_by_hand():
     assert eviction_order(2, [1, 7], low_value=[1])[1][0] == ("state", 1)
 
 
-def test_eviction_order_random_covers_each_block_once():
-    rng = random.Random()
+def test_eviction_order_random_covers_each_block_once(rng):
     for _ in range(500):
         n = rng.randint(0, 40)
         states = {rng.randrange(0, 45) for _ in range(rng.randint(0, 8))}
