@@ -136,3 +136,25 @@ def compare_greedy(ref: list[Sequence], got: list[Sequence], bound: float = LOGP
         if not diverged and not any(e.startswith(f"request {r} ") for e in c.errors):
             c.identical += 1
     return c
+
+
+def compare_outputs(ref: list[Sequence], got: list[Sequence], exact: bool,
+                    bound: float = CHUNKING_BOUND) -> Comparison:
+    """Token for token when ``exact`` (an error per request whose tokens differ), else
+    :func:`compare_greedy` with ``bound``. For comparisons whose exactness depends on the target
+    (e2e/conftest.py ``exact_across_schedules``)."""
+    if not exact:
+        return compare_greedy(ref, got, bound=bound)
+    if len(ref) != len(got):
+        raise ValueError(f"{len(ref)} reference requests but {len(got)} compared ones")
+    c = Comparison()
+    for r, (a, b) in enumerate(zip(ref, got)):
+        c.requests += 1
+        if a.tokens == b.tokens:
+            c.identical += 1
+        else:
+            i = next((i for i, (x, y) in enumerate(zip(a.tokens, b.tokens)) if x != y),
+                     min(len(a.tokens), len(b.tokens)))
+            c.errors.append(f"request {r}: tokens differ from position {i} ({a.tokens} vs "
+                            f"{b.tokens}; exact comparison)")
+    return c

@@ -122,6 +122,7 @@ def budget(model, draws, rng, gen):
                 res = llm.generate([{"prompt_token_ids": p} for p in prompts], _sp(gen), use_tqdm=False)
             seqs += [Sequence.from_output(r.outputs[0]) for r in res]
         results[name] = seqs
+        llm.llm_engine.engine_core.shutdown()  # e2e/engines.py says why
         del llm
     return bs, results["off"], results["on"]
 

@@ -1,26 +1,43 @@
 """Align mode on the CUDA target with vLLM's defaults there (V2 GPU model runner, CUDA graphs and
-``torch.compile`` on, FLA/Triton GDN kernels), and vLLM's CPU-offloading KV connector
-(``--kv-offloading-size``) in align mode. Skips where the e2e target is not CUDA.
+``torch.compile`` on, FLA/Triton GDN kernels, vLLM's own block size), and vLLM's CPU-offloading
+KV connector (``--kv-offloading-size``) in align mode. Skips where the e2e target is not CUDA.
 
 In-process engines (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) on the tiny random Qwen3-Next, one after
-the other: prefix caching off; align mode with the plugin (its default on CUDA); align mode with a
-1 GiB host tier and a GPU KV cache small enough that a flood of other prompts evicts the first
-ones from the GPU. Prompts are drawn fresh (``seed_for``: the seed is printed on failure).
+the other, each ended with :func:`engines.shutdown_engine`: prefix caching off; align mode with
+the plugin (its default on CUDA); align mode with a 1 GiB host tier and a GPU KV cache small
+enough that a flood of other prompts evicts the first ones from the GPU. Prompts are drawn fresh
+(``seed_for``: the seed is printed on failure).
+
+Why outputs are compared under :func:`greedy_compare.compare_greedy` here and not token for
+token: this module keeps vLLM's default block size (the e2e target's ``block_size=64`` is
+dropped), 144 tokens for the tiny model with FlashAttention's 16-token kernel blocks. Align mode
+ends every prefill chunk but the last at a block boundary (vLLM 0.30
+``Scheduler._mamba_block_aligned_split``: "never run past the last cacheable block boundary"),
+so a cold prompt of 3.5 blocks is computed as 432 + 120 tokens with caching on and in one chunk
+with it off; 432 is off the GDN kernels' 64-token chunk grid, and bf16 rounds the two chunkings
+differently. The H100 run of 2026-11-23 compared tokens exactly and failed at the first token
+of a cold request (docs/cuda.md). The bound is :data:`greedy_compare.CHUNKING_BOUND`, measured
+on vLLM's CPU kernels; ``e2e/measure_on_off.py cold-align`` measures it on CUDA.
 """
 
 from __future__ import annotations
 
-import gc
 import random
 
 import pytest
+from engines import shutdown_engine  # e2e/engines.py
+from greedy_compare import CHUNKING_BOUND, Sequence, compare_greedy  # e2e/greedy_compare.py
 
 pytestmark = pytest.mark.cuda
+
+TOP_LOGPROBS = 20
+
 
 def _gen(llm, prompts, max_tokens=6):
     from vllm import SamplingParams
 
-    sp = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
+    sp = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True,
+                        logprobs=TOP_LOGPROBS)
     return llm.generate([{"prompt_token_ids": list(p)} for p in prompts], sp, use_tqdm=False)
 
 
@@ -35,8 +52,10 @@ def runs(tiny_model_dir, engine_args, request, seed_for):
     from vllm import LLM
 
     model = str(tiny_model_dir("qwen3_next"))
+    base = {k: v for k, v in engine_args.items() if k != "block_size"}  # vLLM's default
     out = {}
     rng = random.Random(seed_for(request, "prompts"))
+    draw = lambda n: [rng.randrange(10, 2000) for _ in range(n)]  # noqa: E731
     prompts = None
     for name, kw in [
         ("off", dict(enable_prefix_caching=False)),
@@ -44,17 +63,14 @@ def runs(tiny_model_dir, engine_args, request, seed_for):
         ("offload", dict(enable_prefix_caching=True, mamba_cache_mode="align", kv_offloading_size=1.0,
                          kv_cache_memory_bytes=24 << 20)),
     ]:
-        llm = LLM(model=model, **{**engine_args, "disable_log_stats": False, **kw})
+        llm = LLM(model=model, **{**base, "disable_log_stats": False, **kw})
         cfg = llm.llm_engine.vllm_config
         bs = cfg.cache_config.block_size
         if prompts is None:
-            draw = lambda n: [rng.randrange(10, 2000) for _ in range(n)]  # noqa: E731
             shared = draw(3 * bs + bs // 2)
-            prompts = {
-                "repeat": [shared + draw(bs // 3) for _ in range(3)],
-                "flood": [draw(4 * bs) for _ in range(24)],
-            }
-        r = {"bs": bs, "cudagraph_mode": str(cfg.compilation_config.cudagraph_mode),
+            prompts = {"repeat": [shared + draw(bs // 3) for _ in range(3)]}
+        r = {"bs": bs, "num_gpu_blocks": cfg.cache_config.num_gpu_blocks,
+             "cudagraph_mode": str(cfg.compilation_config.cudagraph_mode),
              "runner": type(llm.llm_engine.engine_core.engine_core.model_executor.driver_worker
                             .worker.model_runner).__module__}
         first = _gen(llm, prompts["repeat"][:1])
@@ -62,19 +78,28 @@ def runs(tiny_model_dir, engine_args, request, seed_for):
         r["again"] = _gen(llm, prompts["repeat"][:1])
         if name == "offload":
             ext0 = _counter(llm, "vllm:external_prefix_cache_hits")
-            for i in range(0, len(prompts["flood"]), 4):  # evicts the repeats from the GPU tier
-                _gen(llm, prompts["flood"][i:i + 4], 1)
+            # 4-block prompts cycling the GPU block pool three times evict the repeats from it
+            n_flood = -(-3 * r["num_gpu_blocks"] // 4)
+            r["flood_cached"] = []
+            for i in range(0, n_flood, 8):
+                res = _gen(llm, [draw(4 * bs) for _ in range(min(8, n_flood - i))], 1)
+                r["flood_cached"] += [o.num_cached_tokens for o in res]
             r["after_flood"] = _gen(llm, prompts["repeat"][:1])
             r["external_hits"] = _counter(llm, "vllm:external_prefix_cache_hits") - ext0
+            r["external_queries"] = _counter(llm, "vllm:external_prefix_cache_queries")
         out[name] = r
+        shutdown_engine(llm)
         del llm
-        gc.collect()
     yield prompts, out
     mp.undo()
 
 
-def _toks(outs):
-    return [list(o.outputs[0].token_ids) for o in outs]
+def _seqs(outs):
+    return [Sequence.from_output(o.outputs[0]) for o in outs]
+
+
+def _diag(r):
+    return {k: v for k, v in r.items() if not isinstance(v, list) or k == "flood_cached"}
 
 
 def test_cuda_defaults_in_use(runs):
@@ -88,16 +113,20 @@ def test_align_hits_shared_prefix_and_equals_off(runs):
     prompts, out = runs
     bs = out["align"]["bs"]
     cached = [o.num_cached_tokens for o in out["align"]["repeat"]]
-    assert cached[0] == 0 and all(c > 0 and c % bs == 0 for c in cached[1:]), (cached)
-    assert _toks(out["align"]["repeat"]) == _toks(out["off"]["repeat"])
-    assert _toks(out["align"]["again"]) == _toks(out["off"]["again"])
+    assert cached[0] == 0 and all(c > 0 and c % bs == 0 for c in cached[1:]), (cached, bs)
     assert out["align"]["again"][0].num_cached_tokens > 0
+    ref = _seqs(out["off"]["repeat"] + out["off"]["again"])
+    got = _seqs(out["align"]["repeat"] + out["align"]["again"])
+    c = compare_greedy(ref, got, bound=CHUNKING_BOUND)
+    assert c.ok, (c.errors, c.summary(), f"block size {bs}")
 
 
 def test_kv_offloading_host_tier_hits_and_equal_outputs(runs):
     _, out = runs
     off = out["offload"]
-    assert off["external_hits"] > 0, (off["external_hits"])
-    assert off["after_flood"][0].num_cached_tokens > 0
-    assert _toks(off["after_flood"]) == _toks(out["off"]["again"])
-    assert _toks(off["repeat"]) == _toks(out["off"]["repeat"])
+    diag = _diag(off)
+    assert off["after_flood"][0].num_cached_tokens > 0, diag
+    assert off["external_hits"] > 0, diag
+    c = compare_greedy(_seqs(out["off"]["repeat"] + out["off"]["again"]),
+                       _seqs(off["repeat"] + off["after_flood"]), bound=CHUNKING_BOUND)
+    assert c.ok, (c.errors, c.summary(), diag)

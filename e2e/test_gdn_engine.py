@@ -22,6 +22,7 @@ from __future__ import annotations
 import random
 
 import pytest
+from engines import shutdown_engine  # e2e/engines.py
 
 from vllm_hybrid_npu.patches.gdn_all_mode import all_mode_available
 
@@ -120,6 +121,7 @@ def runs(tiny_model_dir, request, seed_for, engine_args, e2e_target_name):
         r["long"] = [_gen(llm, [sc.long], 3)[0] for _ in range(2)]
         r["short"] = [_gen(llm, [sc.short], 3)[0] for _ in range(2)]
         results[name] = r
+        shutdown_engine(llm)
         del llm
     yield sc, results["off"], results["gdn"]
     registry.unapply_all()

@@ -3,7 +3,7 @@ sequences (no engine)."""
 
 from __future__ import annotations
 
-from greedy_compare import Sequence, compare_greedy
+from greedy_compare import Sequence, compare_greedy, compare_outputs
 
 
 def _seq(*positions):
@@ -48,3 +48,13 @@ def test_same_token_with_a_different_distribution_fails():
 def test_length_mismatch_fails():
     c = compare_greedy([_seq(A, B)], [_seq(A)])
     assert not c.ok and "2 vs 1 tokens" in c.errors[0]
+
+
+def test_compare_outputs_exact_rejects_a_near_tie_flip_the_rule_accepts():
+    ref = _seq(A, B)
+    got = _seq((6, {6: -1.0, 5: -1.01, 7: -3.0}), (1, {1: -0.1}))
+    assert compare_outputs([ref], [got], exact=False, bound=0.25).ok
+    c = compare_outputs([ref], [got], exact=True)
+    assert not c.ok and "position 0" in c.errors[0]
+    same = compare_outputs([ref], [_seq(A, B)], exact=True)
+    assert same.ok and same.identical == 1

@@ -52,6 +52,7 @@ for name, kv in (("normal", 12_000_000), ("tiny", 2_400_000)):
     pre = [m.value for m in llm.get_metrics() if m.name == "vllm:num_preemptions"]
     out[name] = {"bs": bs, "worker": dict(worker), "sched": hook.totals(core.scheduler),
                  "cached": cached, "preemptions": pre[0] if pre else None}
+    llm.llm_engine.engine_core.shutdown()  # e2e/engines.py says why
     del llm, core
     gc.collect()
 print("RESULT " + json.dumps(out))

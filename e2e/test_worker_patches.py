@@ -74,6 +74,7 @@ for name, cfg in json.loads(sys.argv[1]).items():
         "rounds": rounds, "stale": stale, "preemptions": pre[0] if pre else None,
         "lens": [len(p) for p in prompts],
     }
+    llm.llm_engine.engine_core.shutdown()  # e2e/engines.py says why
     del llm, runner
     gc.collect()
 from vllm.v1.worker import mamba_utils
@@ -237,7 +238,10 @@ PREEMPTION_DIVERGENCE_SEED = 1233340607
 @pytest.mark.xfail(strict=True, reason="vLLM 0.30.0 CPU align mode: a recomputed preempted request "
                    "can leave caching off's distribution (PREEMPTION_DIVERGENCE_SEED); strict: an "
                    "XPASS means it is fixed, then compare the preempted runs of every fresh draw")
-def test_preempted_equals_caching_off_on_the_known_draw(tiny_model_dir):
+def test_preempted_equals_caching_off_on_the_known_draw(tiny_model_dir, e2e_target_name):
+    if e2e_target_name != "cpu":
+        pytest.skip(f"the pinned draw was found on vLLM's CPU kernels; on {e2e_target_name} the "
+                    "preempted runs of fresh draws are compared in the tests above")
     model = str(tiny_model_dir("qwen3_next"))
     runs = _run("upstream", {k: v for k, v in _configs(model, PREEMPTION_DIVERGENCE_SEED,
                                                           with_tiny=True).items() if k != "pc"})

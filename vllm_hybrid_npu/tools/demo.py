@@ -75,6 +75,9 @@ class RequestResult:
     output_tokens: int
     output_token_ids: list[int] = field(repr=False)
     body: dict = field(repr=False)
+    #: per output token, ``{token id: logprob}`` of the top logprobs (the chosen token
+    #: included), when the body asked for them (:func:`make_body` ``top_logprobs``); else empty
+    output_logprobs: list[dict[int, float]] = field(default_factory=list, repr=False)
 
 
 def stream_chat(base_url: str, body: dict, timeout_s: float = 600.0) -> RequestResult:
@@ -88,6 +91,7 @@ def stream_chat(base_url: str, body: dict, timeout_s: float = 600.0) -> RequestR
     t0 = time.perf_counter()
     ttft = None
     token_ids: list[int] = []
+    logprobs: list[dict[int, float]] = []
     usage = None
     with requests.post(
         base_url + "/v1/chat/completions", json=body, stream=True, timeout=timeout_s
@@ -106,6 +110,10 @@ def stream_chat(base_url: str, body: dict, timeout_s: float = 600.0) -> RequestR
                 if ids and ttft is None:
                     ttft = time.perf_counter() - t0
                 token_ids.extend(ids)
+                for pos in (choice.get("logprobs") or {}).get("content") or []:
+                    top = {_token_id(t["token"]): float(t["logprob"]) for t in pos.get("top_logprobs") or []}
+                    top[_token_id(pos["token"])] = float(pos["logprob"])
+                    logprobs.append(top)
             if chunk.get("usage"):
                 usage = chunk["usage"]
     if usage is None:
@@ -120,12 +128,25 @@ def stream_chat(base_url: str, body: dict, timeout_s: float = 600.0) -> RequestR
         output_tokens=len(token_ids),
         output_token_ids=token_ids,
         body=body,
+        output_logprobs=logprobs,
     )
 
 
-def make_body(messages: list[dict], max_tokens: int) -> dict:
-    """A greedy, streamed chat request that returns token ids and usage with cached tokens."""
-    return {
+def _token_id(token: str) -> int:
+    """``"token_id:123"`` (vLLM's rendering with ``return_tokens_as_token_ids``) -> 123.
+
+    Raises:
+        ValueError: the token is not in that form (the request did not ask for ids)."""
+    prefix = "token_id:"
+    if not token.startswith(prefix):
+        raise ValueError(f"logprob token {token!r} is not {prefix}<id>: send return_tokens_as_token_ids")
+    return int(token[len(prefix):])
+
+
+def make_body(messages: list[dict], max_tokens: int, top_logprobs: int | None = None) -> dict:
+    """A greedy, streamed chat request that returns token ids and usage with cached tokens, and
+    with ``top_logprobs`` (1 to 20) the top logprobs of every output token, keyed by token id."""
+    body = {
         "model": "model",
         "messages": messages,
         "max_tokens": max_tokens,
@@ -135,13 +156,18 @@ def make_body(messages: list[dict], max_tokens: int) -> dict:
         "stream_options": {"include_usage": True},
         "return_token_ids": True,
     }
+    if top_logprobs:
+        body.update(logprobs=True, top_logprobs=top_logprobs, return_tokens_as_token_ids=True)
+    return body
 
 
 def replay_conversations(
-    base_url: str, paragraphs: int, turns: int, max_tokens: int, log=None
+    base_url: str, paragraphs: int, turns: int, max_tokens: int, log=None,
+    top_logprobs: int | None = None,
 ) -> list[RequestResult]:
     """Replay :data:`CONVERSATIONS` turn by turn (all first turns, then all second turns, ...),
-    each follow-up carrying the conversation so far, including the server's previous answers."""
+    each follow-up carrying the conversation so far, including the server's previous answers
+    (``top_logprobs``: see :func:`make_body`)."""
     sys_msg = {"role": "system", "content": system_prompt(paragraphs)}
     history = [[sys_msg] for _ in CONVERSATIONS]
     results = []
@@ -150,7 +176,7 @@ def replay_conversations(
             if turn >= len(conv):
                 continue
             history[c].append({"role": "user", "content": conv[turn]})
-            res = stream_chat(base_url, make_body(list(history[c]), max_tokens))
+            res = stream_chat(base_url, make_body(list(history[c]), max_tokens, top_logprobs))
             res.conversation, res.turn = c, turn
             results.append(res)
             answer = _decode_hint(res)

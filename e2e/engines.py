@@ -1,0 +1,40 @@
+"""Ending an in-process vLLM engine so that the next one in the same process starts clean.
+
+vLLM 0.30.0's ``LLM`` has no ``close()``, and ``del llm`` does not shut its engine core down
+(``LLMEngine`` only registers a finalizer for torch.compile's caches). What stays behind, read
+off vLLM 0.30.0:
+
+* the worker's KV connector: ``vllm.distributed.kv_transfer.kv_transfer_state`` keeps it in a
+  module global (``_KV_CONNECTOR_AGENT``) that ``ensure_kv_transfer_initialized`` never replaces
+  once set; ``GPUModelRunner.initialize_kv_cache`` of the *next* engine then hands its KV caches
+  to the old connector (``register_kv_caches``), even when the next engine configures none.
+  Seen on the H100 (2026-11-23): the ``OffloadingConnector`` of test_cuda_engine's host-tier
+  engine received test_first_repeat's caches and failed vLLM's ``group_kernel_blocks`` assertion
+  (``cache.shape[0] % num_blocks``, the old engine's ``num_blocks``); reproduced on CPU by
+  ``e2e/test_engine_teardown.py``;
+* ``gc.freeze()`` of ``EngineCore.__init__`` (weights and KV caches invisible to the collector)
+  and the distributed state, both undone only by ``EngineCore.shutdown``.
+
+:func:`shutdown_engine` calls vLLM's own ``EngineCore.shutdown`` (through the in-process
+client), which shuts the worker down (``ensure_kv_transfer_shutdown``), unfreezes the collector
+and runs ``cleanup_dist_env_and_memory``.
+"""
+
+from __future__ import annotations
+
+import gc
+
+
+def shutdown_engine(llm) -> None:
+    """Shut down the engine core of ``llm`` (a ``vllm.LLM`` built with
+    ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` or not) and collect its memory. The caller drops its
+    own references (``del llm``) afterwards.
+
+    Raises:
+        AssertionError: a KV connector is still registered in this process afterwards.
+    """
+    from vllm.distributed.kv_transfer.kv_transfer_state import has_kv_transfer_group
+
+    llm.llm_engine.engine_core.shutdown()
+    gc.collect()
+    assert not has_kv_transfer_group(), "a KV connector outlived its engine's shutdown"
