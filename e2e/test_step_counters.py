@@ -1,8 +1,12 @@
-"""Scheduler-side counters on a real vLLM engine (CPU, tiny Qwen3-Next, align mode): the state
+"""Scheduler-side counters on a real vLLM engine (tiny Qwen3-Next, align mode): the state
 moves and bytes the scheduler hook counts from the schedule equal the copies the worker's
 ``preprocess_mamba`` actually makes (counted here by wrapping vLLM's ``collect_mamba_copy_meta``
 in the same process), with chunked prefill inside a block, prefix-cache hits and preemption;
 every missed prompt token gets exactly one reason.
+
+Engine arguments and worker environment are the e2e target's (e2e/conftest.py): on CUDA the V1
+GPU model runner, since vLLM 0.30's V2 runner copies states in its own fused kernel and never
+calls ``collect_mamba_copy_meta``, the worker-side count this test compares with.
 """
 
 from __future__ import annotations
@@ -34,10 +38,11 @@ seed, model = int(sys.argv[1]), sys.argv[2]
 out = {}
 for name, kv in (("normal", 12_000_000), ("tiny", 2_400_000)):
     worker.update(moves=0, bytes=0)
+    base = dict(gpu_memory_utilization=0.05, enforce_eager=True, seed=0)
+    base.update(json.loads(os.environ.get("VLLM_HYBRID_NPU_E2E_ENGINE_ARGS") or "{}"))  # target's
     llm = LLM(model=model, enable_prefix_caching=True, mamba_cache_mode="align",
-              kv_cache_memory_bytes=kv, gpu_memory_utilization=0.05, max_model_len=1024,
-              max_num_seqs=4, enforce_eager=True, seed=0, max_num_batched_tokens=128,
-              disable_log_stats=False)
+              kv_cache_memory_bytes=kv, max_model_len=1024, max_num_seqs=4,
+              max_num_batched_tokens=128, disable_log_stats=False, **base)
     core = llm.llm_engine.engine_core.engine_core
     bs = core.scheduler.kv_cache_config.kv_cache_groups[0].kv_cache_spec.block_size
     rng = random.Random(seed)
@@ -63,6 +68,7 @@ def test_scheduler_counts_equal_the_worker_copies(tiny_model_dir):
     seed = random.randrange(1 << 30)
     model = str(tiny_model_dir("qwen3_next"))
     env = {k: v for k, v in os.environ.items() if k not in ("VLLM_PLUGINS", "VLLM_HYBRID_NPU_PATCHES")}
+    env.update(json.loads(os.environ.get("VLLM_HYBRID_NPU_E2E_WORKER_ENV") or "{}"))  # target's
     proc = subprocess.run([sys.executable, "-c", WORKLOAD, str(seed), model], env=env,
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, f"seed={seed}\n{proc.stderr[-6000:]}"
