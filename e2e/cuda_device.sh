@@ -10,8 +10,9 @@
 #
 # State lives outside the work tree under $VHN (default /tmp/vhn): the device keeps it only for
 # back-to-back calls. Logs, pytest's junit XML and the benchmark JSON are copied to $OUT (the
-# folder the device tool brings back). Every step stops itself at $STEP_LIMIT seconds (default
-# 570), under the tool's 600 s per call.
+# folder the device tool brings back, at most 8 files a call). Every step stops itself at
+# $STEP_LIMIT seconds (default 570), under the tool's 600 s per call; chain steps in one call
+# with && and a smaller STEP_LIMIT.
 set -uo pipefail
 
 VHN=${VHN:-/tmp/vhn}
@@ -58,7 +59,9 @@ case "$step" in
     mkdir -p "$VHN/bench"
     timeout "$STEP_LIMIT" "$PY" -m benchmarks.cuda_serving --model-dir "$VHN/q35moe-8l" --rows "$rows" \
       --out "$VHN/bench/cuda_serving.json" --row-timeout $((STEP_LIMIT - 30)) --resume "$@" 2>&1 | tee "$log"
-    cp "$VHN"/bench/* "$OUT"/ 2>/dev/null
+    # the device tool brings back at most 8 files of $OUT: the JSON and the last 256 KiB of each row's log
+    cp "$VHN/bench/cuda_serving.json" "$OUT"/ 2>/dev/null
+    for f in "$VHN"/bench/*.log; do [ -e "$f" ] && tail -c 262144 "$f" > "$OUT/$(basename "$f")"; done
     ;;
   *)
     echo "unknown step $step" >&2
