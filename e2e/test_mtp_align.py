@@ -16,9 +16,10 @@ What runs where:
   linear layers by their outputs on random inputs (vLLM's CPU backend repacks linear weights), the
   routed experts as multisets of values (repacked in place on CPU). vLLM's own loader does not
   catch a missing head tensor: with ``mtp.fc.weight`` or ``mtp.layers.0.self_attn.k_proj.weight``
-  deleted from the checkpoint, vLLM 0.30.0 (CPU) starts without an error (measured 2026-11-23,
-  /work/notes/mtp-findings.md), because its strict check skips every parameter whose quant method
-  has ``process_weights_after_loading``, i.e. every linear layer.
+  deleted from the checkpoint, vLLM 0.30.0 (CPU) starts without an error (measured 2026-11-23),
+  because its strict check (``default_loader.py:447-470``) counts every parameter of a module
+  whose quant method has ``process_weights_after_loading`` as loaded, i.e. of every linear and
+  MoE layer.
 * the generation tests need CUDA: vLLM 0.30.0's CPU backend cannot decode speculatively.
   (1) In align mode the first step raises ``TypeError: 'function' object is not subscriptable``
   at ``vllm/v1/worker/mamba_utils.py:1213`` (``precopy_mamba_align_fused_kernel[grid]``, reached
