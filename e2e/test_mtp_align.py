@@ -196,18 +196,17 @@ def runs(request, tiny_model_dir, engine_args, e2e_target_name, seed_for):
                      "num_spec": cfg.speculative_config.num_speculative_tokens,
                      "runner": type(worker_runner).__module__ + "." + type(worker_runner).__name__}
                 if name == "align":
+                    groups = llm.llm_engine.engine_core.engine_core.scheduler.kv_cache_config \
+                        .kv_cache_groups
                     r["spec_blocks"] = sorted({
-                        getattr(g.kv_cache_spec, "num_speculative_blocks", None)
-                        for g in worker_runner.kv_cache_config.kv_cache_groups
+                        getattr(g.kv_cache_spec, "num_speculative_blocks", None) for g in groups
                         if type(g.kv_cache_spec).__name__ == "MambaSpec"})
-                    r["layers"] = [n for g in worker_runner.kv_cache_config.kv_cache_groups
-                                   for n in g.layer_names]
+                    r["layers"] = [n for g in groups for n in g.layer_names]
                     assert len(loads) == 1, f"{len(loads)} Qwen3NextMTP loads"
                     gen = torch.Generator().manual_seed(seed_for(request, f"inputs-{runner}"))
                     ckpt = load_file(model / "model.safetensors")
                     r["checked"], r["mismatches"] = head_mismatches(loads[0], ckpt, gen)
                     r["ckpt_mtp"] = {k for k in ckpt if k.startswith("mtp.")}
-                    r["n_params"] = sum(1 for _ in loads[0].parameters())
                     if e2e_target_name != "cuda":
                         out[name] = r
                         break  # CPU: no speculative decoding (module docstring)
