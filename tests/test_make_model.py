@@ -67,3 +67,91 @@ def test_long_gdn_memory_draws_slow_decays_only(tmp_path):
 def test_unknown_gdn_memory_is_rejected(tmp_path):
     with pytest.raises(ValueError, match="--gdn-memory 'forever'"):
         make_model.build_model(tmp_path / "x", gdn_memory="forever")
+
+
+#: The MTP head's own tensors besides its decoder layers, as named in the real Qwen3-Next /
+#: Qwen3.5 checkpoints (``mtp.*``): ``fc`` maps ``[embedding, hidden]`` (2 x hidden) to hidden.
+MTP_HEAD_TENSORS = ("mtp.fc.weight", "mtp.norm.weight", "mtp.pre_fc_norm_embedding.weight",
+                    "mtp.pre_fc_norm_hidden.weight")
+
+
+@pytest.mark.parametrize("arch", make_model.ARCHS)
+def test_mtp_head_has_checkpoint_names_and_leaves_main_model_alone(tmp_path, arch, seed):
+    """``--mtp-layers 1``: ``mtp.layers.0.*`` are exactly the tensor names and shapes of the main
+    model's full-attention layer (``model.layers.3.*``, the layer type of the real MTP layer),
+    plus the four head tensors; ``config.json`` names the layer count under the key vLLM reads
+    (``num_nextn_predict_layers`` for Qwen3-Next, ``mtp_num_hidden_layers`` for Qwen3.5); every
+    other tensor and config entry is what the build without a head writes."""
+    from safetensors.torch import load_file
+
+    plain = make_model.build_model(tmp_path / "plain", arch=arch, seed=seed)
+    head = make_model.build_model(tmp_path / "mtp", arch=arch, seed=seed, mtp_layers=1)
+    w0, w1 = load_file(plain / "model.safetensors"), load_file(head / "model.safetensors")
+    cfg0 = json.loads((plain / "config.json").read_text())
+    cfg1 = json.loads((head / "config.json").read_text())
+    key = {"qwen3_next": "num_nextn_predict_layers", "qwen3_5": "mtp_num_hidden_layers"}[arch]
+
+    assert cfg1.pop(key) == 1 and key not in cfg0
+    assert cfg1 == cfg0
+    assert not any(k.startswith("mtp.") for k in w0)
+    assert {k: v for k, v in w1.items() if not k.startswith("mtp.")}.keys() == w0.keys()
+    assert all(w1[k].equal(w0[k]) for k in w0)  # same draw for the main model
+
+    full = cfg0["layer_types"].index("full_attention")
+    layer = {k[len(f"model.layers.{full}."):]: v for k, v in w0.items()
+             if k.startswith(f"model.layers.{full}.")}
+    mtp = {k: v for k, v in w1.items() if k.startswith("mtp.")}
+    assert mtp.keys() == {f"mtp.layers.0.{k}" for k in layer} | set(MTP_HEAD_TENSORS)
+    assert "mtp.layers.0.self_attn.q_proj.weight" in mtp  # attention, not GDN
+    for k, v in layer.items():
+        assert mtp[f"mtp.layers.0.{k}"].shape == v.shape, k
+    h = cfg0["hidden_size"]
+    assert mtp["mtp.fc.weight"].shape == (h, 2 * h)
+    for k in MTP_HEAD_TENSORS[1:]:
+        assert mtp[k].shape == (h,), k
+    assert all(v.dtype == w0["lm_head.weight"].dtype for v in mtp.values())
+    # separate draws: a loader that swaps two head tensors, or leaves one at its init, shows
+    norms = [mtp[k] for k in MTP_HEAD_TENSORS[1:]]
+    assert all(n.abs().sum() > 0 for n in norms)
+    assert not any(a.equal(b) for i, a in enumerate(norms) for b in norms[i + 1:])
+    assert not mtp["mtp.layers.0.self_attn.o_proj.weight"].equal(w0[f"model.layers.{full}.self_attn.o_proj.weight"])
+    meta = json.loads((head / "vllm_hybrid_npu.json").read_text())
+    assert meta["mtp_layers"] == 1 and "mtp_layers" not in json.loads((plain / "vllm_hybrid_npu.json").read_text())
+
+
+def test_two_mtp_layers_same_seed_same_head(tmp_path, seed):
+    """``--mtp-layers 2`` writes ``mtp.layers.0`` and ``mtp.layers.1`` (distinct draws); the same
+    seed gives the same head."""
+    from safetensors.torch import load_file
+
+    a = load_file(make_model.build_model(tmp_path / "a", seed=seed, mtp_layers=2) / "model.safetensors")
+    b = load_file(make_model.build_model(tmp_path / "b", seed=seed, mtp_layers=2) / "model.safetensors")
+    assert a.keys() == b.keys() and all(a[k].equal(b[k]) for k in a)
+    assert json.loads((tmp_path / "a" / "config.json").read_text())["num_nextn_predict_layers"] == 2
+    q = "self_attn.q_proj.weight"
+    assert f"mtp.layers.1.{q}" in a and f"mtp.layers.2.{q}" not in a
+    assert not a[f"mtp.layers.0.{q}"].equal(a[f"mtp.layers.1.{q}"])
+
+
+@pytest.mark.parametrize("bad", [-1, make_model.MAX_MTP_LAYERS + 1, 1.5, True, "1"])
+def test_bad_mtp_layers_is_rejected(tmp_path, bad):
+    with pytest.raises(ValueError, match="--mtp-layers"):
+        make_model.build_model(tmp_path / "x", mtp_layers=bad)
+    assert not (tmp_path / "x").exists()
+
+
+def test_mtp_layers_flag_default_keeps_cache_names(tmp_path, monkeypatch):
+    """The flag defaults to 0 and the cached default builds keep their names; a head gets its
+    own cache entry (``-mtp<N>``), built by ``make-model --mtp-layers N``."""
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    make_model.add_arguments(parser)
+    assert parser.parse_args([]).mtp_layers == 0
+    assert make_model._default_name("qwen3_next", 0) == "tiny-qwen3_next-s0"
+    assert make_model._default_name("qwen3_next", 0, "long") == "tiny-qwen3_next-s0-long"
+    monkeypatch.setenv("VLLM_HYBRID_NPU_CACHE", str(tmp_path))
+    assert make_model.run(parser.parse_args(["--mtp-layers", "1"])) == 0
+    out = tmp_path / "models" / "tiny-qwen3_next-s0-mtp1"
+    assert json.loads((out / "config.json").read_text())["num_nextn_predict_layers"] == 1
+    assert make_model.default_model_dir(mtp_layers=1) == out

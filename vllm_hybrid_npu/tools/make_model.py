@@ -8,7 +8,10 @@ Writes a Hugging Face model directory (``config.json``, ``model.safetensors``, `
 * ``qwen3_5``: ``Qwen3_5ForCausalLM`` (text-only Qwen3.5: the same GDN/attention layer pattern
   with a dense MLP).
 
-Both use 4 decoder layers (3 GDN + 1 full attention, the 3:1 pattern of the real models). The
+Both use 4 decoder layers (3 GDN + 1 full attention, the 3:1 pattern of the real models).
+``--mtp-layers N`` (default 0) adds a multi-token-prediction (MTP) head of ``N`` full-attention
+layers under the ``mtp.*`` names of the real checkpoints, which vLLM's ``Qwen3NextMTP`` /
+``Qwen3_5MTP`` draft models load for ``speculative_config={"method": "mtp"}``. The
 weights are drawn by ``transformers``' own initialisation from a fixed seed; the tokenizer is a
 byte-level BPE trained locally, with the ``tokenizers`` library, on text embedded in this module,
 so nothing is downloaded. Dimensions respect what vLLM's CPU GDN kernels need: GDN key/value head
@@ -105,13 +108,27 @@ def _train_tokenizer(out_dir: Path) -> int:
     return tok.get_vocab_size()
 
 
-def _hf_model(arch: str, eos_id: int, pad_id: int):
-    """Build the randomly initialised ``transformers`` model for ``arch``."""
+#: Decoder layer pattern of the tiny models: 3 GDN layers, then 1 full attention layer.
+LAYER_TYPES = ("linear_attention",) * 3 + ("full_attention",)
+
+#: ``config.json`` key holding the number of MTP layers, per ``--arch``: the key of the real
+#: checkpoints, which vLLM 0.30 reads (``vllm/config/speculative.py``: ``num_nextn_predict_layers``
+#: for ``qwen3_next``, ``mtp_num_hidden_layers`` for ``qwen3_5``/``qwen3_5_text``;
+#: ``vllm/model_executor/models/qwen3_next_mtp.py`` and ``qwen3_5_mtp.py`` size the head from it).
+MTP_CONFIG_KEY = {"qwen3_next": "num_nextn_predict_layers", "qwen3_5": "mtp_num_hidden_layers"}
+
+#: Largest ``--mtp-layers`` accepted (the real models ship 1).
+MAX_MTP_LAYERS = 4
+
+
+def _hf_model(arch: str, eos_id: int, pad_id: int, layer_types: tuple[str, ...] = LAYER_TYPES):
+    """Build the randomly initialised ``transformers`` model for ``arch`` with one decoder layer
+    per entry of ``layer_types``."""
     common = dict(
         vocab_size=VOCAB_SIZE,
         hidden_size=256,
-        num_hidden_layers=4,
-        layer_types=["linear_attention"] * 3 + ["full_attention"],
+        num_hidden_layers=len(layer_types),
+        layer_types=list(layer_types),
         num_attention_heads=2,
         num_key_value_heads=1,
         head_dim=128,
@@ -165,8 +182,54 @@ def _set_gdn_memory(model, memory: str) -> None:
                 param.copy_(torch.empty_like(param).uniform_(*bounds).log_())
 
 
+def _mtp_weights(arch: str, eos_id: int, pad_id: int, num_layers: int, hidden_size: int,
+                 initializer_range: float, work_dir: Path) -> dict:
+    """Random MTP-head tensors for ``arch``, named as in the real Qwen3-Next / Qwen3.5 checkpoints.
+
+    The head of those checkpoints (what vLLM's ``Qwen3NextMultiTokenPredictor`` /
+    ``Qwen3_5MultiTokenPredictor`` load after mapping ``mtp.`` to ``model.``) is:
+
+    * ``mtp.pre_fc_norm_embedding.weight``, ``mtp.pre_fc_norm_hidden.weight``: RMSNorm weights,
+      ``[hidden_size]``, of the embedding of the next token and of the target's last hidden state;
+    * ``mtp.fc.weight``: ``[hidden_size, 2 * hidden_size]``, bias-free, projecting their
+      concatenation ``[embedding, hidden]`` back to ``hidden_size``;
+    * ``mtp.layers.{i}.*``, ``i < num_layers``: full-attention decoder layers with the tensor
+      names and shapes of the main model's full-attention layers (``model.layers.{j}.*``);
+    * ``mtp.norm.weight``: the final RMSNorm, ``[hidden_size]``.
+
+    The embedding and LM head are shared with the main model (no ``mtp.`` copies).
+
+    The layers are drawn by ``transformers``' own initialisation of an ``arch`` model whose
+    ``num_layers`` layers are all full attention (saved through ``save_pretrained`` into
+    ``work_dir`` so that the names are those ``transformers`` writes, e.g. unfused experts);
+    ``mtp.fc.weight`` and the three head norms from N(0, ``initializer_range``), as
+    ``transformers`` draws linear layers. (Its zero-centred RMSNorms, ``x * (1 + w)``, start at
+    ``w = 0``; drawing the head norms instead lets a test tell each of them from the others and
+    from a norm left unloaded.) All draws come from torch's global generator, after the main
+    model's.
+
+    Returns:
+        ``{name: tensor}`` (bfloat16, CPU).
+    """
+    import torch
+    from safetensors.torch import load_file
+
+    donor = _hf_model(arch, eos_id, pad_id, ("full_attention",) * num_layers).to(torch.bfloat16)
+    donor.save_pretrained(work_dir, safe_serialization=True)
+    donor_weights = load_file(work_dir / "model.safetensors")
+    out = {}
+    for name, tensor in donor_weights.items():
+        if name.startswith("model.layers."):
+            out["mtp." + name[len("model."):]] = tensor
+    shapes = {"fc": (hidden_size, 2 * hidden_size), "pre_fc_norm_embedding": (hidden_size,),
+              "pre_fc_norm_hidden": (hidden_size,), "norm": (hidden_size,)}
+    for name, shape in shapes.items():
+        out[f"mtp.{name}.weight"] = torch.empty(shape).normal_(0.0, initializer_range).to(torch.bfloat16)
+    return out
+
+
 def build_model(out_dir: str | os.PathLike, arch: str = "qwen3_next", seed: int = 0,
-                gdn_memory: str = "short") -> Path:
+                gdn_memory: str = "short", mtp_layers: int = 0) -> Path:
     """Write a tiny random hybrid checkpoint and its tokenizer to ``out_dir``.
 
     Args:
@@ -174,18 +237,24 @@ def build_model(out_dir: str | os.PathLike, arch: str = "qwen3_next", seed: int 
         arch: ``"qwen3_next"`` or ``"qwen3_5"``.
         seed: seed of the weight initialisation (same seed, same weights).
         gdn_memory: ``"short"`` (transformers' GDN decay) or ``"long"`` (:data:`GDN_MEMORY`).
+        mtp_layers: number of MTP-head layers (:func:`_mtp_weights`), 0 for none. With
+            ``mtp_layers > 0`` the main model's tensors are the same draw as with 0 (the head is
+            drawn after them) and ``config.json`` gets ``MTP_CONFIG_KEY[arch]: mtp_layers``.
 
     Returns:
         ``out_dir`` as a :class:`~pathlib.Path`.
 
     Raises:
-        ValueError: ``arch`` is not one of :data:`ARCHS`, or ``gdn_memory`` not one of
-            :data:`GDN_MEMORY`.
+        ValueError: ``arch`` is not one of :data:`ARCHS`, ``gdn_memory`` not one of
+            :data:`GDN_MEMORY`, or ``mtp_layers`` not an integer in ``[0, MAX_MTP_LAYERS]``.
     """
     if arch not in ARCHS:
         raise ValueError(f"--arch {arch!r} is not one of {', '.join(ARCHS)}")
     if gdn_memory not in GDN_MEMORY:
         raise ValueError(f"--gdn-memory {gdn_memory!r} is not one of {', '.join(GDN_MEMORY)}")
+    if isinstance(mtp_layers, bool) or not isinstance(mtp_layers, int) or not (
+            0 <= mtp_layers <= MAX_MTP_LAYERS):
+        raise ValueError(f"--mtp-layers {mtp_layers!r} is not an integer in [0, {MAX_MTP_LAYERS}]")
     import torch
 
     out = Path(out_dir)
@@ -202,10 +271,22 @@ def build_model(out_dir: str | os.PathLike, arch: str = "qwen3_next", seed: int 
         _set_gdn_memory(model, gdn_memory)
         model = model.to(torch.bfloat16)
         model.config.dtype = "bfloat16"
+        if mtp_layers:
+            setattr(model.config, MTP_CONFIG_KEY[arch], mtp_layers)
         model.save_pretrained(tmp, safe_serialization=True)
-        (tmp / "vllm_hybrid_npu.json").write_text(
-            json.dumps({"arch": arch, "seed": seed, "gdn_memory": gdn_memory, "format": FORMAT_VERSION})
-        )
+        meta = {"arch": arch, "seed": seed, "gdn_memory": gdn_memory, "format": FORMAT_VERSION}
+        if mtp_layers:
+            from safetensors.torch import load_file, save_file
+
+            donor_dir = Path(tempfile.mkdtemp(prefix=".mtp.", dir=tmp))
+            head = _mtp_weights(arch, eos_id, pad_id, mtp_layers, model.config.hidden_size,
+                                model.config.initializer_range, donor_dir)
+            shutil.rmtree(donor_dir)
+            weights = load_file(tmp / "model.safetensors")
+            weights.update(head)
+            save_file(weights, tmp / "model.safetensors", metadata={"format": "pt"})
+            meta["mtp_layers"] = mtp_layers
+        (tmp / "vllm_hybrid_npu.json").write_text(json.dumps(meta))
         if out.exists():
             shutil.rmtree(out)
         tmp.chmod(0o755)
@@ -223,20 +304,22 @@ def cache_root() -> Path:
     return Path(env) if env else Path.home() / ".cache" / "vllm-hybrid-npu"
 
 
-def _default_name(arch: str, seed: int, gdn_memory: str = "short") -> str:
-    return f"tiny-{arch}-s{seed}" + ("" if gdn_memory == "short" else f"-{gdn_memory}")
+def _default_name(arch: str, seed: int, gdn_memory: str = "short", mtp_layers: int = 0) -> str:
+    return (f"tiny-{arch}-s{seed}" + ("" if gdn_memory == "short" else f"-{gdn_memory}")
+            + (f"-mtp{mtp_layers}" if mtp_layers else ""))
 
 
-def default_model_dir(arch: str = "qwen3_next", seed: int = 0, gdn_memory: str = "short") -> Path:
-    """Return the cached default build for ``arch``/``seed``/``gdn_memory``, building it on
-    first use."""
-    out = cache_root() / "models" / _default_name(arch, seed, gdn_memory)
+def default_model_dir(arch: str = "qwen3_next", seed: int = 0, gdn_memory: str = "short",
+                      mtp_layers: int = 0) -> Path:
+    """Return the cached default build for ``arch``/``seed``/``gdn_memory``/``mtp_layers``,
+    building it on first use (``mtp_layers=0`` keeps the names of builds without an MTP head)."""
+    out = cache_root() / "models" / _default_name(arch, seed, gdn_memory, mtp_layers)
     marker = out / "vllm_hybrid_npu.json"
     if marker.exists():
         meta = json.loads(marker.read_text())
-        if meta.get("format") == FORMAT_VERSION:
+        if meta.get("format") == FORMAT_VERSION and meta.get("mtp_layers", 0) == mtp_layers:
             return out
-    return build_model(out, arch=arch, seed=seed, gdn_memory=gdn_memory)
+    return build_model(out, arch=arch, seed=seed, gdn_memory=gdn_memory, mtp_layers=mtp_layers)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -251,13 +334,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gdn-memory", choices=tuple(GDN_MEMORY), default="short",
                         help="GDN decay: 'short' (transformers' init) or 'long' (states remembered "
                         "for hundreds of tokens, so output comparisons see a wrong state)")
+    parser.add_argument("--mtp-layers", type=int, default=0,
+                        help="layers of a random MTP head written under the checkpoints' mtp.* "
+                        "names, for speculative decoding with method 'mtp' (default 0: none)")
 
 
 def run(args: argparse.Namespace) -> int:
+    mtp_layers = getattr(args, "mtp_layers", 0)
     if args.out is None:
-        out = build_model(cache_root() / "models" / _default_name(args.arch, args.seed, args.gdn_memory),
-                          args.arch, args.seed, args.gdn_memory)
+        out = build_model(
+            cache_root() / "models" / _default_name(args.arch, args.seed, args.gdn_memory, mtp_layers),
+            args.arch, args.seed, args.gdn_memory, mtp_layers)
     else:
-        out = build_model(args.out, args.arch, args.seed, args.gdn_memory)
+        out = build_model(args.out, args.arch, args.seed, args.gdn_memory, mtp_layers)
     print(out)
     return 0
