@@ -186,3 +186,35 @@ def test_lean_class_in_the_engine_registry():
     cls = scheduler_class("lean")
     assert cls.checkpoint_policy == "lean"
     assert cls.__name__ == "LeanCheckpointScheduler"
+
+
+def test_with_speculative_decoding_lean_leaves_vllms_schedule_alone(cfg, caplog):
+    """Any speculative_config: vLLM changes align mode itself (EAGLE/MTP block drop, MTP
+    lookahead), which lean does not model, so lean must act exactly like upstream (same hits,
+    same kept states) and say so; without it the same rows differ (the first repeat of SHARED
+    hits only with lean, test above)."""
+    from vllm.config import SpeculativeConfig
+
+    rows = SHARED + [(4000, 1, [1, 2, 3, 4, 5, 6, 7, 8])]
+
+    def run(policy):
+        reqs = _reqs(rows)
+        pol = get_policy(policy)
+
+        def configure(vllm_config):
+            if pol.configure is not None:
+                pol.configure(vllm_config)
+            vllm_config.speculative_config = SpeculativeConfig(
+                method="ngram", num_speculative_tokens=2, prompt_lookup_min=1, prompt_lookup_max=3)
+
+        setup = build_setup(cfg, kv_cache_bytes=64 << 20,
+                            max_model_len=max(r.input_length + r.output_length for r in reqs),
+                            block_size=BS, configure=configure)
+        return replay(reqs, setup, pol.scheduler_class())
+
+    with caplog.at_level("WARNING", logger="vllm_hybrid_npu"):
+        lean = run("lean")
+    up = run("upstream")
+    assert lean.cached_per_request == up.cached_per_request
+    assert lean.cached_states == up.cached_states
+    assert "checkpoint policy lean not applied: speculative decoding (ngram)" in caplog.text

@@ -31,8 +31,10 @@ request's blocks after ``KVCacheManager.free``; vLLM fences a freed block whose 
 pending (``jobs_to_flush`` when it is reallocated), so the reordered free queue never loses a
 state the connector still has to copy; the policy is replayed with the connector in the lab.
 
-Not verified: speculative decoding (EAGLE/MTP) with ``lean`` (its chunk ends do not model
-EAGLE's dropped block), vLLM 0.32.
+With speculative decoding configured the policy does not act at all (no chunk ends, no hooks;
+:func:`.policy_base.deferral_reason`): vLLM's scheduler changes align mode itself there (EAGLE/MTP
+drop the last matched block; multi-module MTP reads ahead of a chunk end), which the policy does
+not model and which could not be verified here. Not verified: vLLM 0.32.
 
 The hooks need the vLLM 0.30 internals named above; when one is missing (another vLLM
 version), when the model has no Mamba/GDN group, when the mode is not align, or when the groups'
@@ -78,6 +80,8 @@ class LeanRetentionMixin(CheckpointPolicyMixin):
         self._lean_active = False
         reason = _unsupported(vllm_config, kv_cache_config, self.lean_modes)
         super().__init__(*args, **kwargs)
+        if self.policy_deferred is not None:
+            return  # vLLM's own schedule and retention (CheckpointPolicyMixin logged why)
         if reason is None:
             reason = self._lean_install()
         if reason is not None:

@@ -12,9 +12,12 @@ Policies with their own rules (:mod:`.lean`) subclass it and override
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import Any
 
 from vllm_hybrid_npu.scheduling.split import SplitRule, policy_chunk_tokens
+
+logger = logging.getLogger("vllm_hybrid_npu")
 
 #: The policy for GDN states captured inside the step (no extra chunk ends, dense retention in
 #: ``'all'`` mode).
@@ -29,6 +32,24 @@ def _has_mamba_align(kv_cache_config: Any, vllm_config: Any, modes=("align",)) -
     if getattr(vllm_config.cache_config, "mamba_cache_mode", None) not in modes:
         return False
     return any(isinstance(g.kv_cache_spec, MambaSpec) for g in kv_cache_config.kv_cache_groups)
+
+
+def deferral_reason(vllm_config: Any) -> str | None:
+    """Why a checkpoint policy must leave vLLM's schedule and retention alone for this
+    configuration, or ``None``.
+
+    Speculative decoding (any ``speculative_config``): vLLM 0.30's scheduler then changes align
+    mode itself (``Scheduler.__init__``: ``use_eagle``, ``use_eagle_block_drop``,
+    ``num_prefill_lookahead``; ``_mamba_block_aligned_split`` stops one block earlier with
+    EAGLE/MTP, whose prefix-cache hits drop the last matched block, and multi-module MTP reads
+    tokens ahead of a chunk end), and the policies' chunk ends and kept states were not
+    verified with it (the CPU backend cannot decode speculatively; docs/cuda.md)."""
+    spec = getattr(vllm_config, "speculative_config", None) if vllm_config is not None else None
+    if spec is not None:
+        method = getattr(spec, "method", None)
+        return (f"speculative decoding ({method or 'configured'}) changes align mode's chunk ends "
+                "and hits in vLLM's scheduler, and the policy is not verified with it")
+    return None
 
 
 def chunk_span(request: Any, local_computed: int = 0, external_computed: int = 0) -> tuple[int, int]:
@@ -81,12 +102,20 @@ class CheckpointPolicyMixin:
     split_rule: SplitRule | None = None
     dense_retention: bool = True
 
+    #: why this scheduler runs vLLM's own schedule although a policy is named (see
+    #: :func:`deferral_reason`), or None; set in ``__init__``
+    policy_deferred: str | None = None
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         vllm_config = kwargs.get("vllm_config", args[0] if args else None)
         kv_cache_config = kwargs.get("kv_cache_config", args[1] if len(args) > 1 else None)
+        deferred = None
+        if self.checkpoint_policy != "upstream":
+            deferred = deferral_reason(vllm_config)
         swapped = False
         if (
-            self.dense_retention
+            deferred is None
+            and self.dense_retention
             and self.checkpoint_policy != "upstream"
             and vllm_config is not None
             and kv_cache_config is not None
@@ -100,6 +129,11 @@ class CheckpointPolicyMixin:
                 args = (args[0], dense, *args[2:])
             swapped = True
         super().__init__(*args, **kwargs)
+        self.policy_deferred = deferred
+        if deferred is not None:
+            logger.warning(
+                "checkpoint policy %s not applied: %s; this scheduler runs vLLM's own align-mode "
+                "schedule and retention", self.checkpoint_policy, deferred)
         if swapped:
             _dense_offloading(self)
 
@@ -129,7 +163,7 @@ class CheckpointPolicyMixin:
         num = super()._mamba_block_aligned_split(  # type: ignore[misc]
             request, num_new_tokens, num_new_local_computed_tokens, num_external_computed_tokens
         )
-        if self.checkpoint_policy in ("upstream", GDN_POLICY) or num <= 0:
+        if self.checkpoint_policy in ("upstream", GDN_POLICY) or num <= 0 or self.policy_deferred:
             return num
         start, prefill_end = chunk_span(
             request, num_new_local_computed_tokens, num_external_computed_tokens
