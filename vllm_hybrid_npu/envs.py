@@ -92,7 +92,8 @@ register(EnvVar(
     "GDN models on CPU, scheduler `GdnCheckpointScheduler` (dense retention, no extra chunk "
     "ends); on CUDA/NPU a warning and align mode ([gdn-checkpoints.md](gdn-checkpoints.md)). "
     "The entry `checkpoint-policy` shows as applied in the load line unless the policy is "
-    "`upstream`; an explicit `--scheduler-cls` wins; with `--speculative-config` no policy acts (vLLM's own schedule and retention, logged). The retired `tail` and `adaptive` raise "
+    "`upstream`; an explicit `--scheduler-cls` wins; with `--speculative-config` no policy "
+    "acts (vLLM's own schedule and retention, logged). The retired `tail` and `adaptive` raise "
     "`ValueError`: `tail` = vLLM's `--long-prefill-token-threshold <block size> "
     "--prefix-cache-retention-interval None`; `adaptive` is lab only "
     "(`vllm-hybrid-npu-lab hitrate --policy adaptive`)",
