@@ -202,6 +202,9 @@ def runs(request, tiny_model_dir, engine_args, e2e_target_name, seed_for):
                         getattr(g.kv_cache_spec, "num_speculative_blocks", None) for g in groups
                         if type(g.kv_cache_spec).__name__ == "MambaSpec"})
                     r["layers"] = [n for g in groups for n in g.layer_names]
+                    sched = llm.llm_engine.engine_core.engine_core.scheduler
+                    r["policy"] = getattr(sched, "checkpoint_policy", "upstream")
+                    r["policy_deferred"] = getattr(sched, "policy_deferred", None)
                     assert len(loads) == 1, f"{len(loads)} Qwen3NextMTP loads"
                     gen = torch.Generator().manual_seed(seed_for(request, f"inputs-{runner}"))
                     ckpt = load_file(model / "model.safetensors")
@@ -239,6 +242,15 @@ def test_mtp_head_loaded_from_checkpoint(runs):
     assert "mtp.layers.0.self_attn.attn" in r["layers"], r["layers"]  # the head's KV cache
     assert not r["mismatches"], "\n".join(r["mismatches"])
     assert r["checked"] == r["ckpt_mtp"], sorted(r["ckpt_mtp"] ^ r["checked"])
+
+
+def test_checkpoint_policy_leaves_speculative_decoding_to_vllm(runs):
+    """The target's default policy (``lean`` on CPU and CUDA) is not verified with speculative
+    decoding, so its scheduler runs vLLM's own align-mode schedule (policy_base.deferral_reason)."""
+    _, out = runs
+    r = out["align"]
+    assert r["policy"] == "lean", r["policy"]
+    assert r["policy_deferred"] and "speculative decoding (mtp)" in r["policy_deferred"], r
 
 
 @pytest.mark.cuda
