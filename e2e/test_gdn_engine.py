@@ -126,6 +126,7 @@ def runs(tiny_model_dir, request, seed_for, engine_args, e2e_target_name):
     yield sc, results["off"], results["gdn"]
     registry.unapply_all()
     mp.undo()
+    apply_patches()  # the registry as the plugin applies it with the restored environment
 
 
 def test_gdn_engine_runs_all_mode_with_dense_retention(runs):
