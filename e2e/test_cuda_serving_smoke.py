@@ -34,6 +34,10 @@ def test_rows_land_in_the_json_and_resume_keeps_them(tmp_path, tiny_model_dir, s
     assert all(c == 0 for c in doc["rows"]["off"]["hit_cached"])
     assert all(c > 0 for c in doc["rows"]["plugin"]["hit_cached"])
     assert doc["summary"]["plugin"]["cold_ttft_ms/off"] > 0
+    # a 600-token cold prompt: one step with caching off; align mode ends a chunk at its last
+    # block boundary (block < 600 tokens on every target), so at least two
+    assert doc["rows"]["off"]["cold_steps"] == [1], doc["rows"]["off"]["cold_steps"]
+    assert all(n >= 2 for n in doc["rows"]["plugin"]["cold_steps"]), doc["rows"]["plugin"]["cold_steps"]
     if e2e_target_name == "cpu":
         assert doc["rows"]["plugin"]["copy_us_per_step"] is None and "gpu_note" in doc["rows"]["plugin"]
     stdout, again = _bench(out, model, seed, "off,plugin", "--resume")
