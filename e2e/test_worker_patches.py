@@ -170,13 +170,13 @@ def test_ours_equals_upstream_tokens_and_cached_counts(next_runs):
         assert ours[name]["rounds"] == upstream[name]["rounds"], f"{name}: logprobs differ"
 
 
-#: vLLM 0.30.0 CPU's own align-mode path (``VLLM_HYBRID_NPU_PATCHES=none``) sometimes leaves the
-#: reference distribution on a fresh draw (seen 2026-11-23, a few runs in 10 of this module: a
-#: request's second generated token, in the round computed while other requests still prefill in
-#: 128-token chunks, with top logprobs disjoint from the reference's; ours equal to it bit for bit).
-#: Where upstream diverges, ours must diverge at exactly the same places and the test ends as an
-#: expected failure naming the draw: an upstream divergence, not caused by the plugin (ours vs
-#: upstream is asserted exact in ``test_ours_equals_upstream_tokens_and_cached_counts``).
+#: Where vLLM's own align-mode path (``VLLM_HYBRID_NPU_PATCHES=none``) breaks the rule on a fresh
+#: draw, ours must break it at exactly the same places and the test ends as an expected failure
+#: naming the draw: an upstream divergence, not caused by the plugin (ours vs upstream is asserted
+#: exact in ``test_ours_equals_upstream_tokens_and_cached_counts``). On the format-1 checkpoint
+#: (top-2 of 4 experts) this happened in a few of 10 runs: MoE routing near-ties switched by the
+#: chunkings' last bits (docs/testing.md, "MoE routing near-ties"); the checkpoint now routes to
+#: all experts, where no such draw is known.
 UPSTREAM_DIVERGENCE = ("vLLM 0.30.0 CPU's own align-mode path diverges on this draw (replay with "
                        "the session seed the summary prints; ours identical to it)")
 
@@ -211,43 +211,21 @@ def test_cache_hits_reproduce_the_computed_outputs(next_runs):
 
 
 def test_prefix_caching_on_equals_off(next_runs):
-    """Caching on (align mode; ours and upstream's path) == caching off, up to bf16 near-ties
-    (different chunkings). The preempted configuration is compared below. Upstream divergences:
-    see :data:`UPSTREAM_DIVERGENCE`."""
+    """Caching on (align mode; ours and upstream's path), with and without preemption, ==
+    caching off, up to bf16 near-ties (different chunkings). Upstream divergences: see
+    :data:`UPSTREAM_DIVERGENCE`."""
     ours, upstream = next_runs
     found = []
-    for rnd in (0, 1):
-        off = _seqs(ours["off"], rnd)
-        d = _close_or_upstream_divergence(off, _seqs(ours["pc"], rnd), off,
-                                          _seqs(upstream["pc"], rnd), f"round {rnd}: on vs off")
-        if d:
-            found.append(d)
+    for name in ("pc", "tiny"):
+        for rnd in (0, 1):
+            off = _seqs(ours["off"], rnd)
+            d = _close_or_upstream_divergence(off, _seqs(ours[name], rnd), off,
+                                              _seqs(upstream[name], rnd),
+                                              f"{name} round {rnd}: on vs off")
+            if d:
+                found.append(d)
     if found:
         pytest.xfail(UPSTREAM_DIVERGENCE + ": " + "; ".join(found))
-
-
-#: A draw whose preempted run leaves caching off's distribution (vLLM 0.30.0 CPU, its own path
-#: as much as ours: the two are equal bit for bit): found by a fresh e2e run on 2026-11-23
-#: (session seed 1339748366, prompt seed below). Request 2 (419 tokens) generates its first two
-#: tokens like caching off, is preempted (6 preemptions in the run), and after the recompute its
-#: third token's top 20 logprobs share nothing with caching off's (720 at -3.97 vs 35 at
-#: -4.23): not a bf16 near-tie but another context. Cause not investigated here.
-PREEMPTION_DIVERGENCE_SEED = 1233340607
-
-
-@pytest.mark.xfail(strict=True, reason="vLLM 0.30.0 CPU align mode: a recomputed preempted request "
-                   "can leave caching off's distribution (PREEMPTION_DIVERGENCE_SEED); strict: an "
-                   "XPASS means it is fixed, then compare the preempted runs of every fresh draw")
-def test_preempted_equals_caching_off_on_the_known_draw(tiny_model_dir, e2e_target_name):
-    if e2e_target_name != "cpu":
-        pytest.skip(f"the pinned draw was found on vLLM's CPU kernels; on {e2e_target_name} the "
-                    "preempted runs of fresh draws are compared in the tests above")
-    model = str(tiny_model_dir("qwen3_next"))
-    runs = _run("upstream", {k: v for k, v in _configs(model, PREEMPTION_DIVERGENCE_SEED,
-                                                          with_tiny=True).items() if k != "pc"})
-    assert runs["tiny"]["preemptions"] > 0
-    for rnd in (0, 1):
-        _assert_close(_seqs(runs["off"], rnd), _seqs(runs["tiny"], rnd), f"round {rnd}: preempted vs off")
 
 
 def test_second_round_hits_the_cache_in_whole_blocks(next_runs):
