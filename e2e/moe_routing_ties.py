@@ -1,20 +1,21 @@
-"""Why the tiny Qwen3-Next routes every token to all its experts (make_model.NUM_EXPERTS).
+"""Why the tiny Qwen3-Next routes every token to both its experts (make_model.NUM_EXPERTS).
 
 Not a test: the measurement behind ``make_model``'s format 2. One in-process vLLM engine, prefix
 caching off (``--align``: align mode), ``max_num_batched_tokens=128``, nothing patched
 (``VLLM_HYBRID_NPU_PATCHES=none``). A prompt P of ``--len`` fresh tokens is generated (1 greedy
 token, top 20 logprobs) alone, then next to a 1-token request still decoding: alone P is
 prefilled as 128 + rest, batched as 127 + rest, so bf16 rounds the two differently in the last
-bits. With top-2 of 4 experts a router whose 2nd and 3rd logits (nearly) tie sends a token to
-another expert pair between the two runs: an O(1) change that the GDN/attention states carry to
-the last position. Printed per model: the sampled token of each run, how many of the top 20
+bits. With format 1's top-2 of 4 experts a router whose 2nd and 3rd logits (nearly) tie sends
+a token to another expert pair between the two runs: an O(1) change that the GDN/attention
+states carry to the last position. Printed per model: the sampled token of each run, how many of the top 20
 tokens the runs share, the largest logprob difference of a shared token, and how many
 (position, layer) routings differ.
 
     PYTHONPATH=$PWD python e2e/moe_routing_ties.py [--seed N] [--len 200] [--align] [--draws N]
 
-Builds (once, under ``$VLLM_HYBRID_NPU_CACHE``) the top-2 copy of the default checkpoint with
-``make_model.build_model(..., experts_per_token=2)``; the default checkpoint routes to all 4.
+Builds (once, under ``$VLLM_HYBRID_NPU_CACHE``) format 1's checkpoint with
+``make_model.build_model(..., num_experts=4, experts_per_token=2)`` (the same draw as format 1);
+the default checkpoint has 2 experts and routes to both.
 """
 
 from __future__ import annotations
@@ -72,6 +73,7 @@ def measure(model: str, prompts: list[list[int]], align: bool) -> list[dict]:
         shared = set(tops["alone"]) & set(tops["batched"])
         out.append({
             "experts_per_token": k,
+            "experts": net.config.num_experts,
             "tokens": {n: r.outputs[0].token_ids[0] for n, r in runs.items()},
             "top20_shared": len(shared),
             "max_shared_logprob_diff": max(
@@ -96,21 +98,21 @@ def main(argv=None) -> int:
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**31)
     rng = random.Random(seed)
     prompts = [[rng.randrange(10, 2000) for _ in range(args.len)] for _ in range(args.draws)]
-    top2 = cache_root() / "models" / "tiny-qwen3_next-s0-top2"
-    if not (top2 / "config.json").exists():
-        build_model(top2, experts_per_token=2)
+    fmt1 = cache_root() / "models" / "tiny-qwen3_next-s0-format1"
+    if not (fmt1 / "config.json").exists():
+        build_model(fmt1, num_experts=4, experts_per_token=2)
     print(f"prompt seed {seed}, {args.draws} prompt(s) of {args.len} tokens, "
           f"{'align mode' if args.align else 'caching off'}")
-    for model in (str(top2), str(default_model_dir("qwen3_next"))):
+    for model in (str(fmt1), str(default_model_dir("qwen3_next"))):
         rs = measure(model, prompts, args.align)
         if args.draws == 1:
             r = rs[0]
-            print(f"top-{r['experts_per_token']}: tokens {r['tokens']}, top-20 shared "
+            print(f"top-{r['experts_per_token']} of {r['experts']}: tokens {r['tokens']}, top-20 shared "
                   f"{r['top20_shared']}, max |d logprob| of shared {r['max_shared_logprob_diff']:.3f} "
                   f"nats, routings differing {r['routings_differing']} of {r['routings']}", flush=True)
             continue
         far = [r for r in rs if r["top20_shared"] < 10 or r["max_shared_logprob_diff"] > 1.0]
-        print(f"top-{rs[0]['experts_per_token']}: {len(far)} of {len(rs)} prompts with fewer than 10 "
+        print(f"top-{rs[0]['experts_per_token']} of {rs[0]['experts']}: {len(far)} of {len(rs)} prompts with fewer than 10 "
               f"of the top 20 shared or a shared token > 1 nat apart; largest shared difference "
               f"{max(r['max_shared_logprob_diff'] for r in rs):.3f} nats; prompts with a routing "
               f"difference {sum(1 for r in rs if r['routings_differing'])}", flush=True)

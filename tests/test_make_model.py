@@ -159,23 +159,34 @@ def test_mtp_layers_flag_default_keeps_cache_names(tmp_path, monkeypatch):
 
 def test_qwen3_next_routes_every_token_to_all_experts_unless_told(tmp_path, seed):
     """Default: num_experts_per_tok == num_experts (continuous routing, no bf16 near-tie can
-    switch an expert); --experts-per-token k: the same weights with top-k routing."""
+    switch an expert); --experts-per-token 1: the same weights with top-1 routing."""
     import json
 
     from safetensors.torch import load_file
 
     dense = make_model.build_model(tmp_path / "dense", seed=seed)
-    top2 = make_model.build_model(tmp_path / "top2", seed=seed, experts_per_token=2)
+    top1 = make_model.build_model(tmp_path / "top1", seed=seed, experts_per_token=1)
     cfg_dense = json.loads((dense / "config.json").read_text())
-    cfg_top2 = json.loads((top2 / "config.json").read_text())
+    cfg_top1 = json.loads((top1 / "config.json").read_text())
     assert cfg_dense["num_experts_per_tok"] == cfg_dense["num_experts"] == make_model.NUM_EXPERTS
-    assert cfg_top2["num_experts_per_tok"] == 2
-    a, b = load_file(dense / "model.safetensors"), load_file(top2 / "model.safetensors")
+    assert cfg_top1["num_experts_per_tok"] == 1
+    a, b = load_file(dense / "model.safetensors"), load_file(top1 / "model.safetensors")
     assert a.keys() == b.keys() and all(a[k].equal(b[k]) for k in a)
 
 
-@pytest.mark.parametrize("arch, k", [("qwen3_next", 0), ("qwen3_next", make_model.NUM_EXPERTS + 1),
-                                     ("qwen3_next", True), ("qwen3_5", 2)])
-def test_bad_experts_per_token_is_rejected(tmp_path, arch, k):
-    with pytest.raises(ValueError, match="--experts-per-token"):
-        make_model.build_model(tmp_path / "x", arch=arch, experts_per_token=k)
+@pytest.mark.parametrize("arch, k, n", [("qwen3_next", 0, None),
+                                        ("qwen3_next", make_model.NUM_EXPERTS + 1, None),
+                                        ("qwen3_next", 5, 4), ("qwen3_next", True, None),
+                                        ("qwen3_next", None, 0), ("qwen3_5", 2, None),
+                                        ("qwen3_5", None, 4)])
+def test_bad_experts_are_rejected(tmp_path, arch, k, n):
+    with pytest.raises(ValueError, match="--experts-per-token|--num-experts"):
+        make_model.build_model(tmp_path / "x", arch=arch, experts_per_token=k, num_experts=n)
+
+
+def test_format_1_routing_on_request(tmp_path):
+    import json
+
+    out = make_model.build_model(tmp_path / "f1", num_experts=4, experts_per_token=2)
+    cfg = json.loads((out / "config.json").read_text())
+    assert (cfg["num_experts"], cfg["num_experts_per_tok"]) == (4, 2)

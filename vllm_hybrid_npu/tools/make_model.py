@@ -37,19 +37,21 @@ ARCHS = ("qwen3_next", "qwen3_5")
 GDN_MEMORY = {"short": None, "long": (0.001, 0.01)}
 
 #: Bumped whenever the generated checkpoint changes, so cached default builds are rebuilt.
-#: 2 (2026-11-23): Qwen3-Next routes every token to all experts (:data:`NUM_EXPERTS`).
+#: 2 (2026-11-23): Qwen3-Next has 2 routed experts and routes every token to both.
 FORMAT_VERSION = 2
 
-#: Routed experts of the tiny Qwen3-Next, and the default experts per token: all of them.
-#: With top-2 of 4 (format 1) the router's bf16 logits tie or nearly tie at about 1 % of
+#: Routed experts of the tiny Qwen3-Next; by default every token goes to all of them.
+#: Format 1 had top-2 of 4: the router's bf16 logits tie or nearly tie at about 1 % of
 #: (position, layer) pairs, so the last-bit differences between two chunk schedules (align mode's
 #: chunk ends, another request sharing the step's token budget) switched a token to another
-#: expert pair: an O(1) change of its hidden state, seen as greedy outputs whose top-20 logprobs
+#: expert pair, an O(1) change of its hidden state, seen as greedy outputs whose top-20 logprobs
 #: share almost nothing (the "divergences" of docs/testing.md, series F, and the pinned
-#: preempted draw; vLLM's own path as much as ours). With every expert routed the routing weights
-#: are continuous in the logits and the schedules differ by bf16 noise only (docs/testing.md,
-#: "MoE routing near-ties"; ``e2e/moe_routing_ties.py``).
-NUM_EXPERTS = 4
+#: preempted draw; vLLM's own path as much as ours). Routing to all experts makes the routing
+#: weights continuous in the logits; *two* experts also keep the sum of the expert outputs
+#: order-independent (a + b == b + a in floating point), which vLLM's CPU MoE kernel needs for
+#: two schedules on the 64-token grid to stay bit-identical: with all 4 of 4 they differed by
+#: up to 7e-5 nat (docs/testing.md, "MoE routing near-ties"; ``e2e/moe_routing_ties.py``).
+NUM_EXPERTS = 2
 
 VOCAB_SIZE = 2048  # tokens; the model's vocabulary (>= the tokenizer's)
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -134,10 +136,11 @@ MAX_MTP_LAYERS = 4
 
 
 def _hf_model(arch: str, eos_id: int, pad_id: int, layer_types: tuple[str, ...] = LAYER_TYPES,
-              experts_per_token: int | None = None):
+              experts_per_token: int | None = None, num_experts: int | None = None):
     """Build the randomly initialised ``transformers`` model for ``arch`` with one decoder layer
-    per entry of ``layer_types`` (Qwen3-Next: ``experts_per_token`` of :data:`NUM_EXPERTS`
-    routed experts per token, default all; the weights drawn do not depend on it)."""
+    per entry of ``layer_types`` (Qwen3-Next: ``num_experts`` routed experts, default
+    :data:`NUM_EXPERTS`, ``experts_per_token`` of them per token, default all; the weights drawn
+    depend on ``num_experts`` only)."""
     common = dict(
         vocab_size=VOCAB_SIZE,
         hidden_size=256,
@@ -165,8 +168,8 @@ def _hf_model(arch: str, eos_id: int, pad_id: int, layer_types: tuple[str, ...] 
 
         config = Qwen3NextConfig(
             intermediate_size=512,
-            num_experts=NUM_EXPERTS,
-            num_experts_per_tok=experts_per_token or NUM_EXPERTS,
+            num_experts=num_experts or NUM_EXPERTS,
+            num_experts_per_tok=experts_per_token or num_experts or NUM_EXPERTS,
             moe_intermediate_size=128,
             shared_expert_intermediate_size=128,
             decoder_sparse_step=1,
@@ -244,7 +247,7 @@ def _mtp_weights(arch: str, eos_id: int, pad_id: int, num_layers: int, hidden_si
 
 def build_model(out_dir: str | os.PathLike, arch: str = "qwen3_next", seed: int = 0,
                 gdn_memory: str = "short", mtp_layers: int = 0,
-                experts_per_token: int | None = None) -> Path:
+                experts_per_token: int | None = None, num_experts: int | None = None) -> Path:
     """Write a tiny random hybrid checkpoint and its tokenizer to ``out_dir``.
 
     Args:
@@ -255,9 +258,11 @@ def build_model(out_dir: str | os.PathLike, arch: str = "qwen3_next", seed: int 
         mtp_layers: number of MTP-head layers (:func:`_mtp_weights`), 0 for none. With
             ``mtp_layers > 0`` the main model's tensors are the same draw as with 0 (the head is
             drawn after them) and ``config.json`` gets ``MTP_CONFIG_KEY[arch]: mtp_layers``.
-        experts_per_token: Qwen3-Next only: routed experts per token, 1 to :data:`NUM_EXPERTS`
+        experts_per_token: Qwen3-Next only: routed experts per token, 1 to ``num_experts``
             (``None``: all, the default; fewer brings back discrete routing choices, see
             :data:`NUM_EXPERTS`). Same weights whatever the value.
+        num_experts: Qwen3-Next only: routed experts (``None``: :data:`NUM_EXPERTS`; 4 with
+            ``experts_per_token=2`` rebuilds format 1's checkpoint).
 
     Returns:
         ``out_dir`` as a :class:`~pathlib.Path`.
@@ -265,8 +270,8 @@ def build_model(out_dir: str | os.PathLike, arch: str = "qwen3_next", seed: int 
     Raises:
         ValueError: ``arch`` is not one of :data:`ARCHS`, ``gdn_memory`` not one of
             :data:`GDN_MEMORY`, ``mtp_layers`` not an integer in ``[0, MAX_MTP_LAYERS]``, or
-            ``experts_per_token`` given for Qwen3.5 (no routed experts) or outside
-            ``[1, NUM_EXPERTS]``.
+            ``experts_per_token``/``num_experts`` given for Qwen3.5 (no routed experts), or
+            ``num_experts`` below 1 or ``experts_per_token`` outside ``[1, num_experts]``.
     """
     if arch not in ARCHS:
         raise ValueError(f"--arch {arch!r} is not one of {', '.join(ARCHS)}")
@@ -275,13 +280,17 @@ def build_model(out_dir: str | os.PathLike, arch: str = "qwen3_next", seed: int 
     if isinstance(mtp_layers, bool) or not isinstance(mtp_layers, int) or not (
             0 <= mtp_layers <= MAX_MTP_LAYERS):
         raise ValueError(f"--mtp-layers {mtp_layers!r} is not an integer in [0, {MAX_MTP_LAYERS}]")
-    if experts_per_token is not None:
-        if arch != "qwen3_next":
-            raise ValueError(f"--experts-per-token: --arch {arch} has no routed experts")
-        if isinstance(experts_per_token, bool) or not isinstance(experts_per_token, int) or not (
-                1 <= experts_per_token <= NUM_EXPERTS):
-            raise ValueError(f"--experts-per-token {experts_per_token!r} is not an integer in "
-                             f"[1, {NUM_EXPERTS}]")
+    if (experts_per_token is not None or num_experts is not None) and arch != "qwen3_next":
+        raise ValueError(f"--experts-per-token/--num-experts: --arch {arch} has no routed experts")
+    if num_experts is not None and (isinstance(num_experts, bool) or not isinstance(num_experts, int)
+                                    or num_experts < 1):
+        raise ValueError(f"--num-experts {num_experts!r} is not an integer >= 1")
+    experts = num_experts or NUM_EXPERTS
+    if experts_per_token is not None and (
+            isinstance(experts_per_token, bool) or not isinstance(experts_per_token, int)
+            or not 1 <= experts_per_token <= experts):
+        raise ValueError(f"--experts-per-token {experts_per_token!r} is not an integer in "
+                         f"[1, {experts}]")
     import torch
 
     out = Path(out_dir)
@@ -294,7 +303,8 @@ def build_model(out_dir: str | os.PathLike, arch: str = "qwen3_next", seed: int 
         tok = Tokenizer.from_file(str(tmp / "tokenizer.json"))
         eos_id, pad_id = tok.token_to_id("<|im_end|>"), tok.token_to_id("<|endoftext|>")
         torch.manual_seed(seed)
-        model = _hf_model(arch, eos_id, pad_id, experts_per_token=experts_per_token)
+        model = _hf_model(arch, eos_id, pad_id, experts_per_token=experts_per_token,
+                          num_experts=num_experts)
         _set_gdn_memory(model, gdn_memory)
         model = model.to(torch.bfloat16)
         model.config.dtype = "bfloat16"
@@ -303,7 +313,8 @@ def build_model(out_dir: str | os.PathLike, arch: str = "qwen3_next", seed: int 
         model.save_pretrained(tmp, safe_serialization=True)
         meta = {"arch": arch, "seed": seed, "gdn_memory": gdn_memory, "format": FORMAT_VERSION}
         if arch == "qwen3_next":
-            meta["experts_per_token"] = experts_per_token or NUM_EXPERTS
+            meta["experts"] = experts
+            meta["experts_per_token"] = experts_per_token or experts
         if mtp_layers:
             from safetensors.torch import load_file, save_file
 
@@ -367,19 +378,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="layers of a random MTP head written under the checkpoints' mtp.* "
                         "names, for speculative decoding with method 'mtp' (default 0: none)")
     parser.add_argument("--experts-per-token", type=int, default=None,
-                        help=f"qwen3_next: routed experts per token, 1 to {NUM_EXPERTS} (default: all "
-                        "of them; fewer makes the router's choice discrete, so bf16 near-ties "
-                        "switch experts between schedules); needs --out")
+                        help="qwen3_next: routed experts per token (default: all of them; fewer "
+                        "makes the router's choice discrete, so bf16 near-ties switch experts "
+                        "between schedules); needs --out")
+    parser.add_argument("--num-experts", type=int, default=None,
+                        help=f"qwen3_next: routed experts (default {NUM_EXPERTS}; 4 with "
+                        "--experts-per-token 2 is format 1's checkpoint); needs --out")
 
 
 def run(args: argparse.Namespace) -> int:
     mtp_layers = getattr(args, "mtp_layers", 0)
     experts = getattr(args, "experts_per_token", None)
-    if experts is not None:
+    num_experts = getattr(args, "num_experts", None)
+    if experts is not None or num_experts is not None:
         if args.out is None:
-            raise SystemExit("--experts-per-token needs --out (the cached default builds route "
-                             "every token to all experts)")
-        print(build_model(args.out, args.arch, args.seed, args.gdn_memory, mtp_layers, experts))
+            raise SystemExit("--experts-per-token/--num-experts need --out (the cached default "
+                             "builds have the default experts)")
+        print(build_model(args.out, args.arch, args.seed, args.gdn_memory, mtp_layers, experts,
+                          num_experts))
         return 0
     if args.out is None:
         out = build_model(
