@@ -8,7 +8,8 @@
 #   bash e2e/cuda_device.sh measure SCENARIO [ARGS...]   e2e/measure_on_off.py on CUDA
 #   bash e2e/cuda_device.sh bench ROWS [ARGS...]         benchmarks.cuda_serving --resume
 #
-# State lives outside the work tree under $VHN (default /tmp/vhn): the device keeps it only for
+# MODEL_DIR overrides the benchmark's model (default: the Qwen3.5-35B-A3B-shaped one, built on first
+# use). State lives outside the work tree under $VHN (default /tmp/vhn): the device keeps it only for
 # back-to-back calls. Logs, pytest's junit XML and the benchmark JSON are copied to $OUT (the
 # folder the device tool brings back, at most 8 files a call). Every step stops itself at
 # $STEP_LIMIT seconds (default 570), under the tool's 600 s per call; chain steps in one call
@@ -24,7 +25,7 @@ PY=${PYTHON:-python3}
 export PYTHONPATH="$PWD:$VHN/site${PYTHONPATH:+:$PYTHONPATH}"
 export VLLM_USE_FLASHINFER_SAMPLER=0       # FlashInfer is not in the wheelhouse
 export VLLM_HYBRID_NPU_CACHE="$VHN/cache"  # tiny checkpoints, built once per machine
-export VLLM_HYBRID_NPU_E2E_TARGET=cuda
+export VLLM_HYBRID_NPU_E2E_TARGET=${VLLM_HYBRID_NPU_E2E_TARGET:-cuda}  # cpu: a dry run of the steps here
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 
 step=${1:?usage: cuda_device.sh stash|install|e2e|measure|bench ...}
@@ -57,7 +58,7 @@ case "$step" in
     rows=${1:?bench ROWS}
     shift
     mkdir -p "$VHN/bench"
-    timeout "$STEP_LIMIT" "$PY" -m benchmarks.cuda_serving --model-dir "$VHN/q35moe-8l" --rows "$rows" \
+    timeout "$STEP_LIMIT" "$PY" -m benchmarks.cuda_serving --model-dir "${MODEL_DIR:-$VHN/q35moe-8l}" --rows "$rows" \
       --out "$VHN/bench/cuda_serving.json" --row-timeout $((STEP_LIMIT - 30)) --resume "$@" 2>&1 | tee "$log"
     # the device tool brings back at most 8 files of $OUT: the JSON and the last 256 KiB of each row's log
     cp "$VHN/bench/cuda_serving.json" "$OUT"/ 2>/dev/null
