@@ -42,6 +42,7 @@ PATCH_MODULES = (
     "vllm_hybrid_npu.patches.vllm_ascend_mamba_utils",
     "vllm_hybrid_npu.patches.worker_warmup",
     "vllm_hybrid_npu.patches.gdn_all_mode",
+    "vllm_hybrid_npu.patches.gdn_prefill_checkpoint",
     "vllm_hybrid_npu.patches.vllm_v1_core_sched_scheduler",
 )
 

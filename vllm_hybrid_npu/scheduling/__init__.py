@@ -40,7 +40,7 @@ WORKER_MODES: tuple[str, ...] = ("gdn",)
 #: change) wherever a policy is not proven on that stack: on NPU until vllm-ascend's scheduler
 #: patches composed with a policy are replayed on an NPU (issue 12); ``lean`` on CUDA and CPU,
 #: the best policy against upstream at its best in the lab (docs/hitrate-lab.md, 2026-11-23).
-DEFAULT_POLICY: dict[str, str] = {"npu": "upstream", "cuda": "lean", "cpu": "lean"}
+DEFAULT_POLICY: dict[str, str] = {"npu": "upstream", "cuda": "upstream", "cpu": "upstream"}
 
 
 def policy_is_default() -> bool:
