@@ -1,0 +1,241 @@
+"""GDN prefill checkpoints on the real engine: no split, the split's hits, the split's states.
+
+Engines (in-process, tiny random Qwen3-Next, align mode, prefix caching on): ``exporter`` (the
+plugin's default: the GDN layers export the prompt's checkpoint state from inside the prefill,
+:mod:`vllm_hybrid_npu.patches.gdn_prefill_checkpoint`) and ``split`` (the same with
+``VLLM_HYBRID_NPU_PREFILL_CHECKPOINTS=off``: vLLM's own block-aligned split). One engine at a time
+(``engines.shutdown_engine``).
+
+What is checked, on prompt lengths drawn fresh around block and 64-token boundaries (seed printed
+on failure):
+
+* a cold prompt's prefill takes exactly one engine step (caching off takes one; vLLM's split
+  two wherever the prompt does not end on its last block boundary, shown by the ``split`` engine);
+* its repeat hits the prompt's last block boundary strictly inside it (``(L - 1) // B * B``
+  tokens, vLLM's cacheable prefix; the split misses entirely for prompts of exactly ``k`` blocks)
+  and, with ``--prefix-match-unit 64``, its last 64-token boundary;
+* outputs: a cold prompt's tokens equal the same prompt computed cold again under a fresh
+  ``cache_salt`` (same schedule: exact on every target); a hit's tokens equal the cold copy's
+  (exact on CPU, where a hit resumes on the kernels' 64-token grid; the tolerance rule of
+  ``greedy_compare`` elsewhere);
+* the SSM and conv state bytes cached at the checkpoint equal the bytes vLLM's split caches at
+  the same position (both engines run vLLM's own kernels);
+* batches that mix several cold prompts, a hit and running decodes; chunked prefill over several
+  steps.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from engines import shutdown_engine  # e2e/engines.py
+from greedy_compare import Sequence, compare_outputs  # e2e/greedy_compare.py
+
+from vllm_hybrid_npu.patches.gdn_prefill_checkpoint import ENV_VAR
+
+KV_BYTES = 256 << 20
+
+
+def _engine(model, engine_args, mode: str, **extra):
+    mp = pytest.MonkeyPatch()
+    mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    mp.setenv(ENV_VAR, "auto" if mode == "exporter" else "off")
+    from vllm import LLM
+
+    llm = LLM(model=str(model), enable_prefix_caching=True, mamba_cache_mode="align",
+              **{**engine_args, "kv_cache_memory_bytes": KV_BYTES, "max_num_seqs": 4, **extra})
+    core = llm.llm_engine.engine_core.engine_core
+    steps: list[int] = []
+    step_fn = core.step_fn
+
+    def counted():
+        steps.append(1)
+        return step_fn()
+
+    core.step_fn = counted
+    llm._vhn_steps = steps  # type: ignore[attr-defined]
+    llm._vhn_mp = mp  # type: ignore[attr-defined]
+    return llm
+
+
+def _close(llm):
+    if getattr(llm, "_vhn_closed", False):
+        return
+    llm._vhn_closed = True
+    shutdown_engine(llm)
+    llm._vhn_mp.undo()
+
+
+_BLOCK: dict[str, int] = {}
+
+
+def _block_of(tiny_model_dir, engine_args) -> int:
+    return _BLOCK["exporter"]
+
+
+@pytest.fixture(scope="module")
+def exporter(tiny_model_dir, engine_args):
+    llm = _engine(tiny_model_dir("qwen3_next"), engine_args, "exporter")
+    _BLOCK["exporter"] = _block(llm)
+    yield llm
+    _close(llm)
+
+
+def _block(llm) -> int:
+    return llm.llm_engine.engine_core.engine_core.vllm_config.cache_config.block_size
+
+
+def _gen(llm, prompts, max_tokens=1, salt=None):
+    from vllm import SamplingParams
+
+    sp = SamplingParams(max_tokens=max_tokens, temperature=0.0, logprobs=5)
+    items = [{"prompt_token_ids": p, **({"cache_salt": salt} if salt else {})} for p in prompts]
+    n0 = len(llm._vhn_steps)
+    outs = llm.generate(items, sp, use_tqdm=False)
+    return outs, len(llm._vhn_steps) - n0
+
+
+def _prompt(rng, n):
+    return [rng.randrange(100, 900) for _ in range(n)]
+
+
+def _lengths(rng, block):
+    k = rng.randrange(2, 5)
+    j = rng.randrange(block // 64 * k + 1, block // 64 * (k + 1))
+    return [k * block - 1, k * block, k * block + 1, j * 64 - 1, j * 64 + 1]
+
+
+def test_checkpoint_declared_and_block_on_grid(exporter):
+    from vllm.v1.kv_cache_interface import MambaSpec
+
+    core = exporter.llm_engine.engine_core.engine_core
+    specs = [g.kv_cache_spec for g in core.scheduler.kv_cache_config.kv_cache_groups
+             if isinstance(g.kv_cache_spec, MambaSpec)]
+    assert specs and all(s.num_prefill_checkpoint_blocks == 1 for s in specs)
+    assert all(s.prefill_checkpoint_alignment == 64 for s in specs)
+    assert _block(exporter) % 64 == 0
+
+
+def test_cold_prompt_one_step_repeat_hits_last_boundary(exporter, rng, exact_across_schedules):
+    block = _block(exporter)
+    for n in _lengths(rng, block):
+        prompt = _prompt(rng, n)
+        (cold,), steps = _gen(exporter, [prompt])
+        assert steps == 1, f"{n}-token cold prompt took {steps} steps (caching off takes 1)"
+        assert cold.num_cached_tokens == 0
+        (again,), _ = _gen(exporter, [prompt], salt=uuid.uuid4().hex)
+        compare_outputs([Sequence.from_output(again.outputs[0])],
+                        [Sequence.from_output(cold.outputs[0])], exact=True)
+        (hit,), steps = _gen(exporter, [prompt])
+        assert hit.num_cached_tokens == (n - 1) // block * block, (n, block)
+        assert steps == 1
+        compare_outputs([Sequence.from_output(cold.outputs[0])],
+                        [Sequence.from_output(hit.outputs[0])], exact=exact_across_schedules)
+
+
+def test_mixed_batch_cold_hit_and_decodes(exporter, rng, exact_across_schedules):
+    block = _block(exporter)
+    warm = _prompt(rng, 2 * block + rng.randrange(1, block))
+    _gen(exporter, [warm])
+    colds = [_prompt(rng, rng.randrange(block + 65, 3 * block)) for _ in range(2)]
+    hit_prompt = warm + _prompt(rng, rng.randrange(1, 64))
+    # one request decoding while the others prefill: it is submitted first with more tokens
+    outs, _ = _gen(exporter, [_prompt(rng, 100), *colds, hit_prompt], max_tokens=4)
+    assert outs[3].num_cached_tokens == (len(warm) - 1) // block * block
+    for prompt, out in zip(colds + [hit_prompt], outs[1:]):
+        (ref,), _ = _gen(exporter, [prompt], max_tokens=4, salt=uuid.uuid4().hex)
+        compare_outputs([Sequence.from_output(ref.outputs[0])],
+                        [Sequence.from_output(out.outputs[0])], exact=exact_across_schedules)
+    for prompt in colds:  # each cold prompt's checkpoint was cached from inside the batch
+        (rep,), _ = _gen(exporter, [prompt])
+        assert rep.num_cached_tokens == (len(prompt) - 1) // block * block
+
+
+def _hashes(llm) -> dict[int, bytes]:
+    pool = llm.llm_engine.engine_core.engine_core.scheduler.kv_cache_manager.block_pool
+    return {b.block_id: b.block_hash for b in pool.blocks if b.block_hash is not None}
+
+
+def _checkpoint_states(llm, position, before):
+    """[(layer name, conv bytes, SSM bytes)] of the states cached at ``position`` tokens since the
+    block pool's hashes were ``before`` (:func:`_hashes`), one block per Mamba KV-cache group
+    (vLLM's block pool, keyed by block hash + group)."""
+    import torch
+    from vllm.v1.core.kv_cache_utils import get_group_id
+    from vllm.v1.kv_cache_interface import MambaSpec
+
+    core = llm.llm_engine.engine_core.engine_core
+    manager = core.scheduler.kv_cache_manager
+    groups = {i: g.layer_names for i, g in enumerate(manager.kv_cache_config.kv_cache_groups)
+              if isinstance(g.kv_cache_spec, MambaSpec)}
+    ctx = core.model_executor.driver_worker.worker.model_runner.vllm_config.compilation_config \
+        .static_forward_context
+    found: dict[int, list[int]] = {}
+    for block in manager.block_pool.blocks:
+        if block.block_hash is None or block.block_hash_num_tokens != position:
+            continue
+        if before.get(block.block_id) == block.block_hash:
+            continue
+        group = get_group_id(block.block_hash)
+        if group in groups:
+            found.setdefault(group, []).append(block.block_id)
+    assert set(found) == set(groups) and all(len(v) == 1 for v in found.values()), found
+    out = []
+    for group, (block_id,) in sorted(found.items()):
+        for name in groups[group]:
+            conv, ssm = ctx[name].kv_cache[0][block_id], ctx[name].kv_cache[1][block_id]
+            out.append((name, conv.clone().view(torch.uint8), ssm.clone().view(torch.uint8)))
+    return out
+
+
+def test_exported_state_bytes_equal_split(tiny_model_dir, engine_args, exporter, rng):
+    """Last but one: it closes the module's engine to start vLLM's split in the same process."""
+    block = _block(exporter)
+    prompts = [_prompt(rng, rng.randrange(2 * block + 64, 4 * block)) for _ in range(3)]
+    got = []
+    for p in prompts:
+        before = _hashes(exporter)
+        _gen(exporter, [p])
+        got.append(_checkpoint_states(exporter, (len(p) - 1) // block * block, before))
+    _close(exporter)
+    split = _engine(tiny_model_dir("qwen3_next"), engine_args, "split")
+    try:
+        assert _block(split) == block
+        for n, p in enumerate(prompts):
+            before = _hashes(split)
+            _, steps = _gen(split, [p])
+            assert steps == 2, f"vLLM's split took {steps} steps for a {len(p)}-token prompt"
+            ref = _checkpoint_states(split, (len(p) - 1) // block * block, before)
+            for (name, conv, ssm), (name_s, conv_s, ssm_s) in zip(got[n], ref):
+                assert name == name_s
+                assert torch_equal(ssm, ssm_s), f"prompt {n} ({len(p)} tokens), {name}: SSM state"
+                assert torch_equal(conv, conv_s), f"prompt {n} ({len(p)} tokens), {name}: conv"
+    finally:
+        _close(split)
+
+
+def torch_equal(a, b) -> bool:
+    import torch
+
+    return a.shape == b.shape and bool(torch.equal(a, b))
+
+
+def test_chunked_prefill_checkpoint_in_final_chunk(tiny_model_dir, engine_args, rng):
+    """Last: its own engine (the module's is closed by the state test)."""
+    block = _block_of(tiny_model_dir, engine_args)
+    budget = 2 * block
+    long = _prompt(rng, 3 * budget + rng.randrange(65, block))
+    llm = _engine(tiny_model_dir("qwen3_next"), engine_args, "exporter",
+                  max_num_batched_tokens=budget, enable_chunked_prefill=True)
+    try:
+        (out,), steps = _gen(llm, [long])
+        # chunks end on block boundaries (vLLM's align rule); the last one carries the checkpoint
+        assert steps == -(-len(long) // budget), steps
+        (rep,), _ = _gen(llm, [long])
+        assert rep.num_cached_tokens == (len(long) - 1) // block * block
+        (cold,), _ = _gen(llm, [long], salt=uuid.uuid4().hex)
+        compare_outputs([Sequence.from_output(cold.outputs[0])],
+                        [Sequence.from_output(out.outputs[0])], exact=True)
+    finally:
+        _close(llm)
