@@ -870,7 +870,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="keep the measured units in --out (same machine, seed and arguments), run the rest")
     p.add_argument("--call-budget", type=float, default=540,
                    help="seconds this call may take in all (the device call is 600 s)")
-    p.add_argument("--min-row-s", type=float, default=90,
+    p.add_argument("--min-row-s", type=float, default=150,
                    help="start a row only with this many seconds of the call budget left")
     p.add_argument("--first-length-s", type=float, default=120,
                    help="a worker's estimate of its first length (warm-up + measurement), engine loaded")

@@ -9,8 +9,8 @@
 #   bash e2e/cuda_device.sh bench ROWS [ARGS...]         benchmarks.cuda_serving --resume
 #   bash e2e/cuda_device.sh reap              only the clean-up below, and the GPU's holders
 #
-# MODEL_DIR overrides the benchmark's model (default: the Qwen3.5-35B-A3B-shaped one, built on first
-# use). State lives outside the work tree under $VHN (default /tmp/vhn): the device keeps it only for
+# MODEL_DIR overrides the benchmark's model (default: the Qwen3.5-35B-A3B-shaped config, written on
+# first use; dummy weights), BENCH_NAME its JSON's name (default cuda_serving). State lives outside the work tree under $VHN (default /tmp/vhn): the device keeps it only for
 # back-to-back calls. Logs, pytest's junit XML and the benchmark JSON are copied to $OUT (the
 # folder the device tool brings back, at most 8 files a call). Every step stops itself at
 # $STEP_LIMIT seconds (default 570), under the tool's 600 s per call; chain steps in one call
@@ -105,14 +105,15 @@ case "$step" in
   bench)
     rows=${1:?bench ROWS}
     shift
+    name=${BENCH_NAME:-cuda_serving}  # one JSON per run (another model: another name)
     mkdir -p "$VHN/bench"
     # the harness stops starting work at its --call-budget and kills its rows' process groups on
     # SIGTERM; timeout -k is the last resort (the rows die with it: PR_SET_PDEATHSIG)
     timeout -k 15 "$STEP_LIMIT" "$PY" -m benchmarks.cuda_serving --model-dir "${MODEL_DIR:-$VHN/q35moe-8l}" --rows "$rows" \
-      --out "$VHN/bench/cuda_serving.json" --call-budget $((STEP_LIMIT - 20)) --resume "$@" 2>&1 | tee -a "$log"
+      --out "$VHN/bench/$name.json" --call-budget $((STEP_LIMIT - 20)) --resume "$@" 2>&1 | tee -a "$log"
     # the device tool brings back at most 8 files of $OUT: the JSON and the last 256 KiB of each row's log
-    cp "$VHN/bench/cuda_serving.json" "$OUT"/ 2>/dev/null
-    for f in "$VHN"/bench/*.log; do [ -e "$f" ] && tail -c 262144 "$f" > "$OUT/$(basename "$f")"; done
+    cp "$VHN/bench/$name.json" "$OUT"/ 2>/dev/null
+    for f in "$VHN/bench/$name".*.log; do [ -e "$f" ] && tail -c 262144 "$f" > "$OUT/$(basename "$f")"; done
     ;;
   reap)
     ;;
