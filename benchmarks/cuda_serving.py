@@ -312,7 +312,9 @@ class Driver:
             submit()
         last_submit = self.steps
         while self.engine.has_unfinished_requests() or todo:
-            if todo and self.steps - last_submit >= stagger_steps:
+            # the next one after ``stagger_steps`` executed steps, or at once when the engine idles
+            # (an idle step executes nothing, so the count would never move)
+            if todo and (self.steps - last_submit >= stagger_steps or not self.engine.has_unfinished_requests()):
                 submit()
                 last_submit = self.steps
             outs = self.engine.step()
