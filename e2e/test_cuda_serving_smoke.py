@@ -1,7 +1,8 @@
-"""The serving benchmark's harness (benchmarks/cuda_serving.py) end to end on the e2e target
-with a tiny workload: every row runs in its own process and lands in the JSON, ``--resume``
-keeps them. On CPU this checks the harness only (its numbers mean nothing; GPU-only columns are
-reported as not measured); the table of record comes from the H100 (docs/cuda.md)."""
+"""The serving benchmark's harness (benchmarks/cuda_serving.py) end to end on the e2e target with
+a tiny workload: the rows run in their own processes and land in the JSON's ``rows`` (one per row
+and prompt length), the row logs keep vLLM's own lines, ``--resume`` keeps the units. On CPU this
+checks the harness only (its numbers mean nothing; GPU-only columns are "not measured"); the
+table of record comes from the H100 (docs/cuda.md)."""
 
 from __future__ import annotations
 
@@ -11,9 +12,12 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SMALL = ["--cold", "1", "--cold-len", "600", "--sessions", "1", "--system-len", "500",
-         "--user-len", "100", "--answer-len", "4", "--batch", "2", "--decode-prompt-len", "300",
-         "--decode-len", "4", "--max-len", "2048", "--kv-cache-bytes", str(256 << 20)]
+# 1,200 tokens: three of the CPU backend's 384-token hybrid blocks (the concurrent clients share two)
+SMALL = ["--lengths", "1200", "--cold", "2", "--sessions", "1", "--clients", "2", "--answer-len", "4",
+         "--user-len", "64", "--max-len", "2048", "--kv-cache-bytes", str(256 << 20)]
+SCHEMA = ("row", "prompt_tokens", "cold_ttft_ms", "cold_ttft_vs_off", "hit_ttft_ms", "itl_ms",
+          "steps_per_cold_prompt", "hit_rate", "decode_tok_s", "prefill_tok_s", "syncs_per_step",
+          "copy_us_per_step", "export_us_per_step")
 
 
 def _bench(out, model, seed, rows, *extra):
@@ -27,19 +31,31 @@ def _bench(out, model, seed, rows, *extra):
 def test_rows_land_in_the_json_and_resume_keeps_them(tmp_path, tiny_model_dir, seed, e2e_target_name):
     model = str(tiny_model_dir("qwen3_next"))
     out = tmp_path / "bench.json"
-    stdout, doc = _bench(out, model, seed, "off,plugin")
-    assert doc["seed"] == seed and sorted(doc["rows"]) == ["off", "plugin"], stdout
-    for name, row in doc["rows"].items():
-        assert "error" not in row, (name, row.get("error"))
-    assert all(c == 0 for c in doc["rows"]["off"]["hit_cached"])
-    assert all(c > 0 for c in doc["rows"]["plugin"]["hit_cached"])
-    assert doc["summary"]["plugin"]["cold_ttft_ms/off"] > 0
-    # a 600-token cold prompt: one step with caching off; align mode ends a chunk at its last
-    # block boundary (block < 600 tokens on every target), so at least two
-    assert doc["rows"]["off"]["cold_steps"] == [1], doc["rows"]["off"]["cold_steps"]
-    assert all(n >= 2 for n in doc["rows"]["plugin"]["cold_steps"]), doc["rows"]["plugin"]["cold_steps"]
-    if e2e_target_name == "cpu":
-        assert doc["rows"]["plugin"]["copy_us_per_step"] is None and "gpu_note" in doc["rows"]["plugin"]
-    stdout, again = _bench(out, model, seed, "off,plugin", "--resume")
-    assert "keeping rows ['off', 'plugin']" in stdout
-    assert again["rows"] == doc["rows"]
+    stdout, doc = _bench(out, model, seed, "off,vllm-align,exporter,flashinfer")
+    assert doc["seed"] == seed, stdout
+    rows = {(r["row"], r["prompt_tokens"]): r for r in doc["rows"]}
+    for name in ("off", "vllm-align", "exporter"):
+        r = rows[(name, 1200)]
+        assert r["status"] == "measured", (name, r)
+        assert all(k in r for k in SCHEMA), sorted(set(SCHEMA) - set(r))
+        # the row's log has vLLM's own lines (its stdout and stderr), not only the harness's
+        log = (tmp_path / f"bench.{name}.log").read_text()
+        assert "non-default args" in log, log[-2000:]
+    if e2e_target_name == "cpu":  # flashinfer is CUDA-only: skipped, saying why
+        assert rows[("flashinfer", 1200)]["status"] == "skipped" and rows[("flashinfer", 1200)]["reason"]
+        assert rows[("exporter", 1200)]["syncs_per_step"] is None
+    off, split, exp = rows[("off", 1200)], rows[("vllm-align", 1200)], rows[("exporter", 1200)]
+    # one step per cold prompt with caching off and with the exporter; vLLM's split adds one
+    assert off["steps_per_cold_prompt"] == 1 and exp["steps_per_cold_prompt"] == 1, (off, exp)
+    assert split["steps_per_cold_prompt"] == 2, split
+    assert off["cold_ttft_vs_off"] == 1.0 and exp["cold_ttft_vs_off"] > 0
+    units = doc["units"]
+    assert all(c == 0 for c in units["off@1200"]["samples"]["repeat"]["cached"])
+    for name in ("vllm-align", "exporter"):
+        s = units[f"{name}@1200"]["samples"]
+        assert all(c > 0 for c in s["repeat"]["cached"]), (name, s["repeat"])
+        # the concurrent phase's second turns (decoding together) hit
+        assert all(c > 0 for c in s["conc2"]["cached"]), (name, s["conc2"])
+    stdout, again = _bench(out, model, seed, "off,vllm-align,exporter,flashinfer", "--resume")
+    assert "keeping units ['exporter@1200', 'off@1200', 'vllm-align@1200']" in stdout, stdout
+    assert again["units"] == doc["units"]
