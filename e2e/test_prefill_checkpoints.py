@@ -9,7 +9,7 @@ plugin's default: the GDN layers export the prompt's checkpoint state from insid
 What is checked, on prompt lengths drawn fresh around block and 64-token boundaries (seed printed
 on failure):
 
-* a cold prompt's prefill takes exactly one engine step (caching off takes one; vLLM's split
+* a cold prompt's prefill takes exactly one engine step that computes tokens (caching off takes one; vLLM's split
   two wherever the prompt does not end on its last block boundary, shown by the ``split`` engine);
 * its repeat hits the prompt's last block boundary strictly inside it (``(L - 1) // B * B``
   tokens, vLLM's cacheable prefix; the split misses entirely for prompts of exactly ``k`` blocks)
@@ -43,17 +43,23 @@ def _engine(model, engine_args, mode: str, **extra):
     mp.setenv(ENV_VAR, "auto" if mode == "exporter" else "off")
     from vllm import LLM
 
+    # eager on every target: what is tested is the GDN path, a splitting op that runs eager
+    # under CUDA graphs too; it saves the ~3 minutes of compilation per engine on a fresh GPU
     llm = LLM(model=str(model), enable_prefix_caching=True, mamba_cache_mode="align",
-              **{**engine_args, "kv_cache_memory_bytes": KV_BYTES, "max_num_seqs": 4, **extra})
+              **{**engine_args, "kv_cache_memory_bytes": KV_BYTES, "max_num_seqs": 4,
+                 "enforce_eager": True, **extra})
     core = llm.llm_engine.engine_core.engine_core
     steps: list[int] = []
-    step_fn = core.step_fn
+    schedule = core.scheduler.schedule
 
-    def counted():
-        steps.append(1)
-        return step_fn()
+    def counted(*args, **kwargs):
+        # engine steps that compute tokens (async scheduling adds empty ones on CUDA)
+        out = schedule(*args, **kwargs)
+        if out.total_num_scheduled_tokens:
+            steps.append(1)
+        return out
 
-    core.step_fn = counted
+    core.scheduler.schedule = counted
     llm._vhn_steps = steps  # type: ignore[attr-defined]
     llm._vhn_mp = mp  # type: ignore[attr-defined]
     return llm

@@ -68,6 +68,9 @@ GDN_ARCHITECTURES = frozenset(
 #: Attribute under which the builder wrapper attaches the step's :class:`StepCheckpoints`.
 PLAN_ATTR = "vllm_hybrid_npu_checkpoints"
 
+#: Profiler range prefix of the export writes (``benchmarks/cuda_serving.py`` sums their GPU time).
+PROFILE_RANGE = "vllm_hybrid_npu.export"
+
 #: vLLM versions whose GDN code the layer wrappers were read against.
 VLLM_VERSIONS = ("0.30.0", "0.32.0")
 
@@ -427,8 +430,9 @@ def _make_forward_core(upstream: Any, stack: Stack) -> Any:
         width = self.conv1d.weight.size(-1)
         steps = torch.arange(1 - width, 0, device=plan.conv_end.device, dtype=torch.int64)
         rows = mixed_qkv.index_select(0, (plan.conv_end[:, None] + steps).flatten())
-        rows = rows.view(plan.conv_end.numel(), width - 1, -1).to(conv_cache.dtype)
-        conv_cache[plan.slots] = rows.transpose(1, 2) if is_conv_state_dim_first() else rows
+        with torch.profiler.record_function(PROFILE_RANGE + ".conv"):
+            rows = rows.view(plan.conv_end.numel(), width - 1, -1).to(conv_cache.dtype)
+            conv_cache[plan.slots] = rows.transpose(1, 2) if is_conv_state_dim_first() else rows
         _fla_export.append((self.kv_cache[1], plan.slots, plan.chunk_index))
         try:
             return upstream(self, mixed_qkv, b, a, core_attn_out)
@@ -443,9 +447,12 @@ def _make_fwd_h(upstream: Any, stack: Stack) -> Any:
     def chunk_gated_delta_rule_fwd_h(*args, **kwargs):
         h, v_new, final_state = upstream(*args, **kwargs)
         if _fla_export:
+            import torch
+
             ssm_state, slots, chunk_index = _fla_export[-1]
             # h: [1, chunks, H, V, K], the state at each chunk's start; SSM cache [blocks, H, V, K]
-            ssm_state[slots] = h[0].index_select(0, chunk_index).to(ssm_state.dtype)
+            with torch.profiler.record_function(PROFILE_RANGE + ".ssm"):
+                ssm_state[slots] = h[0].index_select(0, chunk_index).to(ssm_state.dtype)
         return h, v_new, final_state
 
     return chunk_gated_delta_rule_fwd_h
