@@ -46,10 +46,11 @@ for tool in podman debootstrap; do
     command -v "$tool" >/dev/null || { echo "$0: $tool not found (apt-get install podman debootstrap)" >&2; exit 2; }
 done
 
-exec > >(tee "$LOG") 2>&1
+# every line of the log carries the seconds since the start: [  42s]
+exec > >(while IFS= read -r line; do printf '[%5ds] %s\n' "$SECONDS" "$line"; done | tee "$LOG") 2>&1
+SECONDS=0
 echo "== $0 $target: $(date -u +%FT%TZ) on $(uname -n), $(nproc) CPUs," \
      "$(lscpu | sed -n 's/^Model name: *//p'), $(podman --version)"
-start=$(date +%s)
 
 if [[ "$BASE_IMAGE" == localhost/vllm-hybrid-npu-base:* ]]; then
     IMAGE="$BASE_IMAGE" docker/make-base.sh
@@ -102,7 +103,6 @@ fi
 
 echo "+ podman build ${args[*]} ."
 podman build "${args[@]}" .
-end=$(date +%s)
-echo "== built $tag in $((end - start)) s (base included); $(date -u +%FT%TZ)"
+echo "== built $tag in $SECONDS s (base included); $(date -u +%FT%TZ)"
 podman image ls --format '{{.Repository}}:{{.Tag}} {{.ID}} {{.Size}}' "$tag"
 podman image inspect --format 'size: {{.Size}} bytes' "$tag"
