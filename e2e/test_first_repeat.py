@@ -1,10 +1,10 @@
-"""First-repeat prefix hits with the default checkpoint policy, on the real engine (CPU).
+"""First-repeat prefix hits with the plugin's defaults, on the real engine (CPU, CUDA).
 
 One in-process vLLM engine (tiny random Qwen3-Next, default GDN memory: see below; align mode,
-prefix caching on) for the module, with the scheduler of
-``vllm_hybrid_npu.scheduling.DEFAULT_POLICY["cpu"]`` named explicitly
-through ``scheduler_cls`` (the plugin installs the same class when no ``--scheduler-cls`` is
-given). Cached token counts are vLLM's own ``RequestOutput.num_cached_tokens``.
+prefix caching on) for the module, with no plugin variable set: vLLM's own scheduler places the
+states (the plugin defers placement to vLLM) and the GDN layers export the prompt's checkpoint
+from inside the prefill (:mod:`vllm_hybrid_npu.patches.gdn_prefill_checkpoint`). Cached token
+counts are vLLM's own ``RequestOutput.num_cached_tokens``.
 
 "Outputs identical to prefix caching off": each cached request is compared with the same prompt
 sent with a fresh ``cache_salt``, which keys it apart from every cached block, so that copy is
@@ -31,11 +31,6 @@ import pytest
 from engines import shutdown_engine  # e2e/engines.py
 from greedy_compare import LOGPROB_BOUND, Sequence, compare_greedy, compare_outputs  # e2e/greedy_compare.py
 
-from vllm_hybrid_npu.scheduling import DEFAULT_POLICY
-from vllm_hybrid_npu.scheduling.scheduler import SCHEDULER_CLASS_NAMES
-
-CLASS_NAME = next(n for n, (p, base) in SCHEDULER_CLASS_NAMES.items()
-                  if p == DEFAULT_POLICY["cpu"] and base == "Scheduler")
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +43,6 @@ def llm(tiny_model_dir, engine_args):
         model=str(tiny_model_dir("qwen3_next")),
         enable_prefix_caching=True,
         mamba_cache_mode="align",
-        scheduler_cls=f"vllm_hybrid_npu.scheduling.scheduler.{CLASS_NAME}",
         **{**engine_args, "kv_cache_memory_bytes": 256 << 20, "max_num_seqs": 4},
     )
     yield engine
@@ -86,24 +80,29 @@ def _cold(llm, prompt, max_tokens):
     return list(_cold_output(llm, prompt, max_tokens).outputs[0].token_ids)
 
 
-def test_policy_scheduler_is_running(llm):
+def test_default_scheduler_is_vllms(llm):
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+    from vllm.v1.core.sched.scheduler import Scheduler
+
     sched = llm.llm_engine.engine_core.engine_core.scheduler
-    assert type(sched).__name__ == CLASS_NAME
+    assert type(sched) in (Scheduler, AsyncScheduler), type(sched)
     assert sched.need_mamba_block_aligned_split  # hybrid model in align mode
+    assert sched.mamba_has_prefill_checkpoint_blocks  # the exporter is declared
 
 
 def test_shared_prefix_hits_on_first_repeat(llm, block_size, rng, exact_across_schedules):
     bs = block_size
     # the shared prefix ends inside block 12 and every prompt's last block boundary (12 blocks)
-    # lies past it: upstream stores no state within the shared prefix on first sight; lean (the
-    # CPU default) stops and keeps a state at the prompt's last two boundaries, 11 and 12 blocks,
-    # so the first repeat hits the block-aligned shared prefix (11 blocks).
-    assert DEFAULT_POLICY["cpu"] == "lean"
+    # lies past it: vLLM stores no state within the shared prefix on first sight (the first
+    # prompt's checkpoint is at 12 blocks), so the second prompt misses; its attention hit runs
+    # 11 blocks deeper than its GDN hit, which vLLM's scheduler records as the shared-prefix
+    # junction and stops a chunk at (``Scheduler._mamba_block_aligned_split``), so the third
+    # prompt hits the block-aligned shared prefix (11 blocks).
     prefix = [rng.randrange(10, 1000) for _ in range(11 * bs + bs * 3 // 4)]
     prompts = [prefix + [rng.randrange(10, 1000) for _ in range(bs // 2)] for _ in range(3)]
     outs = [_gen(llm, p, 3, logprobs=20) for p in prompts]
     expected_hit = len(prefix) // bs * bs  # the block-aligned shared prefix
-    assert [o.num_cached_tokens for o in outs] == [0, expected_hit, expected_hit]
+    assert [o.num_cached_tokens for o in outs] == [0, 0, expected_hit]
     cold = [_cold_output(llm, p, 3, logprobs=20) for p in prompts]
     c = compare_outputs([Sequence.from_output(o.outputs[0]) for o in cold],
                         [Sequence.from_output(o.outputs[0]) for o in outs], exact_across_schedules)
@@ -118,18 +117,21 @@ def _follow_up(llm, bs, rng, max_tokens=3, logprobs=None):
     assert len(answer) == n_out
     turn2 = turn1 + answer + [rng.randrange(10, 1000) for _ in range(bs // 4)]
     out2 = _gen(llm, turn2, max_tokens, logprobs=logprobs)
-    assert out2.num_cached_tokens == (n1 + n_out) // bs * bs
+    # vLLM's default retention (--prefix-cache-retention-interval 0) keeps the prompt's checkpoint
+    # (its last block boundary, 7 blocks) and not the boundary the decode crossed (8 blocks): the
+    # follow-up hits 7 blocks, as with vLLM's split (the retired 'lean' kept both)
+    assert out2.num_cached_tokens == (n1 - 1) // bs * bs
     return turn2, out2
 
 
-def test_follow_up_turn_hits_last_boundary_of_prompt_plus_output(llm, block_size, rng):
+def test_follow_up_turn_hits_the_prompts_checkpoint(llm, block_size, rng):
     _follow_up(llm, block_size, rng)
 
 
 def test_follow_up_turn_outputs_equal_cold_run(llm, block_size, rng):
-    """The follow-up turn resumes from the state stored at the boundary crossed during decode
-    (decode kernel); the cold copy computes that state with the prefill kernel. Equal up to bf16
-    rounding: see the module docstring and e2e/greedy_compare.py."""
+    """The follow-up turn resumes from the prompt's checkpoint and recomputes the answer tokens
+    with the prefill kernel; the cold copy computes them in one pass. Equal up to bf16 rounding
+    across schedules: see the module docstring and e2e/greedy_compare.py."""
     bs = block_size
     turn2, out2 = _follow_up(llm, bs, rng, FOLLOW_UP_TOKENS, logprobs=TOP)
     hit = Sequence.from_output(out2.outputs[0])

@@ -79,24 +79,32 @@ register(EnvVar(
     "([compatibility.md](compatibility.md)); each registry entry's own versions still decide",
 ))
 register(EnvVar(
-    name="VLLM_HYBRID_NPU_CHECKPOINTS",
-    values=("upstream", "lean", "gdn"),
+    name="VLLM_HYBRID_NPU_PREFILL_CHECKPOINTS",
+    values=("auto", "off"),
     kind="",
-    default="per target: `upstream` on NPU, `lean` on CUDA and CPU (`scheduling.DEFAULT_POLICY`)",
+    default="auto",
+    read_by="`patches.gdn_prefill_checkpoint.mode` (every vLLM process)",
+    effect="`auto`: Qwen GDN layers export the prompt's checkpoint state from inside the "
+    "prefill through vLLM's prefill-checkpoint interface where a path exists (vLLM's CPU GDN "
+    "function; the Triton/FLA kernel on CUDA with `--gdn-prefill-backend triton`), so vLLM "
+    "drops its block-aligned split: cold prompts take the steps of caching off; the hybrid "
+    "block is rounded up to a multiple of 64. Not with speculative decoding, FlashInfer, or on "
+    "NPU (vLLM's split kept, logged) ([gdn-checkpoints.md](gdn-checkpoints.md)); `off`: "
+    "vLLM's split everywhere",
+))
+register(EnvVar(
+    name="VLLM_HYBRID_NPU_CHECKPOINTS",
+    values=("upstream", "lean"),
+    kind="",
+    default="`upstream` on every target (`scheduling.DEFAULT_POLICY`)",
     read_by="`scheduling.selected_policy`; registry entry `checkpoint-policy` "
     "(`SchedulerConfig.get_scheduler_cls`)",
-    effect="checkpoint policy of the scheduler: `upstream` = vLLM's own chunk ends and retention "
-    "(nothing installed); `lean` = chunk ends at the prompt's last 2 block boundaries, only those states "
-    "kept (sparse retention) ([first-repeat-hits.md](first-repeat-hits.md)); `gdn` = GDN states "
-    "at every block boundary from inside the step: `--mamba-cache-mode align` becomes `all` for "
-    "GDN models on CPU, scheduler `GdnCheckpointScheduler` (dense retention, no extra chunk "
-    "ends); on CUDA/NPU a warning and align mode ([gdn-checkpoints.md](gdn-checkpoints.md)). "
-    "The entry `checkpoint-policy` shows as applied in the load line unless the policy is "
-    "`upstream`; an explicit `--scheduler-cls` wins; with `--speculative-config` no policy "
-    "acts (vLLM's own schedule and retention, logged). The retired `tail` and `adaptive` raise "
-    "`ValueError`: `tail` = vLLM's `--long-prefill-token-threshold <block size> "
-    "--prefix-cache-retention-interval None`; `adaptive` is lab only "
-    "(`vllm-hybrid-npu-lab hitrate --policy adaptive`)",
+    effect="checkpoint placement of the scheduler: `upstream` = vLLM's own chunk ends and "
+    "retention (nothing installed; placement is vLLM's); `lean` = chunk ends at the prompt's "
+    "last 2 block boundaries, only those states kept (kept for comparison; it lost to vLLM's own "
+    "options on real conversations, docs/hitrate-lab.md). The retired `tail`, `adaptive` and "
+    "`gdn` raise `ValueError` naming what replaces them (`gdn`: "
+    "`VLLM_HYBRID_NPU_PREFILL_CHECKPOINTS`)",
 ))
 register(EnvVar(
     name="VLLM_HYBRID_NPU_COPY_IMPL",

@@ -1,6 +1,6 @@
 """Target-independent logic (no model runner, no torch at import).
 
 * :mod:`vllm_hybrid_npu.core.config_checks`: early, flag-naming align-mode configuration errors.
-* :mod:`vllm_hybrid_npu.core.gdn_checkpoints`: the segment plan of GDN states captured inside
-  the step (``VLLM_HYBRID_NPU_CHECKPOINTS=gdn``).
+* :mod:`vllm_hybrid_npu.core.prefill_checkpoints`: which request of a step exports its GDN
+  prefill checkpoint, at which offset, into which block-table column (vLLM's rule).
 """

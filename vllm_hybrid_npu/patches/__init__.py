@@ -1,6 +1,6 @@
 """The plugin's patches of vLLM / vllm-ascend, behind one registry (:mod:`.registry`).
 
-One module per patched upstream module (or, for ``gdn_all_mode``, per feature), each with a
+One module per patched upstream module (or, for ``gdn_prefill_checkpoint``, per feature), each with a
 ``PATCHES`` list of :class:`~vllm_hybrid_npu.patches.registry.Patch` entries:
 
 * :mod:`.vllm_config` - ``VllmConfig.try_verify_and_update_config``: flag-naming align-mode
@@ -10,7 +10,8 @@ One module per patched upstream module (or, for ``gdn_all_mode``, per feature), 
 * :mod:`.vllm_ascend_mamba_utils` - vllm-ascend's copy launchers (batched and layerwise).
 * :mod:`.worker_warmup` - the workers' ``compile_or_warm_up_model``: our kernel compiled at
   start-up.
-* :mod:`.gdn_all_mode` - GDN states inside the step (``VLLM_HYBRID_NPU_CHECKPOINTS=gdn``, CPU).
+* :mod:`.gdn_prefill_checkpoint` - GDN prefill checkpoints through vLLM's own interface
+  (``MambaSpec.num_prefill_checkpoint_blocks``): no block-aligned split in align mode (CPU, CUDA).
 * :mod:`.vllm_v1_core_sched_scheduler` - ``Scheduler.schedule`` / ``make_stats`` and
   ``KVCacheManager.free`` / ``pop_blocks_for_free``: state-move and miss-reason counters carried
   to ``/metrics`` in ``SchedulerStats`` (:mod:`vllm_hybrid_npu.metrics`).
@@ -41,7 +42,6 @@ PATCH_MODULES = (
     "vllm_hybrid_npu.patches.vllm_mamba_utils",
     "vllm_hybrid_npu.patches.vllm_ascend_mamba_utils",
     "vllm_hybrid_npu.patches.worker_warmup",
-    "vllm_hybrid_npu.patches.gdn_all_mode",
     "vllm_hybrid_npu.patches.gdn_prefill_checkpoint",
     "vllm_hybrid_npu.patches.vllm_v1_core_sched_scheduler",
 )

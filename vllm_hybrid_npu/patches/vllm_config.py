@@ -5,10 +5,7 @@
   otherwise turn ``--mamba-cache-mode align`` without prefix caching silently into ``none`` and
   only ``assert`` chunked prefill; here the user gets an error naming the flag, raised while the
   configuration is built (API server / ``LLM`` process), before any engine process exists.
-* ``gdn-switch`` (only with ``VLLM_HYBRID_NPU_CHECKPOINTS=gdn``): turns align mode into ``'all'``
-  for GDN models (:func:`vllm_hybrid_npu.patches.gdn_all_mode.maybe_switch_to_all`).
-
-Both run once per config (``model_config.config_updated`` false), then upstream's method.
+It runs once per config (``model_config.config_updated`` false), then upstream's method.
 """
 
 from __future__ import annotations
@@ -42,19 +39,6 @@ def _check_align(vllm_config: Any) -> None:
     check_align_mode(vllm_config)
 
 
-def _switch_gdn(vllm_config: Any) -> None:
-    from vllm_hybrid_npu.patches.gdn_all_mode import maybe_switch_to_all
-    from vllm_hybrid_npu.target import detect_target
-
-    maybe_switch_to_all(vllm_config, detect_target())
-
-
-def _gdn_wanted(stack: Stack) -> str | None:
-    from vllm_hybrid_npu.patches.gdn_all_mode import gdn_wanted
-
-    return gdn_wanted(stack)
-
-
 PATCHES = [
     Patch(
         name="config-checks",
@@ -70,18 +54,5 @@ PATCHES = [
             "resets the mode or asserts"
         ),
         until="vLLM validates align-mode flags itself",
-    ),
-    Patch(
-        name="gdn-switch",
-        module="vllm.config.vllm",
-        qualname="VllmConfig.try_verify_and_update_config",
-        targets=("cpu",),
-        vllm=("0.30.0",),
-        signature=("self",),
-        wanted=_gdn_wanted,
-        make=_before(_switch_gdn),
-        behaviour_changing=True,
-        why="VLLM_HYBRID_NPU_CHECKPOINTS=gdn: align -> 'all' mode for GDN models",
-        until="vLLM's GDN backend caches per-block states itself",
     ),
 ]

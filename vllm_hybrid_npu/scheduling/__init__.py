@@ -34,7 +34,7 @@ ENV_VAR = "VLLM_HYBRID_NPU_CHECKPOINTS"
 
 #: Values of :data:`ENV_VAR` whose states come from the worker (the step itself), not from
 #: extra chunk ends.
-WORKER_MODES: tuple[str, ...] = ("gdn",)
+WORKER_MODES: tuple[str, ...] = ()
 
 #: Policy used when :data:`ENV_VAR` is unset or empty, per target. ``upstream`` (no scheduler
 #: change) wherever a policy is not proven on that stack: on NPU until vllm-ascend's scheduler

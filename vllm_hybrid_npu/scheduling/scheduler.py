@@ -108,8 +108,6 @@ def scheduler_class(policy: str | SplitRule, base: type | None = None) -> type:
 SCHEDULER_CLASS_NAMES: dict[str, tuple[str, str]] = {
     "LeanCheckpointScheduler": ("lean", "Scheduler"),
     "LeanCheckpointAsyncScheduler": ("lean", "AsyncScheduler"),
-    "GdnCheckpointScheduler": (GDN_POLICY, "Scheduler"),
-    "GdnCheckpointAsyncScheduler": (GDN_POLICY, "AsyncScheduler"),
 }
 
 

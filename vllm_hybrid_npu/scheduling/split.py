@@ -47,6 +47,9 @@ RETIRED_POLICIES: dict[str, str] = {
     "tail": "'tail' was retired: it gives exactly the hits of vLLM's own flags "
     "--long-prefill-token-threshold <block size> --prefix-cache-retention-interval None "
     "(use those, or the default 'lean')",
+    "gdn": "'gdn' was retired (2026-11-25): GDN states come from inside the prefill through "
+    "vLLM's prefill-checkpoint interface, on by default (VLLM_HYBRID_NPU_PREFILL_CHECKPOINTS); "
+    "vLLM 0.32 removed the 'all' mode it used",
     "adaptive": "'adaptive' was retired: it is below upstream's best setting at every lab point "
     "(use the default 'lean'; lab only: vllm-hybrid-npu-lab hitrate --policy adaptive)",
 }
