@@ -339,7 +339,7 @@ class Driver:
 
 def _worker(args) -> int:
     _die_with_parent()
-    fake = os.environ.get("VLLM_HYBRID_NPU_BENCH_FAKE")
+    fake = os.environ.get("CUDA_SERVING_BENCH_FAKE")
     if fake:
         return _fake_worker(args, fake)
     import torch
@@ -494,7 +494,7 @@ def _measure_length(args, drv: Driver, length: int, block: int, vocab: int, cuda
 
 
 def _fake_worker(args, mode: str) -> int:
-    """Test stand-in for a row (``VLLM_HYBRID_NPU_BENCH_FAKE``): ``sleep`` starts a grandchild and
+    """Test stand-in for a row (``CUDA_SERVING_BENCH_FAKE``): ``sleep`` starts a grandchild and
     hangs (process-group tests); ``result`` emits a unit per length from drawn numbers."""
     print(f"BENCH fake worker {args.worker} pid {os.getpid()} pgid {os.getpgid(0)}", flush=True)
     if mode == "sleep":

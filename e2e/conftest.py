@@ -151,3 +151,15 @@ def pytest_collection_modifyitems(config, items):
                     item.add_marker(pytest.mark.skip(
                         reason=f"needs CUDA: the e2e target is {target} (no CUDA device / vLLM "
                                f"CUDA build here; {TARGET_ENV}=cuda forces it)"))
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _plugin_patches_applied():
+    """In-process engines run in this pytest process, whose registry the unit tests may have
+    undone (``tests/patches`` unapply it) after vLLM's plugin loader applied it once: apply it
+    for each e2e module as the plugin does in a fresh vLLM process (the current environment)."""
+    from vllm_hybrid_npu.patches import apply_patches, registry
+
+    registry.unapply_all()
+    apply_patches()
+    yield

@@ -50,7 +50,9 @@ Counters (``engine`` = data-parallel engine index, ``model_name`` as vLLM labels
 * ``vllm_hybrid_npu:prefix_cache_miss_tokens_total{reason=...}``: prompt tokens that missed
   the prefix cache, per reason of :data:`vllm_hybrid_npu.core.miss_reasons.REASONS`;
 * ``vllm_hybrid_npu:prefix_cache_classified_requests_total``: requests those misses cover
-  (first scheduling of each request).
+  (first scheduling of each request);
+* ``vllm_hybrid_npu:prefill_steps_total``: engine steps that computed prompt tokens (one per
+  step, whatever its batch): vLLM's align-mode split shows here as one more step per cold prompt.
 """
 
 from __future__ import annotations
@@ -71,6 +73,7 @@ STATS_FIELD = "vllm_hybrid_npu"
 KEY_STATE_COPIES = "state_copies"
 KEY_STATE_COPY_BYTES = "state_copy_bytes"
 KEY_REQUESTS = "requests"
+KEY_PREFILL_STEPS = "prefill_steps"
 #: miss-reason keys are ``"miss:" + reason``
 MISS_PREFIX = "miss:"
 
@@ -79,6 +82,7 @@ STATE_COPIES = "vllm_hybrid_npu:state_copies"
 STATE_COPY_BYTES = "vllm_hybrid_npu:state_copy_bytes"
 MISS_TOKENS = "vllm_hybrid_npu:prefix_cache_miss_tokens"
 CLASSIFIED_REQUESTS = "vllm_hybrid_npu:prefix_cache_classified_requests"
+PREFILL_STEPS = "vllm_hybrid_npu:prefill_steps"
 
 _lock = threading.Lock()
 _declared = False
@@ -146,6 +150,11 @@ def _prometheus_counters() -> dict[str, Any]:
                     "Requests whose prompt tokens were classified at first scheduling.",
                     labels,
                 ),
+                KEY_PREFILL_STEPS: Counter(
+                    PREFILL_STEPS,
+                    "Engine steps that computed prompt tokens (counted by the scheduler).",
+                    labels,
+                ),
                 "miss": Counter(
                     MISS_TOKENS,
                     "Prompt tokens that missed the prefix cache, by reason (partial_block, "
@@ -161,7 +170,7 @@ def record(counts: dict[str, int] | None, model_name: str, engine: int) -> None:
 
     Args:
         counts: keys :data:`KEY_STATE_COPIES`, :data:`KEY_STATE_COPY_BYTES`,
-            :data:`KEY_REQUESTS` and ``"miss:<reason>"`` (ints >= 0); None or empty adds nothing.
+            :data:`KEY_REQUESTS`, :data:`KEY_PREFILL_STEPS` and ``"miss:<reason>"`` (ints >= 0); None or empty adds nothing.
         model_name: ``model_name`` label value.
         engine: ``engine`` label value (data-parallel engine index).
     """
@@ -169,7 +178,7 @@ def record(counts: dict[str, int] | None, model_name: str, engine: int) -> None:
         return
     c = _prometheus_counters()
     eng = str(engine)
-    for key in (KEY_STATE_COPIES, KEY_STATE_COPY_BYTES, KEY_REQUESTS):
+    for key in (KEY_STATE_COPIES, KEY_STATE_COPY_BYTES, KEY_REQUESTS, KEY_PREFILL_STEPS):
         v = counts.get(key, 0)
         if v:
             c[key].labels(model_name, eng).inc(v)
@@ -184,7 +193,7 @@ def init_labels(model_name: str, engines: list[int]) -> None:
     c = _prometheus_counters()
     for e in engines:
         eng = str(e)
-        for key in (KEY_STATE_COPIES, KEY_STATE_COPY_BYTES, KEY_REQUESTS):
+        for key in (KEY_STATE_COPIES, KEY_STATE_COPY_BYTES, KEY_REQUESTS, KEY_PREFILL_STEPS):
             c[key].labels(model_name, eng)
         for reason in REASONS:
             c["miss"].labels(model_name, eng, reason)

@@ -1,7 +1,7 @@
 """The serving benchmark's harness (benchmarks/cuda_serving.py) without vLLM: each defect of
 issue 21 with a test that catches it on CPU (metrics on drawn timings, the sync count, the target
 tolerance, the shared prefix, the warm-up's paths), the bookkeeping (``--resume`` by row and
-prompt length), and process hygiene with a stand-in worker (``VLLM_HYBRID_NPU_BENCH_FAKE``): a
+prompt length), and process hygiene with a stand-in worker (``CUDA_SERVING_BENCH_FAKE``): a
 row's process group ends on SIGTERM and at the call budget. The harness with vLLM runs in
 e2e/test_cuda_serving_smoke.py."""
 
@@ -183,7 +183,7 @@ def test_resume_refuses_another_run(rng, change):
 
 
 def _harness(tmp_path, fake, *extra, wait=True):
-    env = {**os.environ, "VLLM_HYBRID_NPU_BENCH_FAKE": fake, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "CUDA_SERVING_BENCH_FAKE": fake, "PYTHONPATH": str(ROOT)}
     model = tmp_path / "model"
     model.mkdir(exist_ok=True)
     (model / "config.json").write_text(json.dumps({"num_hidden_layers": 8}))

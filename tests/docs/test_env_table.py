@@ -52,6 +52,11 @@ def _readers():
 
         return selected_policy()
 
+    def prefill_checkpoints():
+        from vllm_hybrid_npu.patches.gdn_prefill_checkpoint import mode
+
+        return mode()
+
     def copy_impl():
         from vllm_hybrid_npu.ops import memcpy
 
@@ -75,6 +80,7 @@ def _readers():
     # COPY_IMPL's reader returns the resolved implementation, "auto" never comes back)
     # CHECKPOINTS' default is per target (its reader returns the resolved policy)
     return {"VLLM_HYBRID_NPU_PATCHES": (patches, True), "VLLM_HYBRID_NPU_CHECKPOINTS": (checkpoints, False),
+            "VLLM_HYBRID_NPU_PREFILL_CHECKPOINTS": (prefill_checkpoints, True),
             "VLLM_HYBRID_NPU_COPY_KERNEL": (copy_kernel, True),
             "VLLM_HYBRID_NPU_COPY_IMPL": (copy_impl, False), "VLLM_HYBRID_NPU_TARGET": (target, False)}
 

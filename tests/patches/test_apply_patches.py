@@ -181,6 +181,11 @@ import vllm_hybrid_npu.plugin as p
 from vllm.v1.worker import mamba_utils
 from vllm.config import VllmConfig, SchedulerConfig
 import vllm.v1.core.sched.scheduler  # the engine core's modules: the step counters apply
+import vllm.v1.core.single_type_kv_cache_manager
+# the worker's GDN modules (a model runner imports them): the prefill-checkpoint entries apply
+import vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn
+import vllm.v1.attention.backends.gdn_attn
+import vllm.model_executor.layers.mamba.ops.cpu.gdn_attention
 from vllm_hybrid_npu.patches import registry
 r = p._report
 print("RESULT " + json.dumps({
@@ -210,6 +215,9 @@ def test_cpu_default_keeps_vllms_copy_kernel():
     assert r["failed"] == {} and r["pending"] == {} and r["unsupported"] is None
     assert "config-checks" in r["applied"]
     assert {"step-counters", "step-counters-stats", "step-counters-free"} <= set(r["applied"])
+    assert {"gdn-checkpoint-spec", "gdn-checkpoint-block-size", "gdn-checkpoint-plan",
+            "gdn-checkpoint-cpu", "gdn-checkpoint-retention"} <= set(r["applied"])
+    assert r["skipped"]["gdn-checkpoint-triton"] == "not for target cpu"
     assert r["copy"] is False
     assert r["skipped"]["copy-kernel"].startswith("vLLM's CPU copy kernel kept")
     assert r["skipped"]["copy-kernel-ascend"] == "not for target cpu"

@@ -105,8 +105,8 @@ def test_npu_default_is_upstream():
 
 
 def test_retired_policies_raise_with_what_replaces_them(monkeypatch):
-    """``tail`` and ``adaptive`` were retired (2026-11-23): the error names the variable and
-    says what replaces them."""
+    """``tail`` and ``adaptive`` were retired (2026-11-23), ``gdn`` on 2026-11-25: the error names
+    the variable and says what replaces them."""
     from vllm_hybrid_npu.scheduling import selected_policy
 
     monkeypatch.setenv("VLLM_HYBRID_NPU_CHECKPOINTS", "tail")
@@ -121,6 +121,11 @@ def test_retired_policies_raise_with_what_replaces_them(monkeypatch):
     msg = str(err.value)
     assert "VLLM_HYBRID_NPU_CHECKPOINTS='Adaptive'" in msg and "'adaptive' was retired" in msg
     assert "vllm-hybrid-npu-lab hitrate --policy adaptive" in msg
-    for value in ("upstream", "lean", "gdn"):
+    monkeypatch.setenv("VLLM_HYBRID_NPU_CHECKPOINTS", "gdn")
+    with pytest.raises(ValueError) as err:
+        selected_policy("cpu")
+    assert "'gdn' was retired" in str(err.value)
+    assert "VLLM_HYBRID_NPU_PREFILL_CHECKPOINTS" in str(err.value)
+    for value in ("upstream", "lean"):
         monkeypatch.setenv("VLLM_HYBRID_NPU_CHECKPOINTS", value)
         assert selected_policy("cpu") == value

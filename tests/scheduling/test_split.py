@@ -29,7 +29,7 @@ def test_retired_names_raise_and_say_why(name):
         policy_chunk_tokens(0, 3072, 3100, 256, name)
     with pytest.raises(ValueError, match=f"'{name}'"):
         checkpoint_positions(3100, 256, name, 4096)
-    assert set(RETIRED_POLICIES) == {"tail", "adaptive"}
+    assert set(RETIRED_POLICIES) == {"tail", "adaptive", "gdn"}
 
 
 def test_bad_input_names_the_value():

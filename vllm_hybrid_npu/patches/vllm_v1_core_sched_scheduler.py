@@ -137,6 +137,7 @@ class StepCounters:
         self._col: dict[str, int] = {}
         self.moves = self.move_bytes = 0
         self._p_moves = self._p_bytes = 0
+        self.prefill_steps = self._p_prefill_steps = 0
         self.tracker: MissTracker | None = None
         kvm = scheduler.kv_cache_manager
         if cache_config.enable_prefix_caching:
@@ -178,6 +179,13 @@ class StepCounters:
     def _count(self, scheduler: Any, out: Any) -> None:
         num_sched = out.num_scheduled_tokens
         cached = out.scheduled_cached_reqs
+        requests = scheduler.requests
+        computed = [(n.req_id, n.num_computed_tokens) for n in out.scheduled_new_reqs]
+        computed += [(rid, nc) for rid, nc in zip(cached.req_ids, cached.num_computed_tokens)
+                     if rid in num_sched]
+        if any(rid in requests and nc < requests[rid].num_prompt_tokens for rid, nc in computed):
+            self.prefill_steps += 1
+            self._p_prefill_steps += 1
         if self.align:
             col = self._col
             bs = self.block_size
@@ -211,7 +219,6 @@ class StepCounters:
                 self._p_bytes += b
         tracker = self.tracker
         if tracker is not None and out.scheduled_new_reqs:
-            requests = scheduler.requests
             for new in out.scheduled_new_reqs:
                 req = requests.get(new.req_id)
                 if req is None or req.num_preemptions > 0:
@@ -229,6 +236,9 @@ class StepCounters:
         from vllm_hybrid_npu import metrics
 
         out: dict[str, int] = {}
+        if self._p_prefill_steps:
+            out[metrics.KEY_PREFILL_STEPS] = self._p_prefill_steps
+            self._p_prefill_steps = 0
         if self._p_moves:
             out[metrics.KEY_STATE_COPIES] = self._p_moves
             out[metrics.KEY_STATE_COPY_BYTES] = self._p_bytes
@@ -263,7 +273,8 @@ def totals(scheduler: Any) -> dict[str, int]:
     reason (tokens), ``requests``, ``prompt_tokens``, ``hit_tokens`` (ints; for tests, the lab
     and the offline ``LLM`` engine)."""
     c = counters(scheduler)
-    out = {"state_copies": c.moves, "state_copy_bytes": c.move_bytes}
+    out = {"state_copies": c.moves, "state_copy_bytes": c.move_bytes,
+           "prefill_steps": c.prefill_steps}
     if c.tracker is not None:
         out.update(c.tracker.totals)
     else:

@@ -289,21 +289,29 @@ def run(args: argparse.Namespace) -> int:
         server.stop()
     summary = summarize(results)
 
+    steps = {"exporter": counter_from_metrics(metrics_text, PREFILL_STEPS_METRIC)}
+    ttft = {"exporter": _mean([r.ttft_ms for r in results])}
     outputs_match = None
     mismatches = []
+    split_match = None
     if not args.skip_baseline:
-        base_args = ["--no-enable-prefix-caching", *CPU_SAFE_ARGS, *args.server_arg]
-        log("baseline: vllm serve " + " ".join([args.model, *base_args]))
-        baseline = VllmServer(args.model, base_args)
-        try:
-            baseline.start(progress=progress("prefix caching off"))
-            log("replaying the same requests with prefix caching off")
-            base_results = replay_bodies(baseline.base_url, [r.body for r in results])
-        except ServerError as exc:
-            log(str(exc))
+        # vLLM's own align mode (its block-aligned split): the same flags, our exporter off
+        from vllm_hybrid_npu.patches.gdn_prefill_checkpoint import ENV_VAR as EXPORTER_ENV
+
+        split_results, split_metrics = _replay_on(
+            args.model, cached_args, results, {EXPORTER_ENV: "off"}, "vLLM's split", log, progress)
+        if split_results is None:
             return 2
-        finally:
-            baseline.stop()
+        steps["split"] = counter_from_metrics(split_metrics, PREFILL_STEPS_METRIC)
+        ttft["split"] = _mean([r.ttft_ms for r in split_results])
+        split_match = [r.cached_tokens for r in split_results]
+        base_args = ["--no-enable-prefix-caching", *CPU_SAFE_ARGS, *args.server_arg]
+        base_results, base_metrics = _replay_on(
+            args.model, base_args, results, {}, "prefix caching off", log, progress)
+        if base_results is None:
+            return 2
+        steps["off"] = counter_from_metrics(base_metrics, PREFILL_STEPS_METRIC)
+        ttft["off"] = _mean([r.ttft_ms for r in base_results])
         for i, (a, b) in enumerate(zip(results, base_results)):
             if a.output_token_ids != b.output_token_ids:
                 mismatches.append({"request": i, "cached": a.output_token_ids,
@@ -326,10 +334,15 @@ def run(args: argparse.Namespace) -> int:
             "state_copy_bytes": state_copy_bytes,
             "miss_reasons": {k: int(v) for k, v in miss_reasons.items()},
             "hit_unit_log": hit_unit_lines[:1],
+            "prefill_steps": steps,
+            "mean_ttft_ms": ttft,
+            "split_cached_tokens": split_match,
+            "machine": machine_line(),
         }, indent=2))
     else:
         out = [format_table(results), ""]
         out.append(f"block size (tokens, chosen by vLLM): {block_size}")
+        out.append(f"machine: {machine_line()}")
         out.append(f"token hit rate: {summary['token_hit_rate']:.1%} "
                    f"({summary['cached_tokens']} of {summary['prompt_tokens']} prompt tokens cached; "
                    f"{summary['requests_with_hit']} of {len(results)} requests hit)")
@@ -351,6 +364,17 @@ def run(args: argparse.Namespace) -> int:
             out.append(f"prompt tokens that missed the prefix cache, by reason (server /metrics, "
                        f"{missed:.0f} tokens): " + ", ".join(
                            f"{k} {v:.0f}" for k, v in sorted(miss_reasons.items(), key=lambda kv: -kv[1])))
+        if "off" in steps:
+            name = {"off": "caching off", "split": "vLLM's split", "exporter": "exporter (plugin)"}
+            out.append(f"engine steps that computed prompt tokens, {len(results)} requests one at "
+                       "a time (server /metrics): " + ", ".join(
+                           f"{name[k]} {steps[k]:.0f}" for k in ("off", "split", "exporter")
+                           if steps.get(k) is not None))
+            out.append("mean TTFT, all requests: " + ", ".join(
+                f"{name[k]} {ttft[k]:.1f} ms" for k in ("off", "split", "exporter")))
+            split_hits = sum(split_match or [])
+            out.append(f"cached prompt tokens: exporter {summary['cached_tokens']}, vLLM's split "
+                       f"{split_hits}")
         if outputs_match is None:
             out.append("outputs vs prefix caching off: not checked (--skip-baseline)")
         elif outputs_match:
@@ -364,6 +388,56 @@ def run(args: argparse.Namespace) -> int:
             write_readme_block(args.readme, "\n".join(out), _command_line(args))
             log(f"wrote the report into {args.readme}")
     return 0 if outputs_match in (True, None) else 1
+
+
+PREFILL_STEPS_METRIC = "vllm_hybrid_npu:prefill_steps_total"
+
+
+def _mean(xs: list[float]) -> float | None:
+    return sum(xs) / len(xs) if xs else None
+
+
+def _replay_on(model, server_args, results, env, tag, log, progress):
+    """Replay ``results``' request bodies, one at a time, on a new server (``server_args``,
+    extra environment ``env``); returns (results, /metrics text) or (None, None) on a server
+    error (logged)."""
+    log(f"{tag}: vllm serve " + " ".join([model, *server_args]) +
+        "".join(f" ({k}={v})" for k, v in env.items()))
+    server = VllmServer(model, server_args, env=env)
+    try:
+        server.start(progress=progress(tag))
+        log(f"replaying the same requests ({tag})")
+        out = replay_bodies(server.base_url, [r.body for r in results])
+        return out, server.metrics()
+    except ServerError as exc:
+        log(str(exc))
+        return None, None
+    finally:
+        server.stop()
+
+
+def machine_line() -> str:
+    """The CPU this ran on and what vLLM's CPU platform does with it: vLLM 0.30 stores SSM states
+    in float32 only on CPUs with AVX-512-BF16 (``platforms/cpu.py``), which changes the state
+    size and so the hybrid block size vLLM picks."""
+    import platform
+
+    model = platform.processor() or platform.machine()
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    try:
+        import torch
+
+        bf16 = torch.cpu._is_avx512_bf16_supported()
+    except Exception:
+        bf16 = None
+    flag = {True: "yes", False: "no", None: "unknown"}[bf16]
+    return f"{model}, AVX-512-BF16 {flag}"
 
 
 #: Markers of the demo's output block in the README (the block between them is rewritten).
