@@ -204,7 +204,10 @@ def runs(request, tiny_model_dir, engine_args, e2e_target_name, seed_for):
                     r["layers"] = [n for g in groups for n in g.layer_names]
                     sched = llm.llm_engine.engine_core.engine_core.scheduler
                     r["policy"] = getattr(sched, "checkpoint_policy", "upstream")
-                    r["policy_deferred"] = getattr(sched, "policy_deferred", None)
+                    r["sched_class"] = type(sched).__module__ + "." + type(sched).__name__
+                    r["ckpt_blocks"] = sorted({
+                        getattr(g.kv_cache_spec, "num_prefill_checkpoint_blocks", None)
+                        for g in groups if type(g.kv_cache_spec).__name__ == "MambaSpec"})
                     assert len(loads) == 1, f"{len(loads)} Qwen3NextMTP loads"
                     gen = torch.Generator().manual_seed(seed_for(request, f"inputs-{runner}"))
                     ckpt = load_file(model / "model.safetensors")
@@ -244,13 +247,15 @@ def test_mtp_head_loaded_from_checkpoint(runs):
     assert r["checked"] == r["ckpt_mtp"], sorted(r["ckpt_mtp"] ^ r["checked"])
 
 
-def test_checkpoint_policy_leaves_speculative_decoding_to_vllm(runs):
-    """The target's default policy (``lean`` on CPU and CUDA) is not verified with speculative
-    decoding, so its scheduler runs vLLM's own align-mode schedule (policy_base.deferral_reason)."""
+def test_speculative_decoding_is_left_to_vllm(runs):
+    """With MTP, vLLM changes align mode itself (the eagle block drop, MTP's prefill lookahead):
+    the plugin's defaults change nothing there: vLLM's own scheduler, and no prefill checkpoint
+    declared (``gdn_prefill_checkpoint.exporter_path``), so vLLM keeps its split."""
     _, out = runs
     r = out["align"]
-    assert r["policy"] == "lean", r["policy"]
-    assert r["policy_deferred"] and "speculative decoding (mtp)" in r["policy_deferred"], r
+    assert r["policy"] == "upstream", r["policy"]
+    assert r["sched_class"].startswith("vllm.v1.core.sched."), r["sched_class"]
+    assert r["ckpt_blocks"] == [0], r["ckpt_blocks"]
 
 
 @pytest.mark.cuda
