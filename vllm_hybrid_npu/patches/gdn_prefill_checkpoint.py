@@ -128,7 +128,7 @@ def exporter_path(vllm_config: Any, target: str) -> tuple[str | None, str]:
             return "triton", ""
         return None, f"GDN prefill backend {backend} (ours exports from the Triton/FLA kernel only)"
     if target == "npu":
-        from vllm_hybrid_npu.patches.vllm_ascend_gdn import npu_exporter_path
+        from vllm_hybrid_npu.patches.vllm_ascend_gdn_path import npu_exporter_path
 
         return npu_exporter_path(vllm_config)
     return None, f"no exporter for target {target} yet (vLLM's split kept)"
