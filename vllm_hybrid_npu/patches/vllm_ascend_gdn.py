@@ -40,7 +40,7 @@ Only path 3 exports: ``h[0, :, chunk]`` at the checkpoint's chunk, transposed to
 into the checkpoint block; the conv state from the ``width - 1`` input rows before the checkpoint
 (``mixed_qkv``, the rows ``causal_conv1d_fn`` keeps). Where path 1 or 2 is chosen, or PCP is on,
 or on 310P, nothing is declared: vLLM keeps its split (correct, one step more), and the reason is
-logged (a skipped entry at load, or the spec's INFO line per engine). vLLM 0.30.0rc2's documented
+logged (a skipped entry at load, or the spec's INFO line per engine). vllm-ascend 0.30.0rc2's documented
 stack ships flash-linear-attention-npu (v26.9.1-beta2) in its images: where that package has the
 fused prefill function, path 1 is the default and this exporter does not apply.
 
