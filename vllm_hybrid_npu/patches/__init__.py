@@ -43,6 +43,7 @@ PATCH_MODULES = (
     "vllm_hybrid_npu.patches.vllm_ascend_mamba_utils",
     "vllm_hybrid_npu.patches.worker_warmup",
     "vllm_hybrid_npu.patches.gdn_prefill_checkpoint",
+    "vllm_hybrid_npu.patches.vllm_ascend_gdn",
     "vllm_hybrid_npu.patches.vllm_v1_core_sched_scheduler",
 )
 

@@ -127,6 +127,10 @@ def exporter_path(vllm_config: Any, target: str) -> tuple[str | None, str]:
         if backend == "triton":
             return "triton", ""
         return None, f"GDN prefill backend {backend} (ours exports from the Triton/FLA kernel only)"
+    if target == "npu":
+        from vllm_hybrid_npu.patches.vllm_ascend_gdn_path import npu_exporter_path
+
+        return npu_exporter_path(vllm_config)
     return None, f"no exporter for target {target} yet (vLLM's split kept)"
 
 
@@ -506,11 +510,11 @@ def _patch(name, module, qualname, make, targets, why, vllm=VLLM_VERSIONS, signa
 _GDN = "vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn"
 PATCHES = [
     _patch("gdn-checkpoint-spec", _GDN, "QwenGatedDeltaNetAttention.get_kv_cache_spec",
-           _make_spec, ("cpu", "cuda"), "declares one prefill checkpoint block (alignment 64) in "
+           _make_spec, ("cpu", "cuda", "npu"), "declares one prefill checkpoint block (alignment 64) in "
            "the GDN layers' MambaSpec where ours exports, so vLLM drops its block-aligned split",
            signature=("self", "vllm_config")),
     _patch("gdn-checkpoint-block-size", "vllm.platforms.interface",
-           "Platform._align_hybrid_block_size", _make_block_size, ("cpu", "cuda"),
+           "Platform._align_hybrid_block_size", _make_block_size, ("cpu", "cuda", "npu"),
            "hybrid block rounded up to the 64-token checkpoint grid (vLLM 0.33's lcm rule)",
            signature=("cls", "vllm_config", "backend_cls")),
     _patch("gdn-checkpoint-plan", "vllm.v1.attention.backends.gdn_attn",

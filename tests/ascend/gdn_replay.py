@@ -1,0 +1,618 @@
+"""Replay vllm-ascend 0.30.0rc2's GDN prefill forward on CPU, with the plugin's checkpoint export.
+
+Run as a subprocess (it installs import stubs and replaces module globals of vllm-ascend)::
+
+    python tests/ascend/gdn_replay.py --seed 123 --draws 3 --out result.json
+    python tests/ascend/gdn_replay.py --seed 123 --fla-fused --out result.json
+
+What is vllm-ascend's real code: ``AscendGDNAttentionMetadataBuilder.build``
+(``vllm_ascend/ops/gdn_attn_builder.py``, the builder object made without ``__init__``),
+``AscendGatedDeltaNetAttention._forward_core`` (``vllm_ascend/ops/gdn.py``; installed as vLLM's
+``QwenGatedDeltaNetAttention._forward_core``, as ``patch_qwen3_5.py`` does: that module imports
+vLLM's Qwen3.5 / Qwen3-VL model files, which need torchvision, so its one assignment is done here),
+its prefill path choice (``_get_fla_gdn_prefill_op``, ``_probe_fused_chunk``, hardware profile
+A2), the chunk glue ``chunk_gated_delta_rule`` / ``chunk_gated_delta_rule_fwd``
+(``vllm_ascend/ops/triton/fla/chunk.py``) with its chunk metadata and empty-segment compaction;
+vLLM's ``CommonAttentionMetadata``, ``MambaSpec``, ``GDNAttentionMetadata``, Qwen's
+``rearrange_mixed_qkv``; and the plugin's registry (``apply_patches("npu", ...)``).
+
+What is replaced (kernels that need an NPU, or Triton, which vLLM disables on this CPU build), each
+by a torch reference of its contract, all computing in float32:
+
+* AscendC ops, registered under their own names and schemas (``csrc/torch_binding.cpp``) with
+  ``torch.library``: ``_C_ascend::chunk_gated_delta_rule_fwd_h_vllm`` (``h`` ``[B, HV, NT, K, V]``
+  in k's dtype = the state at each 64-token chunk start, ``v_new = u - w h``, ``final_state``
+  ``[N, HV, K, V]`` in the initial state's dtype; shapes as its meta function) and
+  ``_C_ascend::chunk_fwd_o_vllm``;
+* ``fla_npu.ops.ascendc``: ``causal_conv1d_fn`` (keeps the last ``width - 1`` input rows per
+  sequence), ``recurrent_gated_delta_rule`` (decode rows; state ``[HV, V, K]``);
+  ``chunk_gated_delta_rule_fwd`` only with ``--fla-fused`` (then it must make vllm-ascend choose
+  the fused path and the plugin declare nothing);
+* Triton: ``chunk_local_cumsum``, ``chunk_scaled_dot_kkt_fwd``, ``solve_tril``,
+  ``recompute_w_u_fwd``, ``l2norm_fwd``, ``clear_ssm_states``, ``DeviceOperator.fused_gdn_gating``;
+* ``torch.npu.device`` (``input_guard``) a null context; ``torch_npu`` dtype constants read at
+  import by ``vllm_ascend/quantization/utils.py``; the PCP group a world of one.
+
+The references are checked against a token-by-token gated delta rule (``reference_check``).
+
+Per draw (random batch: one decode row, prefill rows with and without context, block 64 or 128),
+with the same initial caches: the one-pass step with the plugin's plan (vLLM's checkpoint rule
+via ``build_step_checkpoints``), the same step without the plan, and vLLM's split (a first step
+that stops every checkpointed request at its checkpoint; its running state is what the split
+caches there). Checked: the exported conv and SSM blocks equal the split's bytes; apart from the
+checkpoint blocks, the one-pass step with the plan leaves every byte and output as without it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import random
+import sys
+import traceback
+import types
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+from ascend import ascend_env, upstream  # noqa: E402
+
+ASCEND = "0.30.0rc2"
+CHUNK = 64
+NK, NV, DK, DV, WIDTH = 2, 4, 16, 16, 4  # GVA: two v heads per k head
+CONV_DIM = 2 * NK * DK + NV * DV
+PREFIX = "model.layers.0.linear_attn"
+
+
+# --------------------------------------------------------------------------- references
+def _torch():
+    import torch
+
+    return torch
+
+
+def l2norm_ref(x, eps=1e-6, output_dtype=None):
+    torch = _torch()
+    y = x.float()
+    y = y / torch.sqrt((y * y).sum(-1, keepdim=True) + eps)
+    return y.to(output_dtype or x.dtype)
+
+
+def _segments(cu_seqlens, total):
+    cu = [0, total] if cu_seqlens is None else [int(c) for c in cu_seqlens]
+    return list(zip(cu[:-1], cu[1:]))
+
+
+def _chunks(s, e):
+    return [(c, min(c + CHUNK, e)) for c in range(s, e, CHUNK)]
+
+
+def chunk_local_cumsum_ref(g, chunk_size, cu_seqlens=None, **_):
+    out = g.float().clone()
+    for s, e in _segments(cu_seqlens, g.shape[1]):
+        for a, b in _chunks(s, e):
+            out[:, a:b] = g[:, a:b].float().cumsum(1)
+    return out
+
+
+def _kv_heads(k):  # [.., T, NK, K] -> [.., T, NV, K]
+    return k.repeat_interleave(NV // k.shape[-2], dim=-2)
+
+
+def chunk_scaled_dot_kkt_ref(k, beta, g_cumsum, cu_seqlens=None, output_dtype=None, **_):
+    torch = _torch()
+    kk = _kv_heads(k[0].float())  # [T, HV, K]
+    t_all, hv = kk.shape[:2]
+    A = torch.zeros(1, t_all, hv, CHUNK, dtype=torch.float32)
+    for s, e in _segments(cu_seqlens, t_all):
+        for a, b in _chunks(s, e):
+            kc, gc, bc = kk[a:b], g_cumsum[0, a:b].float(), beta[0, a:b].float()
+            dots = torch.einsum("thk,ihk->hti", kc, kc)  # [HV, L, L]
+            decay = torch.exp(gc.t()[:, :, None] - gc.t()[:, None, :])
+            m = torch.tril(torch.ones(b - a, b - a), -1)
+            A[0, a:b, :, : b - a] = (dots * decay * m * bc.t()[:, :, None]).permute(1, 0, 2)
+    return A.to(output_dtype or torch.float32)
+
+
+def solve_tril_ref(A, cu_seqlens=None, output_dtype=None, **_):
+    torch = _torch()
+    out = torch.zeros_like(A, dtype=torch.float32)
+    for s, e in _segments(cu_seqlens, A.shape[1]):
+        for a, b in _chunks(s, e):
+            blk = A[0, a:b, :, : b - a].float().permute(1, 0, 2)  # [HV, L, L]
+            eye = torch.eye(b - a).expand_as(blk)
+            out[0, a:b, :, : b - a] = torch.linalg.inv(eye + blk).permute(1, 0, 2)
+    return out.to(output_dtype or A.dtype)
+
+
+def recompute_w_u_ref(k, v, beta, A, g_cumsum, cu_seqlens=None, **_):
+    torch = _torch()
+    kk = _kv_heads(k[0].float())
+    gc = g_cumsum[0].float().t()  # g_cumsum arrives [B, HV, T]
+    w = torch.zeros(1, kk.shape[0], NV, kk.shape[-1])
+    u = torch.zeros(1, v.shape[1], NV, v.shape[-1])
+    for s, e in _segments(cu_seqlens, kk.shape[0]):
+        for a, b in _chunks(s, e):
+            ai = A[0, a:b, :, : b - a].float()  # [L, HV, L]
+            bc = beta[0, a:b].float()
+            w[0, a:b] = torch.einsum("thi,ihk->thk", ai, kk[a:b] * (bc * torch.exp(gc[a:b]))[..., None])
+            u[0, a:b] = torch.einsum("thi,ihv->thv", ai, v[0, a:b].float() * bc[..., None])
+    return w.to(k.dtype), u.to(v.dtype)
+
+
+def fwd_h_ref(k, w, u, g=None, gk=None, initial_state=None, output_final_state=False,
+              chunk_size=None, save_new_value=True, cu_seqlens=None, chunk_indices=None,
+              use_exp2=False, transpose_state_layout=False):
+    """``chunk_gated_delta_rule_fwd_h_vllm``: k ``[B, H, T, K]``, w ``[B, HV, T, K]``, u
+    ``[B, HV, T, V]``, g ``[B, HV, T]`` (chunk-local cumsum); returns ``h`` ``[B, HV, NT, K, V]``
+    (k's dtype), ``v_new`` (u's dtype), ``final_state`` ``[N, HV, K, V]``."""
+    torch = _torch()
+    assert chunk_size == CHUNK and not use_exp2 and not transpose_state_layout and gk is None
+    kk = _kv_heads(k[0].transpose(0, 1).float())  # [T, HV, K]
+    ww, uu = w[0].transpose(0, 1).float(), u[0].transpose(0, 1).float()
+    gc = g[0].float().t()  # [T, HV]
+    t_all = kk.shape[0]
+    segs = _segments(cu_seqlens, t_all)
+    nt = (len(chunk_indices) // 2 if chunk_indices is not None
+          else sum(len(_chunks(s, e)) for s, e in segs))
+    h = torch.zeros(1, NV, nt, kk.shape[-1], uu.shape[-1], dtype=k.dtype)
+    v_new = torch.zeros_like(u)
+    final = []
+    c = 0
+    for n, (s, e) in enumerate(segs):
+        S = (initial_state[n].float() if initial_state is not None
+             else torch.zeros(NV, kk.shape[-1], uu.shape[-1]))
+        for a, b in _chunks(s, e):
+            h[0, :, c] = S.to(k.dtype)
+            vn = uu[a:b] - torch.einsum("thk,hkv->thv", ww[a:b], S)
+            v_new[0, :, a:b] = vn.transpose(0, 1).to(u.dtype)
+            last = gc[b - 1]  # [HV]
+            kd = kk[a:b] * torch.exp(last[None] - gc[a:b])[..., None]
+            S = S * torch.exp(last)[:, None, None] + torch.einsum("thk,thv->hkv", kd, vn)
+            c += 1
+        final.append(S)
+    assert c == nt, (c, nt)
+    dtype = initial_state.dtype if initial_state is not None else k.dtype
+    return h, v_new, torch.stack(final).to(dtype)
+
+
+def fwd_o_ref(q, k, v, h, scale, g=None, g_gamma=None, cu_seqlens=None, chunk_indices=None,
+              chunk_size=None, transpose_state_layout=False):
+    torch = _torch()
+    qq = _kv_heads(q[0].transpose(0, 1).float())
+    kk = _kv_heads(k[0].transpose(0, 1).float())
+    vv = v[0].transpose(0, 1).float()
+    gc = g[0].float().t()
+    o = torch.zeros(1, NV, vv.shape[0], vv.shape[-1])
+    c = 0
+    for s, e in _segments(cu_seqlens, vv.shape[0]):
+        for a, b in _chunks(s, e):
+            S = h[0, :, c].float()
+            inter = torch.einsum("thk,hkv->thv", qq[a:b], S) * torch.exp(gc[a:b])[..., None]
+            att = torch.einsum("thk,ihk->hti", qq[a:b], kk[a:b])
+            att = att * torch.exp(gc[a:b].t()[:, :, None] - gc[a:b].t()[:, None, :])
+            att = att * torch.tril(torch.ones(b - a, b - a))
+            intra = torch.einsum("hti,ihv->thv", att, vv[a:b])
+            o[0, :, a:b] = ((inter + intra) * scale).transpose(0, 1)
+            c += 1
+    return o.to(v.dtype)
+
+
+def causal_conv1d_fn_ref(x, weight, bias=None, conv_states=None, query_start_loc=None,
+                         cache_indices=None, has_initial_state=None, activation=None,
+                         pad_slot_id=None, null_block_id=None):
+    """fla_npu's prefill conv: ``x`` ``[T, D]``, ``weight`` ``[W, D]`` (packed), conv states
+    ``[blocks, W - 1, D]`` read where ``has_initial_state`` and set to the last ``W - 1`` input
+    rows of each sequence (initial rows first)."""
+    torch = _torch()
+    width = weight.shape[0]
+    out = torch.empty_like(x)
+    qsl = query_start_loc.tolist()
+    for n in range(len(qsl) - 1):
+        s, e = qsl[n], qsl[n + 1]
+        if e == s:
+            continue
+        idx = int(cache_indices[n])
+        init = (conv_states[idx].float() if bool(has_initial_state[n])
+                else torch.zeros(width - 1, x.shape[1]))
+        xx = torch.cat([init, x[s:e].float()])
+        y = sum(weight[j].float() * xx[j: j + e - s] for j in range(width))
+        if bias is not None:
+            y = y + bias.float()
+        if activation == "silu":
+            y = torch.nn.functional.silu(y)
+        out[s:e] = y.to(x.dtype)
+        conv_states[idx] = xx[-(width - 1):].to(conv_states.dtype)
+    return out
+
+
+def causal_conv1d_update_ref(*a, **k):
+    raise AssertionError("the replay's batches always hold a prefill row")
+
+
+def recurrent_gdr_ref(q, k, v, ssm_state, g=None, beta=None, scale=None, actual_seq_lengths=None,
+                      ssm_state_indices=None, num_accepted_tokens=None):
+    """fla_npu's decode recurrence, one token per sequence; state ``[blocks, HV, V, K]``."""
+    torch = _torch()
+    out = torch.empty(q.shape[0], NV, v.shape[-1], dtype=v.dtype)
+    qq, kk = _kv_heads(q.float()), _kv_heads(k.float())
+    for t in range(q.shape[0]):
+        idx = int(ssm_state_indices[t])
+        S = ssm_state[idx].float().transpose(-1, -2) * torch.exp(g[t].float())[:, None, None]
+        vn = v[t].float() - torch.einsum("hk,hkv->hv", kk[t], S)
+        S = S + torch.einsum("hk,hv->hkv", kk[t], vn * beta[t].float()[:, None])
+        out[t] = (torch.einsum("hk,hkv->hv", qq[t], S) * scale).to(v.dtype)
+        ssm_state[idx] = S.transpose(-1, -2).to(ssm_state.dtype)
+    return out
+
+
+def naive_gdr(q, k, v, g, beta, S0, scale):
+    """Token-by-token gated delta rule (checks the chunked references): q, k ``[T, HV, K]``
+    (l2-normed), v ``[T, HV, V]``, g, beta ``[T, HV]``, state ``[HV, K, V]``."""
+    torch = _torch()
+    S, out = S0.float().clone(), []
+    for t in range(q.shape[0]):
+        S = S * torch.exp(g[t])[:, None, None]
+        vn = v[t] - torch.einsum("hk,hkv->hv", k[t], S)
+        S = S + torch.einsum("hk,hv->hkv", k[t], vn * beta[t][:, None])
+        out.append(torch.einsum("hk,hkv->hv", q[t], S) * scale)
+    return torch.stack(out), S
+
+
+def fused_gdn_gating_ref(A_log, a, b, dt_bias):
+    torch = _torch()
+    x = a.float() + dt_bias.float()
+    sp = torch.where(x > 20.0, x, torch.log1p(torch.exp(x)))
+    g = -torch.exp(A_log.float()) * sp
+    return g.unsqueeze(0), torch.sigmoid(b.float()).to(b.dtype).unsqueeze(0)
+
+
+def clear_ssm_states_ref(states, has_initial_state):
+    states[~has_initial_state.to(states.device)] = 0
+
+
+# --------------------------------------------------------------------------- environment
+def setup(fla_fused: bool):
+    """Stubs, references and the plugin's registry; returns the imported vllm-ascend modules."""
+    root = str(upstream.vllm_ascend_src(ASCEND))
+    ascend_env.setup(root, "A2")
+    import torch
+    import torch_npu
+
+    # dtype constants vllm_ascend/quantization/utils.py reads at import (device_op imports it)
+    for name in ("float4_e2m1fn_x2", "hifloat8", "float8_e8m0fnu"):
+        setattr(torch_npu, name, torch.uint8)
+    for name in ("fla_npu", "fla_npu.ops", "fla_npu.ops.ascendc"):
+        mod = types.ModuleType(name)
+        mod.__path__ = []
+        sys.modules[name] = mod
+    asc = sys.modules["fla_npu.ops.ascendc"]
+    asc.causal_conv1d_fn = causal_conv1d_fn_ref
+    asc.causal_conv1d_update = causal_conv1d_update_ref
+    asc.recurrent_gated_delta_rule = recurrent_gdr_ref
+    if fla_fused:
+        def chunk_gated_delta_rule_fwd(*a, **k):
+            raise AssertionError("fused FLA prefill stand-in: not executed by the replay")
+
+        asc.chunk_gated_delta_rule_fwd = chunk_gated_delta_rule_fwd
+    lib = torch.library.Library("_C_ascend", "DEF")
+    lib.define(
+        "chunk_gated_delta_rule_fwd_h_vllm(Tensor k, Tensor w, Tensor u, Tensor? g=None, *, "
+        "Tensor? gk=None, Tensor? initial_state=None, bool? output_final_state=False, "
+        "int? chunk_size=None, bool? save_new_value=True, int[]? cu_seqlens=None, "
+        "int[]? chunk_indices=None, bool? use_exp2=False, bool? transpose_state_layout=False) -> "
+        "(Tensor h_out, Tensor v_new_out, Tensor final_state_out)")
+    lib.impl("chunk_gated_delta_rule_fwd_h_vllm", fwd_h_ref, "CPU")
+    lib.define(
+        "chunk_fwd_o_vllm(Tensor q, Tensor k, Tensor v, Tensor h, float scale, *, Tensor? g=None, "
+        "Tensor? g_gamma=None, int[]? cu_seqlens=None, int[]? chunk_indices=None, "
+        "int? chunk_size=None, bool? transpose_state_layout=False) -> Tensor")
+    lib.impl("chunk_fwd_o_vllm", fwd_o_ref, "CPU")
+    setup.lib = lib  # keep the registrations alive
+    from vllm.distributed import parallel_state
+
+    parallel_state._PCP = types.SimpleNamespace(world_size=1, rank_in_group=0)
+
+    from vllm_hybrid_npu.patches import apply_patches
+    from vllm_hybrid_npu.support import Stack
+
+    report = apply_patches("npu", Stack("npu", "0.30.0", ASCEND))
+    import vllm_ascend.ops.gdn as gdn_mod
+    import vllm_ascend.ops.gdn_attn_builder as builder_mod
+    import vllm_ascend.ops.triton.fla.chunk as chunk_mod
+    from vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn import (
+        QwenGatedDeltaNetAttention,
+    )
+
+    # vllm_ascend/patch/worker/patch_qwen3_5.py (A2 branch):
+    #   _GDN_PATCH_TARGET._forward_core = AscendGatedDeltaNetAttention._forward_core
+    QwenGatedDeltaNetAttention._forward_core = gdn_mod.AscendGatedDeltaNetAttention._forward_core
+    for name, fn in (("chunk_local_cumsum", chunk_local_cumsum_ref),
+                     ("chunk_scaled_dot_kkt_fwd", chunk_scaled_dot_kkt_ref),
+                     ("solve_tril", solve_tril_ref), ("recompute_w_u_fwd", recompute_w_u_ref),
+                     ("l2norm_fwd", l2norm_ref)):
+        assert hasattr(chunk_mod, name), name
+        setattr(chunk_mod, name, fn)
+    for name, fn in (("l2norm_fwd", l2norm_ref), ("clear_ssm_states", clear_ssm_states_ref)):
+        assert hasattr(gdn_mod, name), name
+        setattr(gdn_mod, name, fn)
+    gdn_mod.DeviceOperator = types.SimpleNamespace(fused_gdn_gating=fused_gdn_gating_ref)
+    # input_guard (chunk.py) enters torch.npu.device(index); set after the imports (transformers
+    # reads torch.npu.is_available() when it finds the attribute)
+    torch.npu = types.SimpleNamespace(device=lambda index=None: contextlib.nullcontext(),
+                                      is_available=lambda: False)
+    return report, gdn_mod, builder_mod, QwenGatedDeltaNetAttention
+
+
+# --------------------------------------------------------------------------- replay
+def make_layer(qwen_cls, gen):
+    torch = _torch()
+    layer = object.__new__(qwen_cls)
+    torch.nn.Module.__init__(layer)
+    conv = torch.nn.Module()
+    weight = (torch.randn(CONV_DIM, 1, WIDTH, generator=gen) * 0.5).to(torch.bfloat16)
+    conv.weight = torch.nn.Parameter(weight, requires_grad=False)
+    conv.bias = None
+    conv.ascend_conv1d_weight = torch.nn.Parameter(
+        weight.view(CONV_DIM, WIDTH).t().contiguous(), requires_grad=False)
+    layer.conv1d = conv
+    layer.prefix, layer.activation, layer.num_spec, layer.tp_size = PREFIX, "silu", 0, 1
+    layer.num_k_heads, layer.num_v_heads, layer.head_k_dim, layer.head_v_dim = NK, NV, DK, DV
+    layer.key_dim, layer.value_dim, layer.conv_kernel_size = NK * DK, NV * DV, WIDTH
+    layer.A_log = torch.randn(NV, generator=gen) * 0.5 - 3.0  # decay ~ 0.1 over a 64-token chunk
+    layer.dt_bias = torch.randn(NV, generator=gen) * 0.1
+    return layer
+
+
+def make_builder(builder_mod, block_size):
+    import torch
+    from vllm.v1.kv_cache_interface import MambaSpec
+
+    b = object.__new__(builder_mod.AscendGDNAttentionMetadataBuilder)
+    b.kv_cache_spec = MambaSpec(
+        block_size=block_size, shapes=((WIDTH - 1, CONV_DIM), (NV, DV, DK)),
+        dtypes=(torch.bfloat16, torch.bfloat16), mamba_cache_mode="align",
+        num_prefill_checkpoint_blocks=1, prefill_checkpoint_alignment=CHUNK)
+    b.vllm_config = types.SimpleNamespace(
+        cache_config=types.SimpleNamespace(mamba_cache_mode="align", prefix_match_unit=None),
+        speculative_config=None,
+        model_config=types.SimpleNamespace(
+            hf_text_config=types.SimpleNamespace(linear_num_value_heads=NV)),
+        parallel_config=types.SimpleNamespace(tensor_parallel_size=1,
+                                              prefill_context_parallel_size=1))
+    b.use_full_cuda_graph, b.use_spec_decode, b.num_spec = False, False, 0
+    b.decode_cudagraph_max_bs = 16
+    return b
+
+
+def common_metadata(rows, block_size, tables):
+    """``rows``: (context, query_len) per request (decodes first)."""
+    import torch
+    from vllm.v1.attention.backend import CommonAttentionMetadata
+
+    qlens = [q for _, q in rows]
+    qsl = torch.tensor([0, *torch.tensor(qlens).cumsum(0).tolist()], dtype=torch.int32)
+    seq = torch.tensor([c + q for c, q in rows], dtype=torch.int32)
+    return CommonAttentionMetadata(
+        query_start_loc=qsl, query_start_loc_cpu=qsl.clone(), seq_lens=seq,
+        num_reqs=len(rows), num_actual_tokens=int(qsl[-1]), max_query_len=max(qlens),
+        max_seq_len=int(seq.max()), block_table_tensor=tables,
+        slot_mapping=torch.zeros(int(qsl[-1]), dtype=torch.int64),
+        is_prefilling=torch.tensor([q > 1 for q in qlens]),
+        seq_lens_cpu_upper_bound=seq.clone())
+
+
+def run_step(layer, builder, rows, tables, inputs, caches, plan: bool, mutate=None):
+    """One step of ``rows`` over ``caches`` (cloned): ``(metadata, out, conv, ssm)``;
+    ``mutate(plan)`` alters the plan before the forward (the harness's control)."""
+    import torch
+    import vllm.forward_context as fc
+    from vllm_hybrid_npu.patches.gdn_prefill_checkpoint import PLAN_ATTR
+
+    block = builder.kv_cache_spec.block_size
+    m = common_metadata(rows, block, tables)
+    md = builder.build(0, m)
+    if not plan and hasattr(md, PLAN_ATTR):
+        delattr(md, PLAN_ATTR)
+    if mutate is not None:
+        mutate(getattr(md, PLAN_ATTR))
+    conv, ssm = caches[0].clone(), caches[1].clone()
+    layer.kv_cache = (conv, ssm)
+    mixed_qkv, b, a = inputs
+    out = torch.zeros(mixed_qkv.shape[0], NV, DV, dtype=torch.bfloat16)
+    fc._forward_context = types.SimpleNamespace(attn_metadata={PREFIX: md})
+    try:
+        layer._forward_core(mixed_qkv, b, a, out)
+    finally:
+        fc._forward_context = None
+    return md, out, conv, ssm
+
+
+def draw(rng, gen, layer, builder_mod):
+    """One random batch: one-pass with and without the plan, and the split."""
+    import torch
+    from vllm_hybrid_npu.patches.gdn_prefill_checkpoint import PLAN_ATTR
+
+    block = rng.choice([64, 128])
+    builder = make_builder(builder_mod, block)
+    while True:
+        rows = [(rng.randint(1, 300), 1)]  # a decode row
+        for _ in range(rng.randint(2, 3)):
+            ctx = rng.choice([0, 0, block * rng.randint(1, 3)])
+            rows.append((ctx, rng.randint(2, 5 * block)))
+        tables, nb = [], 1
+        cols = max(-(-(c + q) // block) for c, q in rows) + 1
+        for _ in rows:
+            tables.append(list(range(nb, nb + cols)))
+            nb += cols
+        tables = torch.tensor(tables, dtype=torch.int32)
+        m = common_metadata(rows, block, tables)
+        md = builder.build(0, m)
+        plan = getattr(md, PLAN_ATTR, None)
+        if plan is not None:
+            break
+    t = sum(q for _, q in rows)
+    mixed_qkv = torch.randn(t, CONV_DIM, generator=gen).to(torch.bfloat16)
+    b = torch.randn(t, NV, generator=gen).to(torch.bfloat16)
+    a = torch.randn(t, NV, generator=gen).to(torch.bfloat16)
+    conv0 = (torch.randn(nb, WIDTH - 1, CONV_DIM, generator=gen)).to(torch.bfloat16)
+    ssm0 = (torch.randn(nb, NV, DV, DK, generator=gen) * 0.1).to(torch.bfloat16)
+    # a request with context: vLLM's align-mode copy (preprocess_mamba) has put the state after
+    # its context into the block its step reads, column (seq_len - 1) // block; the split's first
+    # step reads column (checkpoint - 1) // block: both get that state
+    for r, (ctx, q) in enumerate(rows):
+        if ctx:
+            src = tables[r, (ctx - 1) // block]
+            conv0[tables[r, (ctx - 1) // block:]] = conv0[src].clone()
+            ssm0[tables[r, (ctx - 1) // block:]] = ssm0[src].clone()
+    caches = (conv0, ssm0)
+    md, out_p, conv_p, ssm_p = run_step(layer, builder, rows, tables, (mixed_qkv, b, a), caches, True)
+    plan = getattr(md, PLAN_ATTR)
+    _, out_n, conv_n, ssm_n = run_step(layer, builder, rows, tables, (mixed_qkv, b, a), caches, False)
+    # the split's first step: every checkpointed request stops at its checkpoint
+    from vllm_hybrid_npu.patches.gdn_prefill_checkpoint import build_step_checkpoints  # noqa: F401
+
+    qsl = [0, *torch.tensor([q for _, q in rows]).cumsum(0).tolist()]
+    ck_rows = {}
+    slots = plan.slots.tolist()
+    for i, end in enumerate(plan.conv_end.tolist()):
+        row = max(r for r in range(len(rows)) if qsl[r] <= end - 1)
+        ck_rows[row] = (end - qsl[row], slots[i])
+    first_rows, keep = [], []
+    for r, (ctx, q) in enumerate(rows):
+        n = ck_rows[r][0] if r in ck_rows else q
+        first_rows.append((ctx, n))
+        keep.extend(range(qsl[r], qsl[r] + n))
+    idx = torch.tensor(keep)
+    _, _, conv_s, ssm_s = run_step(layer, builder, first_rows, tables,
+                                   (mixed_qkv[idx], b[idx], a[idx]), caches, False)
+    checks = []
+    for r, (offset, slot) in sorted(ck_rows.items()):
+        ctx = rows[r][0]
+        running = tables[r, (ctx + offset - 1) // block].item()  # the split's running block
+        checks.append({
+            "row": r, "context": ctx, "query_len": rows[r][1], "offset": offset,
+            "checkpoint_block": slot, "split_block": running,
+            "conv_equal": bool(torch.equal(conv_p[slot], conv_s[running])),
+            "ssm_equal": bool(torch.equal(ssm_p[slot], ssm_s[running])),
+            "ssm_max_diff": float((ssm_p[slot].float() - ssm_s[running].float()).abs().max()),
+            "block_differed_before": bool(not torch.equal(conv0[slot], conv_s[running])
+                                          and not torch.equal(ssm0[slot], ssm_s[running])),
+        })
+    # control: the chunk before the checkpoint's (what an off-by-one chunk index would export)
+    def shift(p):
+        p.chunk_index = (p.chunk_index - 1).clamp(min=0)
+
+    _, _, _, ssm_c = run_step(layer, builder, rows, tables, (mixed_qkv, b, a), caches, True, shift)
+    control_caught = all(not torch.equal(ssm_c[slot], ssm_s[tables[r, (rows[r][0] + o - 1) // block]])
+                         for r, (o, slot) in ck_rows.items())
+    others = torch.ones(conv_p.shape[0], dtype=torch.bool)
+    others[plan.slots] = False
+    return {
+        "block_size": block, "rows": rows, "tokens": t, "checkpoints": checks,
+        "untouched_equal": bool(torch.equal(conv_p[others], conv_n[others])
+                                and torch.equal(ssm_p[others], ssm_n[others])),
+        "outputs_equal": bool(torch.equal(out_p, out_n)),
+        "control_off_by_one_chunk_caught": control_caught,
+    }
+
+
+def reference_check(gen):
+    """The chunked references against the token-by-token rule (two sequences, one with state)."""
+    import torch
+
+    lens = [150, 70]
+    t = sum(lens)
+    q = l2norm_ref(torch.randn(1, t, NK, DK, generator=gen)).to(torch.bfloat16)
+    k = l2norm_ref(torch.randn(1, t, NK, DK, generator=gen)).to(torch.bfloat16)
+    v = torch.randn(1, t, NV, DV, generator=gen).to(torch.bfloat16)
+    g = -torch.rand(1, t, NV, generator=gen) * 0.2
+    beta = torch.rand(1, t, NV, generator=gen).to(torch.bfloat16)
+    h0 = torch.randn(2, NV, DK, DV, generator=gen) * 0.1
+    cu = [0, lens[0], t]
+    gc = chunk_local_cumsum_ref(g, CHUNK, cu_seqlens=cu)
+    A = solve_tril_ref(chunk_scaled_dot_kkt_ref(k, beta, gc, cu_seqlens=cu), cu_seqlens=cu,
+                       output_dtype=torch.float32)
+    w, u = recompute_w_u_ref(k.float(), v.float(), beta, A, gc.transpose(1, 2), cu_seqlens=cu)
+    h, v_new, final = fwd_h_ref(k.float().transpose(1, 2), w.transpose(1, 2), u.transpose(1, 2),
+                                g=gc.transpose(1, 2), initial_state=h0, chunk_size=CHUNK,
+                                cu_seqlens=cu)
+    o = fwd_o_ref(q.float().transpose(1, 2), k.float().transpose(1, 2), v_new, h, DK ** -0.5,
+                  g=gc.transpose(1, 2), cu_seqlens=cu)
+    worst_o = worst_s = 0.0
+    for n, (s, e) in enumerate(zip(cu[:-1], cu[1:])):
+        ref_o, ref_s = naive_gdr(_kv_heads(q[0, s:e].float()), _kv_heads(k[0, s:e].float()),
+                                 v[0, s:e].float(), g[0, s:e], beta[0, s:e].float(), h0[n],
+                                 DK ** -0.5)
+        worst_o = max(worst_o, float((o[0, :, s:e].transpose(0, 1) - ref_o).abs().max()))
+        worst_s = max(worst_s, float((final[n] - ref_s).abs().max()))
+    return {"max_abs_diff_output": worst_o, "max_abs_diff_final_state": worst_s}
+
+
+def path_checks(gdn_mod):
+    """The plugin's NPU path decision under each of vllm-ascend's prefill choices."""
+    import torch
+    from vllm_hybrid_npu.patches import gdn_prefill_checkpoint as gpc
+    
+    def config(pcp=1, ssm="auto"):
+        return types.SimpleNamespace(
+            cache_config=types.SimpleNamespace(enable_prefix_caching=True,
+                                               mamba_cache_mode="align",
+                                               mamba_ssm_cache_dtype=ssm),
+            model_config=types.SimpleNamespace(
+                dtype=torch.bfloat16, architecture="Qwen3NextForCausalLM",
+                hf_config=types.SimpleNamespace(architectures=["Qwen3NextForCausalLM"])),
+            parallel_config=types.SimpleNamespace(prefill_context_parallel_size=pcp),
+            speculative_config=None)
+
+    cls = gdn_mod.AscendGatedDeltaNetAttention
+    out = {"default": gpc.exporter_path(config(), "npu"),
+           "pcp2": gpc.exporter_path(config(pcp=2), "npu"),
+           "ssm_float32": gpc.exporter_path(config(ssm="float32"), "npu")}
+    saved = cls._fused_chunk_available
+    cls._fused_chunk_available = True  # as if the smoke call of npu_chunk_gated_delta_rule passed
+    try:
+        out["fused_cann_op"] = gpc.exporter_path(config(), "npu")
+    finally:
+        cls._fused_chunk_available = saved
+    return {k: list(v) for k, v in out.items()}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seed", type=int, required=True)
+    ap.add_argument("--draws", type=int, default=3)
+    ap.add_argument("--fla-fused", action="store_true",
+                    help="fla_npu has the fused prefill op: vllm-ascend chooses it, nothing exports")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args(argv)
+    result = {"seed": args.seed, "fla_fused": args.fla_fused, "error": None}
+    try:
+        import torch
+
+        torch.set_num_threads(1)
+        report, gdn_mod, builder_mod, qwen_cls = setup(args.fla_fused)
+        result["applied"] = list(report.applied)
+        result["skipped"] = dict(report.skipped)
+        result["failed"] = dict(report.failed)
+        result["paths"] = path_checks(gdn_mod)
+        cls = gdn_mod.AscendGatedDeltaNetAttention
+        result["vllm_ascend_choice"] = {
+            "fla_fused_op": gdn_mod._get_fla_gdn_prefill_op() is not None,
+            "host_metadata_builder": bool(cls._supports_host_metadata_prefill()),
+        }
+        if not args.fla_fused:
+            gen = torch.Generator().manual_seed(args.seed)
+            rng = random.Random(args.seed)
+            result["reference_check"] = reference_check(gen)
+            layer = make_layer(qwen_cls, gen)
+            result["draws"] = [draw(rng, gen, layer, builder_mod) for _ in range(args.draws)]
+    except Exception:
+        result["error"] = traceback.format_exc()
+    Path(args.out).write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
