@@ -360,6 +360,11 @@ def _make_spec(upstream: Any, stack: Stack) -> Any:
                       "is not a multiple of %d (set by --block-size?); vLLM's split kept",
                       spec.block_size, ALIGNMENT)
             return spec
+        if path == "triton" and any(str(d) == "torch.float32" for d in spec.dtypes[1:]):
+            _log_once("spec-fp32", "vllm-hybrid-npu: the SSM cache is float32: the exported "
+                      "checkpoint is the FLA kernel's bf16 chunk state cast to float32 (vLLM's "
+                      "split stores its float32 final state there); set %s=off for the split",
+                      ENV_VAR)
         _log_once("spec-on", "vllm-hybrid-npu: GDN prefill checkpoints exported by the %s path "
                   "(block %d tokens, alignment %d): cold prompts are not split",
                   path, spec.block_size, ALIGNMENT)
