@@ -215,8 +215,13 @@ def test_cpu_default_keeps_vllms_copy_kernel():
     assert r["failed"] == {} and r["pending"] == {} and r["unsupported"] is None
     assert "config-checks" in r["applied"]
     assert {"step-counters", "step-counters-stats", "step-counters-free"} <= set(r["applied"])
-    assert {"gdn-checkpoint-spec", "gdn-checkpoint-block-size", "gdn-checkpoint-plan",
-            "gdn-checkpoint-cpu", "gdn-checkpoint-retention"} <= set(r["applied"])
+    import vllm
+
+    expected = {"gdn-checkpoint-spec", "gdn-checkpoint-block-size", "gdn-checkpoint-plan",
+                "gdn-checkpoint-cpu"}
+    if vllm.__version__.startswith("0.30."):  # vLLM 0.32 has the retention rule itself
+        expected.add("gdn-checkpoint-retention")
+    assert expected <= set(r["applied"])
     assert r["skipped"]["gdn-checkpoint-triton"] == "not for target cpu"
     assert r["copy"] is False
     assert r["skipped"]["copy-kernel"].startswith("vLLM's CPU copy kernel kept")
