@@ -157,13 +157,17 @@ def count_syncs(messages) -> int:
 def shared_prefix_len(prompt_len: int, block: int) -> int:
     """Length of the system prompt the concurrent clients share: half the prompt, rounded down to
     whole blocks, at least two blocks (so the concurrent phase hits in every caching row), and
-    leaving at least one block of each prompt its own.
+    leaving at least one block of each prompt its own. A prompt under three blocks shares the
+    whole blocks it has but its last token's (``(prompt_len - 1) // block`` blocks, maybe none;
+    the JSON's ``shared_prefix`` says how much): the H100 run of 2026-11-25 lost a whole row at
+    2,048 tokens to a block of 1,056 when this raised.
 
     Raises:
-        ValueError: when the prompt is shorter than three blocks."""
+        ValueError: a non-positive length or block."""
+    if prompt_len <= 0 or block <= 0:
+        raise ValueError(f"prompt of {prompt_len} tokens, block {block}: both must be positive")
     if prompt_len < 3 * block:
-        raise ValueError(f"prompt of {prompt_len} tokens: under three blocks of {block}; "
-                         "the concurrent phase could not share two blocks")
+        return (prompt_len - 1) // block * block
     return min(max(2 * block, (prompt_len // 2) // block * block), (prompt_len - block) // block * block)
 
 
