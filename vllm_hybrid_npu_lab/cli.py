@@ -255,6 +255,7 @@ def run_sweep(args: argparse.Namespace) -> dict[str, Any]:
     runs = []
     attention: dict[tuple[float, float, float], Any] = {}
     infinite: dict[int, tuple[int, int]] = {}
+    base_blocks: dict[tuple[float, int | None], int] = {}
     for rate in rates:
         for gib in args.kv_cache_gib:
             for host in args.host_cache_gib:
@@ -293,10 +294,15 @@ def run_sweep(args: argparse.Namespace) -> dict[str, Any]:
                         policies[UPSTREAM_BEST] = best
                     if not policies:
                         raise ValueError("--policy: nothing to replay")
-                    # the run's block size: the first policy's (each row has its own); the
-                    # infinite bound at the finest hit unit of every row (gcd of their block sizes
-                    # and prefix-match units), counting answers: no row can exceed it
-                    block_size = next(iter(policies.values()))["block_size"]
+                    # the run's block size: vLLM's own for the model, --tp and --block-size,
+                    # whatever the policies (each row has its own); the infinite bound at the
+                    # finest hit unit of every row (gcd of their block sizes and prefix-match
+                    # units), counting answers: no row can exceed it
+                    if (gib, bs) not in base_blocks:
+                        base_blocks[(gib, bs)] = build_setup(
+                            cfg, block_size=bs, kv_cache_bytes=int(gib * (1 << 30)), **common
+                        ).block_size
+                    block_size = base_blocks[(gib, bs)]
                     unit = 0
                     for r in policies.values():
                         unit = math.gcd(unit, r["block_size"], r.get("hash_block_size") or r["block_size"])
