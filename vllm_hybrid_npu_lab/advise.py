@@ -12,8 +12,8 @@ The options (:class:`Candidate`; values in blocks of the setting's own block siz
 * ``ckpt``: the exporter off / on (``VLLM_HYBRID_NPU_PREFILL_CHECKPOINTS``; on rounds the block up
   to the 64-token grid);
 * ``ret``: ``--prefix-cache-retention-interval``: 0 (vLLM's default), ``None`` (dense), 1, 2, 4, 8
-  blocks;
-* ``lpt``: ``--long-prefill-token-threshold``: 0 (off), 1, 2, 4 blocks;
+  blocks, then 16, 32, ... while the largest keeps winning;
+* ``lpt``: ``--long-prefill-token-threshold``: 0 (off), 1, 2, 4 blocks (then 8, ... likewise);
 * ``pmu``: ``--prefix-match-unit``: the block (default), 64, 32 tokens (where it divides the
   block);
 * ``host``: the host tier (``--kv-offloading-size``) off, half, or the given size (only with
@@ -45,6 +45,8 @@ CKPT_VALUES = (False, True)
 RET_VALUES: tuple[int | None, ...] = (0, None, 1, 2, 4, 8)
 LPT_VALUES = (0, 1, 2, 4)
 PMU_VALUES: tuple[int | None, ...] = (None, 64, 32)
+#: axes in blocks whose range is extended (doubling) while their largest value keeps winning
+OPEN_ENDED = ("ret", "lpt")
 #: default share of the (limited) trace the search sees; the rest is the check part
 DEFAULT_FIT_FRACTION = 0.5
 DEFAULT_MAX_PASSES = 2
@@ -144,11 +146,19 @@ def search(
         changed = False
         for axis in axes:
             best, best_score = cur, score(cur)
-            for value in axis_values(axis, host_gib, exporter):
+            values = list(axis_values(axis, host_gib, exporter))
+            top = max((v for v in values if isinstance(v, int) and not isinstance(v, bool)),
+                      default=None) if axis in OPEN_ENDED else None
+            while values:
+                value = values.pop(0)
                 cand = cur.with_(axis, value)
                 s = score(cand)
                 if s is not None and s > best_score:
                     best, best_score = cand, s
+                    if value == top:
+                        # the best value is the largest tried: try twice as many blocks
+                        top = 2 * value
+                        values.append(top)
             if best != cur:
                 cur, changed = best, True
         if not changed:

@@ -138,6 +138,18 @@ def test_search_is_a_local_optimum_on_every_axis(rng):
             assert r["token_hit_rate"] <= best + 1e-12, (axis, v)
 
 
+def test_search_extends_an_open_ended_axis_while_its_largest_value_wins():
+    # hit rate rising with the retention interval up to 32 blocks, then falling
+    def evaluate(c: Candidate):
+        r = c.setting.ret
+        return {"token_hit_rate": -1.0 if r is None else -abs(r - 32) / 100}
+
+    res = search(evaluate, Candidate(), 0.0, axes=("ret",))
+    assert res.best.setting.ret == 32
+    assert Candidate(UpstreamSetting(ret=64)) in res.evaluated
+    assert Candidate(UpstreamSetting(ret=128)) not in res.evaluated
+
+
 def test_search_keeps_defaults_on_ties_and_skips_invalid():
     def evaluate(c: Candidate):
         if c.setting.pmu == 64:
