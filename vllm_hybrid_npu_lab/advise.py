@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import json
 import math
 import os
@@ -40,7 +41,9 @@ from typing import Any, Callable
 from vllm_hybrid_npu_lab.upstream_grid import UpstreamSetting
 
 #: option axes in search order
-AXES = ("host", "ckpt", "ret", "lpt", "pmu")
+#: ``ret+lpt`` is one axis: the two options act together (a long-prefill threshold leaves states
+#: at chunk ends, the retention interval decides which of them stay), so they are scanned jointly
+AXES = ("host", "ckpt", "ret+lpt", "pmu")
 CKPT_VALUES = (False, True)
 RET_VALUES: tuple[int | None, ...] = (0, None, 1, 2, 4, 8)
 LPT_VALUES = (0, 1, 2, 4)
@@ -69,12 +72,20 @@ class Candidate:
         return self.policy + (f" +host {self.host_gib:g}" if self.host_gib else "")
 
     def get(self, axis: str) -> Any:
-        return self.host_gib if axis == "host" else getattr(self.setting, axis)
+        if axis == "host":
+            return self.host_gib
+        if "+" in axis:
+            return tuple(getattr(self.setting, a) for a in axis.split("+"))
+        return getattr(self.setting, axis)
 
     def with_(self, axis: str, value: Any) -> "Candidate":
         if axis == "host":
             return dataclasses.replace(self, host_gib=value)
-        return dataclasses.replace(self, setting=dataclasses.replace(self.setting, **{axis: value}))
+        if "+" in axis:
+            kw = dict(zip(axis.split("+"), value))
+        else:
+            kw = {axis: value}
+        return dataclasses.replace(self, setting=dataclasses.replace(self.setting, **kw))
 
 
 def axis_values(axis: str, host_gib: float, exporter: bool = True) -> tuple:
@@ -83,7 +94,34 @@ def axis_values(axis: str, host_gib: float, exporter: bool = True) -> tuple:
         return (0.0, host_gib / 2, host_gib) if host_gib > 0 else (0.0,)
     if axis == "ckpt":
         return CKPT_VALUES if exporter else (False,)
+    if "+" in axis:
+        return tuple(itertools.product(*(axis_values(a, host_gib, exporter) for a in axis.split("+"))))
     return {"ret": RET_VALUES, "lpt": LPT_VALUES, "pmu": PMU_VALUES}[axis]
+
+
+def _is_blocks(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _extensions(axis: str, best: Any, tried: set) -> list:
+    """Values past the range of an open-ended axis: where the best value's retention interval or
+    long-prefill threshold is the largest tried (with the other coordinates), twice it."""
+    parts = axis.split("+")
+    if not any(p in OPEN_ENDED for p in parts):
+        return []
+    best_t = best if "+" in axis else (best,)
+    out = []
+    for i, p in enumerate(parts):
+        if p not in OPEN_ENDED or not _is_blocks(best_t[i]) or best_t[i] == 0:
+            continue
+        same = [t if "+" in axis else (t,) for t in tried]
+        top = max((t[i] for t in same if _is_blocks(t[i])
+                   and all(t[j] == best_t[j] for j in range(len(parts)) if j != i)), default=0)
+        if best_t[i] == top:
+            new = list(best_t)
+            new[i] = 2 * top
+            out.append(tuple(new) if "+" in axis else new[0])
+    return out
 
 
 @dataclasses.dataclass
@@ -118,6 +156,7 @@ def search(
     axes: tuple[str, ...] = AXES,
     exporter: bool = True,
     max_passes: int = DEFAULT_MAX_PASSES,
+    map_fn: Callable | None = None,
 ) -> SearchResult:
     """Coordinate descent over ``axes`` from ``start`` (see module docstring).
 
@@ -129,36 +168,34 @@ def search(
         axes: axes to search, in order.
         exporter: whether ``ckpt`` may be on.
         max_passes: passes at most (>= 1).
+        map_fn: ``map``-like function evaluating the candidates of one axis (e.g. a process
+            pool's ``map``); default the builtin ``map``.
     """
     evaluated: dict[Candidate, dict[str, Any] | None] = {}
 
-    def score(c: Candidate) -> float | None:
-        if c not in evaluated:
-            evaluated[c] = evaluate(c)
-        r = evaluated[c]
-        return None if r is None else r["token_hit_rate"]
+    def score_all(cands: list[Candidate]) -> list[float | None]:
+        todo = [c for c in dict.fromkeys(cands) if c not in evaluated]
+        for c, r in zip(todo, (map_fn or map)(evaluate, todo)):
+            evaluated[c] = r
+        return [None if evaluated[c] is None else evaluated[c]["token_hit_rate"] for c in cands]
 
-    if score(start) is None:
+    if score_all([start])[0] is None:
         raise ValueError(f"the starting setting {start.label} is not valid")
     cur = start
     passes = 0
     for passes in range(1, max_passes + 1):
         changed = False
         for axis in axes:
-            best, best_score = cur, score(cur)
+            best, best_score = cur, score_all([cur])[0]
             values = list(axis_values(axis, host_gib, exporter))
-            top = max((v for v in values if isinstance(v, int) and not isinstance(v, bool)),
-                      default=None) if axis in OPEN_ENDED else None
+            tried: set = set()
             while values:
-                value = values.pop(0)
-                cand = cur.with_(axis, value)
-                s = score(cand)
-                if s is not None and s > best_score:
-                    best, best_score = cand, s
-                    if value == top:
-                        # the best value is the largest tried: try twice as many blocks
-                        top = 2 * value
-                        values.append(top)
+                cands = [cur.with_(axis, v) for v in values]
+                tried.update(values)
+                for cand, sc in zip(cands, score_all(cands)):
+                    if sc is not None and sc > best_score:
+                        best, best_score = cand, sc
+                values = [v for v in _extensions(axis, best.get(axis), tried) if v not in tried]
             if best != cur:
                 cur, changed = best, True
         if not changed:
@@ -197,7 +234,7 @@ class Replayer:
     """Replays candidates on a fixed list of requests (one budget, one model, one load)."""
 
     def __init__(self, requests, cfg, *, kv_cache_gib: float, tp: int, common: dict,
-                 timing: dict, label: str = "", quiet: bool = False) -> None:
+                 timing: dict, label: str = "", quiet: bool = False, live: bool = True) -> None:
         self.requests = requests
         self.cfg = cfg
         self.gib = kv_cache_gib
@@ -206,6 +243,8 @@ class Replayer:
         self.timing = timing
         self.label = label
         self.quiet = quiet
+        #: a progress line while replaying (off in pool workers: lines would interleave)
+        self.live = live
         self.count = 0
 
     def __call__(self, cand: Candidate) -> dict[str, Any] | None:
@@ -224,8 +263,12 @@ class Replayer:
                 return None
             raise
         self.count += 1
+        live = not self.quiet and self.live
         res = replay(self.requests, setup, pol.scheduler_class(), **self.timing,
-                     progress=None if self.quiet else stderr_progress(f"{self.label} {cand.label}"))
+                     progress=stderr_progress(f"{self.label} {cand.label}") if live else None)
+        if not self.quiet and not live:
+            print(f"{self.label} {cand.label}: token hit {res.token_hit_rate:.2%} "
+                  f"({res.wall_s:.0f} s)", file=sys.stderr, flush=True)
         return res.to_dict()
 
     def attention_bound(self, host_gib: float) -> dict[str, Any]:
@@ -258,6 +301,34 @@ def infinite_bound_of(requests, rows: list[dict[str, Any]], carry: bool) -> dict
             "token_hit_rate": cached / total}
 
 
+_POOL_REPLAYER: Replayer | None = None
+
+
+def _pool_evaluate(cand: Candidate) -> dict[str, Any] | None:
+    assert _POOL_REPLAYER is not None
+    return _POOL_REPLAYER(cand)
+
+
+def run_search(replayer: Callable[[Candidate], dict[str, Any] | None], start: Candidate,
+               host_gib: float = 0.0, *, jobs: int = 1, **kw: Any) -> SearchResult:
+    """:func:`search` with ``replayer`` as the evaluation, in ``jobs`` forked processes when
+    ``jobs > 1`` (the settings of one search step replay side by side)."""
+    if jobs <= 1:
+        return search(replayer, start, host_gib, **kw)
+    import multiprocessing
+
+    global _POOL_REPLAYER
+    if isinstance(replayer, Replayer):
+        replayer.live = False
+    _POOL_REPLAYER = replayer  # inherited by the forked workers
+    try:
+        with multiprocessing.get_context("fork").Pool(jobs) as pool:
+            return search(replayer, start, host_gib, **kw,
+                          map_fn=lambda _f, cands: pool.map(_pool_evaluate, cands, chunksize=1))
+    finally:
+        _POOL_REPLAYER = None
+
+
 # ------------------------------------------------------------------------------------------ CLI
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``advise`` options to ``parser``."""
@@ -280,6 +351,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         f"checks the winner (default {DEFAULT_FIT_FRACTION:g})")
     parser.add_argument("--max-passes", type=int, default=DEFAULT_MAX_PASSES,
                         help=f"coordinate-descent passes at most (default {DEFAULT_MAX_PASSES})")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="replay the settings of one search step in this many processes "
+                        "(default 1; the machine's cores at most)")
     parser.add_argument("--no-exporter", action="store_true",
                         help="never turn the plugin's GDN prefill-checkpoint exporter on (plain "
                         "vLLM, or a target without it, e.g. NPU)")
@@ -320,6 +394,8 @@ def _validate(args: argparse.Namespace) -> None:
         raise ValueError(f"--limit must be >= 2 (a fit and a check part), got {args.limit}")
     if not 0 < args.fit_fraction < 1:
         raise ValueError(f"--fit-fraction must be in (0, 1), got {args.fit_fraction}")
+    if args.jobs < 1:
+        raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
     if args.max_passes < 1:
         raise ValueError(f"--max-passes must be >= 1, got {args.max_passes}")
     if args.tokens_per_s is not None and not args.tokens_per_s > 0:
@@ -368,8 +444,8 @@ def advise(args: argparse.Namespace) -> dict[str, Any]:
     fit_replayer = Replayer(fit, cfg, kv_cache_gib=args.kv_cache_gib, tp=args.tp, common=common,
                             timing=timing, label=f"{tag} fit", quiet=args.quiet)
     start = Candidate(UpstreamSetting(), args.host_cache_gib)
-    result = search(fit_replayer, start, args.host_cache_gib, exporter=not args.no_exporter,
-                    max_passes=args.max_passes)
+    result = run_search(fit_replayer, start, args.host_cache_gib, jobs=args.jobs,
+                        exporter=not args.no_exporter, max_passes=args.max_passes)
     best = result.best
     check_replayer = Replayer(check, cfg, kv_cache_gib=args.kv_cache_gib, tp=args.tp,
                               common=common, timing=timing, label=f"{tag} check", quiet=args.quiet)
@@ -417,7 +493,7 @@ def advise(args: argparse.Namespace) -> dict[str, Any]:
             "token_hit_rate": result.result(best)["token_hit_rate"],
             "upstream_default": result.result(start)["token_hit_rate"],
             "passes": result.passes,
-            "replays": fit_replayer.count,
+            "replays": sum(r is not None for r in result.evaluated.values()),
             "searched": result.table(),
         },
         "check": {"requests": [n_fit + 1, len(requests)], "replays": check_replayer.count + 1},

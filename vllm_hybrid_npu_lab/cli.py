@@ -113,6 +113,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--host-link-latency-us", type=float, default=10.0,
         help="fixed cost of one host transfer job, microseconds (default 10)",
     )
+    parser.add_argument(
+        "--jobs", type=int, default=1,
+        help="with upstream-best: replay the settings of one search step in this many processes "
+        "(default 1)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--plot", metavar="FILE.png", default=None, help="draw the results")
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
@@ -142,6 +147,8 @@ def _validate(args: argparse.Namespace) -> None:
         raise ValueError("sweep either --kv-cache-gib or --block-size, not both")
     if args.limit is not None and args.limit < 1:
         raise ValueError(f"--limit must be >= 1, got {args.limit}")
+    if args.jobs < 1:
+        raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
     if args.max_num_batched_tokens < 1 or args.max_num_seqs < 1:
         raise ValueError("--max-num-batched-tokens and --max-num-seqs must be >= 1")
     if args.step_ms < 0:
@@ -187,25 +194,28 @@ def upstream_best(policies: dict[str, Any]) -> dict[str, Any] | None:
     return {**policies[best_name], "setting": best_name}
 
 
-def search_best(requests, cfg, *, gib, host, bs, common, timing, label, quiet, known) -> dict[str, Any]:
+def search_best(requests, cfg, *, gib, host, bs, common, timing, label, quiet, known,
+                jobs=1) -> dict[str, Any]:
     """The ``upstream-best`` row with ``--policy upstream-best``: the advisor's search
     (:func:`vllm_hybrid_npu_lab.advise.search`) over vLLM's options and the exporter on these
     requests at this point (host tier fixed), as the best replay's dict with ``setting`` (its
     policy name) and ``search`` (every evaluated setting's token hit rate). Replays of upstream
     settings already in ``known`` are reused. With ``--block-size`` the search keeps that block."""
-    from vllm_hybrid_npu_lab.advise import Candidate, Replayer, search
+    from vllm_hybrid_npu_lab.advise import Candidate, Replayer, run_search
     from vllm_hybrid_npu_lab.upstream_grid import UpstreamSetting
 
-    replayer = Replayer(requests, cfg, kv_cache_gib=gib, tp=common["tp"],
-                        common={k: v for k, v in common.items() if k != "tp"} | {"block_size": bs},
-                        timing=timing, label=f"{label} upstream-best", quiet=quiet)
+    class Known(Replayer):
+        def __call__(self, c: Candidate) -> dict[str, Any] | None:
+            if c.policy in known:
+                return known[c.policy]
+            return super().__call__(c)
 
-    def evaluate(c: Candidate) -> dict[str, Any] | None:
-        if c.policy in known:
-            return known[c.policy]
-        return replayer(c)
+    replayer = Known(requests, cfg, kv_cache_gib=gib, tp=common["tp"],
+                     common={k: v for k, v in common.items() if k != "tp"} | {"block_size": bs},
+                     timing=timing, label=f"{label} upstream-best", quiet=quiet)
 
-    result = search(evaluate, Candidate(UpstreamSetting(), host), axes=("ckpt", "ret", "lpt", "pmu"))
+    result = run_search(replayer, Candidate(UpstreamSetting(), host), jobs=jobs,
+                        axes=("ckpt", "ret+lpt", "pmu"))
     return {**result.result(result.best), "setting": result.best.policy,
             "search": {c.policy: r["token_hit_rate"] for c, r in result.evaluated.items() if r}}
 
@@ -287,7 +297,7 @@ def run_sweep(args: argparse.Namespace) -> dict[str, Any]:
                     if searching:
                         best = search_best(requests, cfg, gib=gib, host=host, bs=bs, common=common,
                                            timing=timing, label=label, quiet=args.quiet,
-                                           known=policies)
+                                           known=policies, jobs=args.jobs)
                     else:
                         best = upstream_best(policies)
                     if best is not None:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import collections
 import itertools
 import json
 
@@ -118,6 +119,9 @@ def test_search_is_a_local_optimum_on_every_axis(rng):
     # helps, evaluate every candidate once, and never end below where it started
     weights = {(axis, v): rng.random() for axis in AXES for v in axis_values(axis, 8.0)}
     pair = {(a, b): rng.random() for a in axis_values("ret", 8.0) for b in axis_values("lpt", 8.0)}
+    # values past the ranges (the open-ended axes' extensions) score low
+    weights = collections.defaultdict(float, weights)
+    pair = collections.defaultdict(float, pair)
     calls: list[Candidate] = []
 
     def evaluate(c: Candidate):
@@ -146,8 +150,24 @@ def test_search_extends_an_open_ended_axis_while_its_largest_value_wins():
 
     res = search(evaluate, Candidate(), 0.0, axes=("ret",))
     assert res.best.setting.ret == 32
+    joint = search(evaluate, Candidate(), 0.0, axes=("ret+lpt",))
+    assert joint.best.setting.ret == 32 and Candidate(UpstreamSetting(ret=64)) in joint.evaluated
     assert Candidate(UpstreamSetting(ret=64)) in res.evaluated
     assert Candidate(UpstreamSetting(ret=128)) not in res.evaluated
+
+
+def test_search_finds_a_joint_optimum_one_axis_at_a_time_misses():
+    # retention alone helps a little; a long-prefill threshold helps only with retention on
+    def evaluate(c: Candidate):
+        s = c.setting
+        gain = 0.2 if s.ret == 2 else (0.1 if s.ret == 8 else 0.0)
+        if s.ret == 8 and s.lpt == 1:
+            gain = 0.5
+        return {"token_hit_rate": gain}
+
+    assert search(evaluate, Candidate(), 0.0, axes=("ret", "lpt")).best.setting.ret == 2
+    best = search(evaluate, Candidate(), 0.0).best.setting
+    assert (best.ret, best.lpt) == (8, 1)
 
 
 def test_search_keeps_defaults_on_ties_and_skips_invalid():
