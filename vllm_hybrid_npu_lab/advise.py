@@ -20,10 +20,14 @@ The options (:class:`Candidate`; values in blocks of the setting's own block siz
   ``--host-cache-gib``).
 
 Search (:func:`search`): coordinate descent from vLLM's defaults (with the host tier at the given
-size): each option in turn is set to its best value with the others fixed, a move is taken only
-when it raises the fit part's token hit rate (ties keep the current value, so flags are only added
-when they pay); passes repeat until one changes nothing (at most ``max_passes``). Every replay is
-memoized. The same search is the ``upstream-best`` row of ``hitrate`` (on the replayed requests,
+size) over the axes ``host``, ``ckpt``, ``ret+lpt`` (retention interval and long-prefill threshold
+scanned jointly: a threshold leaves states at chunk ends and the interval decides which stay, so
+one without the other misleads) and ``pmu``: each axis in turn is set to its best value with the
+others fixed, a move is taken only when it raises the fit part's token hit rate (ties keep the
+current value, so flags are only added when they pay); an axis whose best retention interval or
+threshold is the largest tried is extended (twice as many blocks) until it stops winning; passes
+repeat until one changes nothing (at most ``max_passes``). Every replay is memoized; ``--jobs``
+replays one axis's settings in parallel processes. The same search is the ``upstream-best`` row of ``hitrate`` (on the replayed requests,
 the host tier fixed by ``--host-cache-gib``).
 """
 
