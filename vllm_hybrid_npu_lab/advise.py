@@ -39,6 +39,7 @@ import itertools
 import json
 import math
 import os
+import re
 import sys
 from typing import Any, Callable
 
@@ -470,8 +471,11 @@ def advise(args: argparse.Namespace) -> dict[str, Any]:
                                   "host_cached_prompt_tokens", "prompt_tokens",
                                   "cached_prompt_tokens", "busy_fraction", "preemptions")}
 
+    source = str(cfg.get("source", ""))
+    m = re.match(r"https://huggingface\.co/([^/]+/[^/]+)/", source)
     return {
         "model": model_name,
+        "serve_model": m.group(1) if m else args.model,
         "tp": args.tp,
         "kv_cache_gib": args.kv_cache_gib,
         "host_cache_gib": best.host_gib,
@@ -519,7 +523,7 @@ def format_report(rep: dict[str, Any]) -> str:
         f"(fit: {fit['token_hit_rate']:.2%} vs {fit['upstream_default']:.2%} with vLLM's defaults), "
         f"checked on requests {check['requests'][0]}-{check['requests'][1]}",
         "",
-        "vllm serve MODEL " + " ".join(rep["flags"]),
+        f"vllm serve {rep.get('serve_model', 'MODEL')} " + " ".join(rep["flags"]),
         "  with vllm-hybrid-npu installed: " + " ".join(rep["env"]),
         f"  lab policy: {rep['policy']}" + (f" with --host-cache-gib {rep['host_cache_gib']:g}"
                                              if rep["host_cache_gib"] else "")
