@@ -14,6 +14,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "vllm_hybrid_npu_lab.cli",
         "replay a request trace through vLLM's scheduler and report prefix-cache hit rates",
     ),
+    "advise": (
+        "vllm_hybrid_npu_lab.advise",
+        "search vLLM's prefix-caching options on a trace; print the vllm serve flags to use",
+    ),
 }
 
 

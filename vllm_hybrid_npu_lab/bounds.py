@@ -25,12 +25,21 @@ from typing import Any
 def free_states_scheduler(base: type) -> type:
     """Return a subclass of ``base`` (vLLM's ``Scheduler``) replaying with free cached states.
 
-    Raises ``TypeError`` at construction if the coordinator is not vLLM 0.30's hybrid one.
+    Raises ``TypeError`` at construction if the coordinator is not vLLM 0.30's hybrid one, and
+    ``ValueError`` naming ``--host-cache-gib`` when the scheduler has a host tier: vLLM's
+    OffloadingConnector still looks up, loads and stores a GDN state per hit on the host, so
+    with a host tier this replay is no bound (its host hits would need states it calls free);
+    it models the device cache only.
     """
 
     class FreeStatesScheduler(base):  # type: ignore[misc, valid-type]
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
+            if getattr(self, "connector", None) is not None:
+                raise ValueError(
+                    "--policy free-states models the device cache only: with --host-cache-gib "
+                    "the host tier's GDN states are not free; compare with the attention bound"
+                )
             from vllm.v1.core.single_type_kv_cache_manager import MambaManager
             from vllm.v1.kv_cache_interface import MambaSpec
 

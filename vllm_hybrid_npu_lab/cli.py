@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from typing import Any
@@ -73,8 +74,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         nargs="+",
         default=["upstream"],
         help=f"policies to replay: 'default' (= {DEFAULT_POLICY}, the documented default), "
-        f"'{UPSTREAM_BEST}' (the whole upstream option grid, best setting reported), or "
-        f"registered names: {', '.join(POLICIES)}",
+        f"'{UPSTREAM_BEST}' (the advisor's search over vLLM's options on these requests, best "
+        "setting reported; see 'advise'), any upstream setting 'upstream:ret=dense|<k>b,"
+        f"lpt=<k>b,pmu=<tokens>,ckpt', or registered names: {', '.join(POLICIES)}",
     )
     parser.add_argument("--limit", type=int, default=None, help="replay only the first N requests")
     parser.add_argument(
@@ -87,9 +89,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "trace's offered prompt tokens/s divided by --utilization)",
     )
     parser.add_argument(
-        "--utilization", type=float, default=DEFAULT_UTILIZATION,
-        help="offered prompt load / throughput when --tokens-per-s is not given "
-        f"(default {DEFAULT_UTILIZATION:g}: a deployment provisioned with headroom, not overloaded)",
+        "--utilization", "--offered-load", dest="utilization", type=float,
+        default=DEFAULT_UTILIZATION,
+        help="offered prompt tokens/s over the simulated throughput when --tokens-per-s is not "
+        f"given (an input; default {DEFAULT_UTILIZATION:g}); the engine's measured busy share "
+        "is reported as the utilization",
     )
     parser.add_argument(
         "--no-carry", action="store_true",
@@ -108,6 +112,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--host-link-latency-us", type=float, default=10.0,
         help="fixed cost of one host transfer job, microseconds (default 10)",
+    )
+    parser.add_argument(
+        "--jobs", type=int, default=1,
+        help="with upstream-best: replay the settings of one search step in this many processes "
+        "(default 1)",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--plot", metavar="FILE.png", default=None, help="draw the results")
@@ -138,6 +147,8 @@ def _validate(args: argparse.Namespace) -> None:
         raise ValueError("sweep either --kv-cache-gib or --block-size, not both")
     if args.limit is not None and args.limit < 1:
         raise ValueError(f"--limit must be >= 1, got {args.limit}")
+    if args.jobs < 1:
+        raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
     if args.max_num_batched_tokens < 1 or args.max_num_seqs < 1:
         raise ValueError("--max-num-batched-tokens and --max-num-seqs must be >= 1")
     if args.step_ms < 0:
@@ -152,16 +163,17 @@ def _validate(args: argparse.Namespace) -> None:
 
 
 def _expand_policies(names: list[str]) -> list[str]:
-    """``--policy`` values -> registered names (``default`` resolved, ``upstream-best`` = the grid)."""
+    """``--policy`` values -> registered names (``default`` resolved, ``upstream-best`` left out:
+    it is the advisor's search, run per point by :func:`run_sweep`)."""
     from vllm_hybrid_npu_lab.policies import DEFAULT_POLICY, UPSTREAM_BEST
-    from vllm_hybrid_npu_lab.upstream_grid import grid_names
 
     out: list[str] = []
     for name in names:
-        expanded = grid_names() if name == UPSTREAM_BEST else [
-            DEFAULT_POLICY if name == "default" else name
-        ]
-        out.extend(n for n in expanded if n not in out)
+        if name == UPSTREAM_BEST:
+            continue
+        name = DEFAULT_POLICY if name == "default" else name
+        if name not in out:
+            out.append(name)
     return out
 
 
@@ -180,6 +192,32 @@ def upstream_best(policies: dict[str, Any]) -> dict[str, Any] | None:
     if best_name is None:
         return None
     return {**policies[best_name], "setting": best_name}
+
+
+def search_best(requests, cfg, *, gib, host, bs, common, timing, label, quiet, known,
+                jobs=1) -> dict[str, Any]:
+    """The ``upstream-best`` row with ``--policy upstream-best``: the advisor's search
+    (:func:`vllm_hybrid_npu_lab.advise.search`) over vLLM's options and the exporter on these
+    requests at this point (host tier fixed), as the best replay's dict with ``setting`` (its
+    policy name) and ``search`` (every evaluated setting's token hit rate). Replays of upstream
+    settings already in ``known`` are reused. With ``--block-size`` the search keeps that block."""
+    from vllm_hybrid_npu_lab.advise import Candidate, Replayer, run_search
+    from vllm_hybrid_npu_lab.upstream_grid import UpstreamSetting
+
+    class Known(Replayer):
+        def __call__(self, c: Candidate) -> dict[str, Any] | None:
+            if c.policy in known:
+                return known[c.policy]
+            return super().__call__(c)
+
+    replayer = Known(requests, cfg, kv_cache_gib=gib, tp=common["tp"],
+                     common={k: v for k, v in common.items() if k != "tp"} | {"block_size": bs},
+                     timing=timing, label=f"{label} upstream-best", quiet=quiet)
+
+    result = run_search(replayer, Candidate(UpstreamSetting(), host), jobs=jobs,
+                        axes=("ckpt", "ret+lpt", "pmu"))
+    return {**result.result(result.best), "setting": result.best.policy,
+            "search": {c.policy: r["token_hit_rate"] for c, r in result.evaluated.items() if r}}
 
 
 def miss_reasons_of(policies: dict[str, Any], default: str) -> dict[str, Any] | None:
@@ -204,10 +242,10 @@ def run_sweep(args: argparse.Namespace) -> dict[str, Any]:
     """
     from vllm_hybrid_npu_lab.host_tier import HostLink
     from vllm_hybrid_npu_lab.model import build_setup
-    from vllm_hybrid_npu_lab.policies import DEFAULT_POLICY, UPSTREAM_BEST, get_policy
+    from vllm_hybrid_npu_lab.policies import DEFAULT_POLICY, UPSTREAM_BEST, get_policy, setup_kwargs
     from vllm_hybrid_npu_lab.presets import resolve_model
     from vllm_hybrid_npu_lab.replay import output_token, replay, stderr_progress
-    from vllm_hybrid_npu_lab.trace import carried_prompts, infinite_bound_tokens, read_trace
+    from vllm_hybrid_npu_lab.trace import answers, carried_prompts, infinite_bound_tokens, read_trace
 
     model_name, cfg = resolve_model(args.model)
     requests = read_trace(args.trace, args.limit)
@@ -219,12 +257,15 @@ def run_sweep(args: argparse.Namespace) -> dict[str, Any]:
     else:
         rates = [offered / args.utilization if offered > 0 else 40000.0]
     prompts, _ = carried_prompts(requests, output_token, carry=not args.no_carry)
+    outputs = answers(requests, output_token)
+    searching = UPSTREAM_BEST in args.policy
     link = HostLink(args.host_link_gbps, args.host_link_latency_us)
     names = _expand_policies(args.policy)
     blocks = args.block_size or [None]
     runs = []
     attention: dict[tuple[float, float, float], Any] = {}
     infinite: dict[int, tuple[int, int]] = {}
+    base_blocks: dict[tuple[float, int | None], int] = {}
     for rate in rates:
         for gib in args.kv_cache_gib:
             for host in args.host_cache_gib:
@@ -241,23 +282,40 @@ def run_sweep(args: argparse.Namespace) -> dict[str, Any]:
                     timing = dict(step_ms=args.step_ms, tokens_per_s=rate,
                                   carry_outputs=not args.no_carry, link=link)
                     policies: dict[str, Any] = {}
-                    block_size = None
                     for name in names:
                         pol = get_policy(name)
                         setup = build_setup(
-                            cfg, block_size=bs, configure=pol.configure, tune=pol.tune,
+                            cfg, block_size=bs, **setup_kwargs(pol),
                             kv_cache_bytes=int(gib * (1 << 30)), host_cache_bytes=int(host * (1 << 30)),
                             **common,
                         )
-                        block_size = setup.block_size
                         res = replay(
                             requests, setup, pol.scheduler_class(), **timing,
                             progress=None if args.quiet else stderr_progress(f"{label} {name}"),
                         )
                         policies[name] = res.to_dict()
-                    best = upstream_best(policies)
+                    if searching:
+                        best = search_best(requests, cfg, gib=gib, host=host, bs=bs, common=common,
+                                           timing=timing, label=label, quiet=args.quiet,
+                                           known=policies, jobs=args.jobs)
+                    else:
+                        best = upstream_best(policies)
                     if best is not None:
                         policies[UPSTREAM_BEST] = best
+                    if not policies:
+                        raise ValueError("--policy: nothing to replay")
+                    # the run's block size: vLLM's own for the model, --tp and --block-size,
+                    # whatever the policies (each row has its own); the infinite bound at the
+                    # finest hit unit of every row (gcd of their block sizes and prefix-match
+                    # units), counting answers: no row can exceed it
+                    if (gib, bs) not in base_blocks:
+                        base_blocks[(gib, bs)] = build_setup(
+                            cfg, block_size=bs, kv_cache_bytes=int(gib * (1 << 30)), **common
+                        ).block_size
+                    block_size = base_blocks[(gib, bs)]
+                    unit = 0
+                    for r in policies.values():
+                        unit = math.gcd(unit, r["block_size"], r.get("hash_block_size") or r["block_size"])
                     # The attention bound: the same bytes (device + host) on the full-attention
                     # layers alone, at the attention backend's block size, through the installed
                     # vLLM's own Scheduler. Independent of the hybrid's block size.
@@ -270,9 +328,10 @@ def run_sweep(args: argparse.Namespace) -> dict[str, Any]:
                             progress=None if args.quiet else stderr_progress(f"{label} attention bound"),
                         )
                     ares = attention[key]
-                    if block_size not in infinite:
-                        infinite[block_size] = infinite_bound_tokens(prompts, block_size)
-                    cached, total = infinite[block_size]
+                    if unit not in infinite:
+                        infinite[unit] = infinite_bound_tokens(prompts, unit, outputs)
+                    cached, total = infinite[unit]
+                    first = next(iter(policies.values()))
                     runs.append(
                         {
                             "model": model_name,
@@ -283,14 +342,17 @@ def run_sweep(args: argparse.Namespace) -> dict[str, Any]:
                             "tokens_per_s": rate,
                             "step_ms": args.step_ms,
                             "offered_prompt_tokens_per_s": offered,
-                            "utilization": offered / rate,
+                            # measured: the share of simulated time the engine ran a step (first
+                            # row); the input ratio is offered_load
+                            "utilization": first["busy_fraction"],
+                            "offered_load": offered / rate,
                             "carry_outputs": not args.no_carry,
                             "num_requests": len(requests),
                             "attention_bound": ares.token_hit_rate,
                             "infinite_bound": cached / total,
                             "attention": ares.to_dict(),
                             "infinite": {
-                                "block_size": block_size,
+                                "block_size": unit,
                                 "cached_prompt_tokens": cached,
                                 "prompt_tokens": total,
                             },
@@ -340,7 +402,8 @@ def format_table(report: dict[str, Any]) -> str:
         lines.append(
             f"prompt tokens: {inf['prompt_tokens']:,} in {run['num_requests']} requests; offered "
             f"{run['offered_prompt_tokens_per_s']:,.0f} prompt tok/s against {run['tokens_per_s']:,.0f} "
-            f"tok/s simulated (utilization {run['utilization']:.2f}, busy {first['busy_fraction']:.2f}, "
+            f"tok/s simulated (offered load {run['offered_load']:.2f}, an input; utilization "
+            f"{run['utilization']:.2f}: measured share of simulated time the engine ran a step, "
             f"mean wait {first['mean_wait_s']:.2f} s); {first['carried_requests']} prompts carry an "
             "earlier turn's answer"
         )

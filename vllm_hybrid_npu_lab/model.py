@@ -21,6 +21,7 @@ Mirrors what vLLM 0.30 does at engine start for a Qwen3-Next/Qwen3.5 hybrid, min
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import tempfile
 from dataclasses import dataclass
@@ -54,6 +55,18 @@ class Setup:
     num_attention_layers: int
     #: host tier bytes per worker (0 = none): vLLM's OffloadingConnector (``--kv-offloading-size``)
     host_cache_bytes: int = 0
+    #: the GDN specs declare the runtime exporter's prefill checkpoint block
+    prefill_checkpoints: bool = False
+
+
+def _get_kv_cache_configs():
+    """vLLM's ``get_kv_cache_configs``: ``vllm/v1/core/kv_cache_planning.py`` since vLLM 0.33,
+    ``kv_cache_utils.py`` before (the new location is tried first)."""
+    try:
+        from vllm.v1.core.kv_cache_planning import get_kv_cache_configs
+    except ImportError:
+        from vllm.v1.core.kv_cache_utils import get_kv_cache_configs
+    return get_kv_cache_configs
 
 
 def _model_config(cfg: dict[str, Any], max_model_len: int):
@@ -93,6 +106,7 @@ def build_setup(
     configure=None,
     tune=None,
     host_cache_bytes: int = 0,
+    prefill_checkpoints: bool = False,
 ) -> Setup:
     """Build the vLLM configs and KV-cache config of one replay.
 
@@ -134,7 +148,6 @@ def build_setup(
     )
     from vllm.v1.core.kv_cache_utils import (
         generate_scheduler_kv_cache_config,
-        get_kv_cache_configs,
         resolve_kv_cache_block_sizes,
     )
     from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec
@@ -172,14 +185,24 @@ def build_setup(
     if host_cache_bytes:
         if host_cache_bytes < 0:
             raise ValueError(f"--host-cache-gib must be >= 0, got {host_cache_bytes / 2**30:g}")
-        cache_config.kv_offloading_size = host_cache_bytes / (1 << 30)
+        cache_config.kv_offloading_size = tp * host_cache_bytes / (1 << 30)
         vllm_config._post_init_kv_transfer_config()
 
     lt = layer_types(cfg)
     dtype = model_config.dtype
     parallel_config = vllm_config.parallel_config
+    checkpoints = bool(prefill_checkpoints and not attention_only
+                       and cache_config.mamba_cache_mode == "align")
     if not attention_only:
-        Platform._align_hybrid_block_size(vllm_config, AttentionBackendEnum["FLASH_ATTN"].get_class())
+        backend = AttentionBackendEnum["FLASH_ATTN"].get_class()
+        Platform._align_hybrid_block_size(vllm_config, backend)
+        if checkpoints:
+            from vllm_hybrid_npu.core.prefill_checkpoints import aligned_block_size
+
+            aligned = aligned_block_size(cache_config.block_size)
+            if aligned != cache_config.block_size:
+                cache_config.block_size = aligned
+                Platform._align_hybrid_block_size(vllm_config, backend)  # page padding
     bs = cache_config.block_size
     if tune is not None:
         tune(vllm_config, bs)
@@ -216,6 +239,12 @@ def build_setup(
                 mamba_type=MambaAttentionBackendEnum.GDN_ATTN,
                 mamba_cache_mode=cache_config.mamba_cache_mode,
             )
+            if checkpoints:
+                from vllm_hybrid_npu.core.prefill_checkpoints import ALIGNMENT
+
+                spec = dataclasses.replace(
+                    spec, num_prefill_checkpoint_blocks=1, prefill_checkpoint_alignment=ALIGNMENT
+                )
             specs[f"model.layers.{i}.linear_attn"] = spec
             state_bytes += spec.page_size_bytes
             n_gdn += 1
@@ -228,7 +257,7 @@ def build_setup(
     layouts = [layout.name for layout in get_supported_kv_cache_layouts(backends)]
     resolve_kv_cache_layout(vllm_config, [layouts], list(specs.values()))
     try:
-        kv_cache_configs = get_kv_cache_configs(vllm_config, [specs], [int(kv_cache_bytes)])
+        kv_cache_configs = _get_kv_cache_configs()(vllm_config, [specs], [int(kv_cache_bytes)])
     except ValueError as exc:
         raise ValueError(f"--kv-cache-gib too small for this model/trace: {exc}") from exc
     kv_cache_config = generate_scheduler_kv_cache_config(kv_cache_configs)
@@ -245,4 +274,5 @@ def build_setup(
         num_gdn_layers=n_gdn,
         num_attention_layers=n_attn,
         host_cache_bytes=int(host_cache_bytes),
+        prefill_checkpoints=checkpoints,
     )

@@ -19,6 +19,8 @@ Interface (what a policy must supply, for the policies of issue 7 and later):
   replay on a config built for that replay only.
 * ``tune(vllm_config, block_size)`` (optional): like ``configure`` but called once the hybrid's
   block size is final (upstream option values expressed in blocks, :mod:`.upstream_grid`).
+* ``prefill_checkpoints`` (optional, default ``False``): build the setup with the runtime's GDN
+  prefill-checkpoint exporter declared (:mod:`.exporter`); :func:`setup_kwargs` passes it on.
 
 Register with :func:`register_policy`; a name can be registered once (``ValueError`` otherwise).
 Modules listed in :data:`POLICY_MODULES` register policies when imported;
@@ -67,12 +69,21 @@ def get_policy(name: str) -> Policy:
     load_policy_modules()
     if name == "default":
         name = DEFAULT_POLICY
+    from vllm_hybrid_npu_lab.upstream_grid import ensure_registered
+
+    ensure_registered(name)
     try:
         return POLICIES[name]
     except KeyError:
         raise ValueError(
             f"--policy {name!r}: unknown policy; registered: {', '.join(POLICIES)}"
         ) from None
+
+
+def setup_kwargs(policy: Policy) -> dict:
+    """The :func:`vllm_hybrid_npu_lab.model.build_setup` keywords a policy supplies."""
+    return dict(configure=policy.configure, tune=policy.tune,
+                prefill_checkpoints=policy.prefill_checkpoints)
 
 
 def _upstream_scheduler() -> type:

@@ -20,6 +20,11 @@ class Policy:
     scheduler_class: Callable[[], type]
     configure: Callable[[Any], None] = field(default=_noop)
     tune: Callable[[Any, int], None] | None = None
+    #: replay the runtime's GDN prefill-checkpoint exporter (``VLLM_HYBRID_NPU_PREFILL_CHECKPOINTS
+    #: =auto``): the GDN specs declare one checkpoint block (alignment 64), the hybrid block is
+    #: rounded up to the 64-token grid and, on vLLM 0.30, the runtime's retention fix is active
+    #: (:func:`vllm_hybrid_npu_lab.exporter.exporter_scheduler`)
+    prefill_checkpoints: bool = False
 
 
 #: name -> Policy; iterate in registration order

@@ -99,6 +99,14 @@ class ReplayResult:
     #: missed prompt tokens by reason (``vllm_hybrid_npu.core.miss_reasons.MissTracker``
     #: totals), ``None`` when the runtime has no miss classifier (issue 15 item 5)
     miss_reasons: dict[str, int] | None = None
+    #: the KV-cache manager's prefix-match unit (tokens; ``--prefix-match-unit``, else the block)
+    hash_block_size: int = 0
+    #: mean steps that scheduled prompt tokens of a request (its prefill chunks, recomputation
+    #: after preemption included), and the mean of those beyond the fewest the request's uncached
+    #: prompt tokens need (``ceil(uncached / --max-num-batched-tokens)``): vLLM's block-aligned
+    #: split of a cold prompt is one extra step, the exporter's prompts take none
+    prefill_steps_per_prompt: float = 0.0
+    extra_prefill_steps_per_prompt: float = 0.0
     #: prompt tokens found cached at first scheduling, per request in trace order (not in JSON)
     cached_per_request: list[int] = field(default_factory=list, repr=False)
 
@@ -217,6 +225,9 @@ def replay(
     steps = idle_steps = 0
     prompt_tokens = cached_tokens = computed_tokens = hit_requests = preemptions = 0
     scheduled_total = 0
+    prefill_steps: dict[str, int] = {}
+    prefill_steps_total = extra_steps_total = 0
+    max_batched = vllm_config.scheduler_config.max_num_batched_tokens
 
     def admit(idx: int) -> None:
         tr = requests[idx]
@@ -263,6 +274,8 @@ def replay(
             done_now = req.num_computed_tokens
             p = req.num_prompt_tokens
             computed_tokens += max(0, min(done_now, p) - min(done_now - k, p))
+            if done_now - k < p:
+                prefill_steps[rid] = prefill_steps.get(rid, 0) + 1
             sampled.append(
                 [output_token(int(rid), req.num_output_tokens)] if done_now >= req.num_tokens else []
             )
@@ -314,6 +327,9 @@ def replay(
             finished += 1
             prompt_tokens += req.num_prompt_tokens
             hit = first_hit.pop(rid)
+            chunks = prefill_steps.pop(rid, 0)
+            prefill_steps_total += chunks
+            extra_steps_total += max(0, chunks - -(-(req.num_prompt_tokens - hit) // max_batched))
             per_request[int(rid)] = hit
             host_per_request[int(rid)] = min(hit, first_host.pop(rid, 0))
             cached_tokens += hit
@@ -350,6 +366,9 @@ def replay(
         host_cached_prompt_tokens=host_tokens,
         host=worker.summary() if worker is not None else {},
         miss_reasons=dict(tracker.totals) if tracker is not None else None,
+        hash_block_size=setup.hash_block_size,
+        prefill_steps_per_prompt=prefill_steps_total / n,
+        extra_prefill_steps_per_prompt=extra_steps_total / n,
         cached_per_request=per_request,
         host_per_request=host_per_request,
     )

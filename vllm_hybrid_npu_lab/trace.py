@@ -175,23 +175,32 @@ def carried_prompts(
     return prompts, parents
 
 
-def infinite_bound_tokens(prompts: list[list[int]], block_size: int) -> tuple[int, int]:
+def infinite_bound_tokens(
+    prompts: list[list[int]],
+    block_size: int,
+    outputs: list[list[int]] | None = None,
+) -> tuple[int, int]:
     """:func:`infinite_bound` over explicit prompt token ids (carried prompts included).
 
-    A request hits the longest block-aligned prefix that an earlier prompt held as full blocks
+    A request hits the longest block-aligned prefix that an earlier request held as full blocks
     (a chain of per-block digests, like vLLM's block hashes), capped at ``len - 1`` tokens.
+    ``outputs[i]``: request ``i``'s generated token ids; an engine caches the blocks its answer
+    fills too, and a later turn that carries the answer (:func:`carried_prompts`) can hit them,
+    so with carried answers the bound counts each request's prompt followed by its answer (without
+    ``outputs`` it counts prompts only, which is no upper bound once answers are carried).
     Returns ``(cached prompt tokens, prompt tokens)``; ``ValueError`` for ``block_size < 1``.
     """
     if block_size < 1:
         raise ValueError(f"--block-size must be >= 1, got {block_size}")
     seen: set[bytes] = set()
     cached = total = 0
-    for tokens in prompts:
+    for i, tokens in enumerate(prompts):
         total += len(tokens)
+        seq = tokens + list(outputs[i]) if outputs is not None else tokens
         keys = []
         parent = b""
-        for b in range(len(tokens) // block_size):
-            chunk = tokens[b * block_size:(b + 1) * block_size]
+        for b in range(len(seq) // block_size):
+            chunk = seq[b * block_size:(b + 1) * block_size]
             parent = hashlib.sha256(parent + repr(chunk).encode()).digest()
             keys.append(parent)
         max_hit = (len(tokens) - 1) // block_size
@@ -201,3 +210,9 @@ def infinite_bound_tokens(prompts: list[list[int]], block_size: int) -> tuple[in
         cached += hit * block_size
         seen.update(keys)
     return cached, total
+
+
+def answers(requests: list[TraceRequest], output_token: Callable[[int, int], int]) -> list[list[int]]:
+    """Every request's generated token ids (``output_token(i, 0 .. output_length - 1)``): the
+    ``outputs`` of :func:`infinite_bound_tokens`."""
+    return [[output_token(i, k) for k in range(r.output_length)] for i, r in enumerate(requests)]

@@ -17,13 +17,20 @@ can pass to ``vllm serve`` (vLLM 0.30, ``vllm/config/cache.py`` / ``vllm/config/
 * block size: vLLM raises a hybrid's ``--block-size`` to the smallest multiple of the kernel
   block whose attention page holds a GDN state (``_align_hybrid_block_size``); a larger one only
   coarsens hits, a smaller one is not allowed, so the grid keeps vLLM's.
+* ``ckpt``: the runtime's GDN prefill-checkpoint exporter (``VLLM_HYBRID_NPU_PREFILL_CHECKPOINTS``
+  ``auto``, the plugin's default on CPU and CUDA; off = ``off`` or plain vLLM): the GDN specs
+  declare vLLM's own checkpoint block, the block is rounded up to the 64-token grid
+  (:mod:`.exporter`).
 * ``enable_mamba_fine_grained_prefix_cache`` (the junction checkpoint for EAGLE siblings) acts
   only with EAGLE/MTP and a finer prefix match unit; the lab replays no speculative decoding,
   so it is not in the grid.
 
 :data:`UPSTREAM_GRID` lists the settings; each is registered as policy ``upstream:<setting>``
-(``upstream`` itself is ``ret=0,lpt=0``). The CLI's ``upstream-best`` row is the best setting
-of the grid per point (budget, host tier), with the setting named.
+(``upstream`` itself is ``ret=0,lpt=0``). Any other setting name (``upstream:ret=2b,ckpt``) is
+parsed and registered on first use (:func:`parse_setting`, :func:`ensure_registered`), so every
+setting the advisor (:mod:`.advise`) reports can be replayed with ``hitrate --policy``. The CLI's
+``upstream-best`` row is the advisor's search over these options per point, with the setting
+named.
 """
 
 from __future__ import annotations
@@ -43,6 +50,7 @@ class UpstreamSetting:
     ret: int | None = 0
     lpt: int = 0
     pmu: int | None = None
+    ckpt: bool = False
 
     @property
     def name(self) -> str:
@@ -54,6 +62,8 @@ class UpstreamSetting:
             parts.append(f"lpt={self.lpt}b")
         if self.pmu is not None:
             parts.append(f"pmu={self.pmu}")
+        if self.ckpt:
+            parts.append("ckpt")
         return "upstream:" + ",".join(parts) if parts else "upstream"
 
     def tune(self, vllm_config: Any, block_size: int) -> None:
@@ -78,6 +88,66 @@ UPSTREAM_GRID: tuple[UpstreamSetting, ...] = tuple(
 )
 
 
+def parse_setting(name: str) -> UpstreamSetting:
+    """The :class:`UpstreamSetting` of a policy name (``upstream``, ``upstream:ret=dense,lpt=1b``,
+    ``upstream:ret=2b,pmu=64,ckpt``). Raises ``ValueError`` naming ``--policy`` otherwise."""
+    if name == "upstream":
+        return UpstreamSetting()
+    bad = ValueError(
+        f"--policy {name!r}: not an upstream setting (upstream:ret=dense|<k>b,lpt=<k>b,"
+        "pmu=<tokens>,ckpt)"
+    )
+    if not name.startswith("upstream:") or not name[len("upstream:"):]:
+        raise bad
+    kw: dict[str, Any] = {}
+    for part in name[len("upstream:"):].split(","):
+        key, _, value = part.partition("=")
+        try:
+            if key == "ckpt" and not value:
+                kw["ckpt"] = True
+            elif key == "ret" and value == "dense":
+                kw["ret"] = None
+            elif key in ("ret", "lpt") and value.endswith("b") and int(value[:-1]) >= 0:
+                kw[key] = int(value[:-1])
+            elif key == "pmu" and int(value) > 0:
+                kw["pmu"] = int(value)
+            else:
+                raise bad
+        except ValueError:
+            raise bad from None
+    setting = UpstreamSetting(**kw)
+    if setting.name != name:
+        raise ValueError(f"--policy {name!r}: write it as {setting.name!r}")
+    return setting
+
+
+def policy_of(setting: UpstreamSetting) -> Policy:
+    """The lab policy replaying ``setting``."""
+    if setting.name == "upstream":
+        return POLICIES["upstream"]
+    what = "vLLM's Scheduler with upstream options " + setting.name.split(":", 1)[1]
+    if setting.ckpt:
+        what += " (ckpt: the plugin's GDN prefill-checkpoint exporter)"
+    return Policy(
+        name=setting.name,
+        description=what,
+        scheduler_class=_exporter_scheduler if setting.ckpt else _upstream_scheduler,
+        tune=setting.tune,
+        prefill_checkpoints=setting.ckpt,
+    )
+
+
+def ensure_registered(name: str) -> bool:
+    """Register the upstream setting ``name`` if it parses and is not registered; return whether
+    ``name`` is a registered policy afterwards."""
+    if name in POLICIES:
+        return True
+    if not is_upstream(name):
+        return False
+    register_policy(policy_of(parse_setting(name)))
+    return True
+
+
 def grid_names() -> list[str]:
     """Policy names of :data:`UPSTREAM_GRID`, in order."""
     return [s.name for s in UPSTREAM_GRID]
@@ -94,19 +164,25 @@ def _upstream_scheduler() -> type:
     return Scheduler
 
 
+def _exporter_scheduler() -> type:
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    from vllm_hybrid_npu_lab.exporter import exporter_scheduler
+
+    return exporter_scheduler(Scheduler)
+
+
+#: registered besides the grid: the exporter alone (the plugin's default on CPU and CUDA)
+EXTRA: tuple[UpstreamSetting, ...] = (UpstreamSetting(ckpt=True),)
+
+
 def register() -> None:
-    """Register every grid setting except ``upstream`` (registered by :mod:`.policies`)."""
-    for s in UPSTREAM_GRID:
+    """Register every grid setting except ``upstream`` (registered by :mod:`.policies`) and
+    :data:`EXTRA`."""
+    for s in UPSTREAM_GRID + EXTRA:
         if s.name == "upstream" or s.name in POLICIES:  # "upstream": .policies registers it
             continue
-        register_policy(
-            Policy(
-                name=s.name,
-                description=f"vLLM's Scheduler with upstream options {s.name.split(':', 1)[1]}",
-                scheduler_class=_upstream_scheduler,
-                tune=s.tune,
-            )
-        )
+        register_policy(policy_of(s))
 
 
 register()

@@ -1,0 +1,233 @@
+"""``vllm-hybrid-npu-lab advise``, the exporter replay (``upstream:ckpt``) and the search behind
+``upstream-best``, on the tiny hybrid (3 GDN + 1 attention layer)."""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import json
+
+import pytest
+
+from vllm_hybrid_npu_lab.__main__ import main
+from vllm_hybrid_npu_lab.advise import AXES, Candidate, axis_values, search, serve_flags
+from vllm_hybrid_npu_lab.model import build_setup
+from vllm_hybrid_npu_lab.policies import get_policy, setup_kwargs
+from vllm_hybrid_npu_lab.presets import resolve_model
+from vllm_hybrid_npu_lab.replay import replay
+from vllm_hybrid_npu_lab.trace import TraceRequest
+from vllm_hybrid_npu_lab.upstream_grid import UpstreamSetting, parse_setting
+
+
+@pytest.fixture(scope="module")
+def cfg(tiny_model_dir):
+    return resolve_model(str(tiny_model_dir))[1]
+
+
+def _json(out: str) -> dict:
+    # vLLM may have logged to stdout before the CLI sent its logs to stderr
+    return json.loads(out[out.index("\n{") + 1:] if not out.startswith("{") else out)
+
+
+def _reqs(rows):
+    return [TraceRequest(10_000.0 * i, n, out, tuple(h)) for i, (n, out, h) in enumerate(rows)]
+
+
+def _run(cfg, reqs, policy, block_size=None):
+    pol = get_policy(policy)
+    setup = build_setup(cfg, kv_cache_bytes=64 << 20, block_size=block_size,
+                        max_model_len=max(r.input_length + r.output_length for r in reqs),
+                        **setup_kwargs(pol))
+    return setup, replay(reqs, setup, pol.scheduler_class())
+
+
+# A cold 1,100-token prompt, its exact repeat, then a prompt sharing A's first 1,024 tokens.
+REPEAT = [(1100, 4, [1, 2, 3]), (1100, 4, [1, 2, 3]), (1500, 4, [1, 2, 9])]
+
+
+def test_exporter_replay_declares_the_checkpoint_and_keeps_it(cfg, monkeypatch):
+    setup, ckpt = _run(cfg, _reqs(REPEAT), "upstream:ckpt", block_size=200)
+    # the block is rounded up to the runtime's 64-token grid; the spec declares one block
+    assert setup.block_size == 256 and setup.prefill_checkpoints
+    mamba = [g.kv_cache_spec for g in setup.kv_cache_config.kv_cache_groups
+             if type(g.kv_cache_spec).__name__ == "MambaSpec"]
+    assert mamba and all(s.num_prefill_checkpoint_blocks == 1
+                         and s.prefill_checkpoint_alignment == 64 for s in mamba)
+    _, split = _run(cfg, _reqs(REPEAT), "upstream", block_size=256)
+    # vLLM's split costs the cold prompts one step each; the exporter's hits are the same
+    assert ckpt.cached_per_request == split.cached_per_request == [0, 1024, 1024]
+    assert ckpt.steps < split.steps
+    assert ckpt.extra_prefill_steps_per_prompt < split.extra_prefill_steps_per_prompt
+    # without the runtime's retention entry (vLLM 0.30) the repeat of the cold prompt misses
+    import vllm_hybrid_npu_lab.exporter as exporter
+
+    if exporter.retention_entry() is not None:
+        monkeypatch.setattr(exporter, "apply_retention_fix", lambda sched: 0)
+        _, nofix = _run(cfg, _reqs(REPEAT), "upstream:ckpt", block_size=256)
+        assert nofix.cached_per_request[1] == 0
+
+
+def test_exporter_takes_the_runtime_registry_entry():
+    from vllm_hybrid_npu.patches.gdn_prefill_checkpoint import PATCHES
+
+    from vllm_hybrid_npu_lab.exporter import RETENTION_ENTRY, retention_entry
+
+    entry = next(p for p in PATCHES if p.name == RETENTION_ENTRY)
+    got = retention_entry()
+    assert got is None or got is entry
+
+
+def test_runtime_never_imports_the_lab():
+    import pathlib
+    import re
+
+    import vllm_hybrid_npu
+
+    root = pathlib.Path(vllm_hybrid_npu.__file__).parent
+    imp = re.compile(r"^\s*(from|import)\s+vllm_hybrid_npu_lab\b", re.M)
+    offenders = [str(p) for p in root.rglob("*.py") if imp.search(p.read_text())]
+    assert offenders == []
+
+
+def test_setting_names_parse_back():
+    for ret, lpt, pmu, ckpt in itertools.product((0, None, 2), (0, 1), (None, 64), (False, True)):
+        s = UpstreamSetting(ret, lpt, pmu, ckpt)
+        assert parse_setting(s.name) == s
+        assert get_policy(s.name).prefill_checkpoints == ckpt
+    for bad in ("upstream:", "upstream:ret=x", "upstream:foo", "upstream:pmu=0", "lean:ret=1b"):
+        with pytest.raises(ValueError, match="--policy"):
+            parse_setting(bad)
+    with pytest.raises(ValueError, match="write it as 'upstream:ret=1b,ckpt'"):
+        parse_setting("upstream:ckpt,ret=1b")
+
+
+def test_serve_flags_are_vllms_units():
+    c = Candidate(UpstreamSetting(ret=None, lpt=2, pmu=64, ckpt=True), host_gib=128)
+    flags, env = serve_flags(c, block_size=1088, kv_cache_gib=16, tp=2)
+    line = " ".join(flags)
+    assert "--prefix-cache-retention-interval None" in line
+    assert "--long-prefill-token-threshold 2176" in line and "--prefix-match-unit 64" in line
+    # vLLM's --kv-offloading-size is the total over TP ranks; --kv-cache-memory-bytes per worker
+    assert "--kv-offloading-size 256" in line and f"--kv-cache-memory-bytes {16 << 30}" in line
+    assert "--tensor-parallel-size 2" in line and env == ["VLLM_HYBRID_NPU_PREFILL_CHECKPOINTS=auto"]
+    flags, env = serve_flags(Candidate(), 1056, 16, 1)
+    assert "--prefix-cache-retention-interval" not in flags and env[0].endswith("=off")
+
+
+def test_search_is_a_local_optimum_on_every_axis(rng):
+    # a random objective with interactions; the search must end where no single option change
+    # helps, evaluate every candidate once, and never end below where it started
+    weights = {(axis, v): rng.random() for axis in AXES for v in axis_values(axis, 8.0)}
+    pair = {(a, b): rng.random() for a in axis_values("ret", 8.0) for b in axis_values("lpt", 8.0)}
+    # values past the ranges (the open-ended axes' extensions) score low
+    weights = collections.defaultdict(float, weights)
+    pair = collections.defaultdict(float, pair)
+    calls: list[Candidate] = []
+
+    def evaluate(c: Candidate):
+        calls.append(c)
+        if c.setting.pmu == 32 and rng.random() < 0:  # never: keeps the draw count fixed
+            return None
+        score = sum(weights[(a, c.get(a))] for a in AXES) + pair[(c.setting.ret, c.setting.lpt)]
+        return {"token_hit_rate": score}
+
+    start = Candidate(UpstreamSetting(), 8.0)
+    res = search(evaluate, start, 8.0, max_passes=10)
+    assert len(calls) == len(set(calls))
+    best = res.result(res.best)["token_hit_rate"]
+    assert best >= res.result(start)["token_hit_rate"]
+    for axis in AXES:
+        for v in axis_values(axis, 8.0):
+            r = evaluate(res.best.with_(axis, v))
+            assert r["token_hit_rate"] <= best + 1e-12, (axis, v)
+
+
+def test_search_extends_an_open_ended_axis_while_its_largest_value_wins():
+    # hit rate rising with the retention interval up to 32 blocks, then falling
+    def evaluate(c: Candidate):
+        r = c.setting.ret
+        return {"token_hit_rate": -1.0 if r is None else -abs(r - 32) / 100}
+
+    res = search(evaluate, Candidate(), 0.0, axes=("ret",))
+    assert res.best.setting.ret == 32
+    joint = search(evaluate, Candidate(), 0.0, axes=("ret+lpt",))
+    assert joint.best.setting.ret == 32 and Candidate(UpstreamSetting(ret=64)) in joint.evaluated
+    assert Candidate(UpstreamSetting(ret=64)) in res.evaluated
+    assert Candidate(UpstreamSetting(ret=128)) not in res.evaluated
+
+
+def test_search_finds_a_joint_optimum_one_axis_at_a_time_misses():
+    # retention alone helps a little; a long-prefill threshold helps only with retention on
+    def evaluate(c: Candidate):
+        s = c.setting
+        gain = 0.2 if s.ret == 2 else (0.1 if s.ret == 8 else 0.0)
+        if s.ret == 8 and s.lpt == 1:
+            gain = 0.5
+        return {"token_hit_rate": gain}
+
+    assert search(evaluate, Candidate(), 0.0, axes=("ret", "lpt")).best.setting.ret == 2
+    best = search(evaluate, Candidate(), 0.0).best.setting
+    assert (best.ret, best.lpt) == (8, 1)
+
+
+def test_search_keeps_defaults_on_ties_and_skips_invalid():
+    def evaluate(c: Candidate):
+        if c.setting.pmu == 64:
+            return None  # e.g. a prefix-match unit that does not divide the block
+        return {"token_hit_rate": 0.5}
+
+    res = search(evaluate, Candidate(), 0.0)
+    assert res.best == Candidate() and res.passes == 1
+    assert res.evaluated[Candidate(UpstreamSetting(pmu=64))] is None
+
+
+def test_advise_json_and_its_policy_replays_the_same(tmp_path, tiny_model_dir, capsys, write_trace):
+    rows = [(10_000 * i, 1100 + 40 * (i % 3), 4, [1, 2, 3 + i % 3]) for i in range(8)]
+    trace = write_trace(tmp_path / "t.jsonl", rows)
+    args = ["advise", "--trace", str(trace), "--model", str(tiny_model_dir), "--kv-cache-gib",
+            "0.05", "--json", "--quiet", "--tokens-per-s", "5000", "--max-passes", "1"]
+    assert main(args) == 0
+    rep = _json(capsys.readouterr().out)
+    for key in ("flags", "policy", "token_hit_rate", "upstream_default", "attention_bound",
+                "infinite_bound", "extra_prefill_steps_per_prompt", "env"):
+        assert key in rep
+    assert all(isinstance(f, str) for f in rep["flags"])
+    assert rep["fit"]["requests"] == [1, 4] and rep["check"]["requests"] == [5, 8]
+    assert rep["infinite_bound"] >= max(rep["token_hit_rate"], rep["upstream_default"])
+    # the check part replayed with hitrate --policy <policy> gives the advised numbers
+    check = write_trace(tmp_path / "check.jsonl", rows[4:])
+    assert main(["hitrate", "--trace", str(check), "--model", str(tiny_model_dir),
+                 "--kv-cache-gib", "0.05", "--json", "--quiet", "--tokens-per-s", "5000",
+                 "--policy", rep["policy"], "upstream"]) == 0
+    hit = _json(capsys.readouterr().out)
+    assert hit["policies"][rep["policy"]]["token_hit_rate"] == rep["token_hit_rate"]
+    assert hit["policies"]["upstream"]["token_hit_rate"] == rep["upstream_default"]
+    assert main(args[:-4] + ["--fit-fraction", "1"]) == 2
+    assert "--fit-fraction" in capsys.readouterr().err
+
+
+def test_upstream_best_is_the_advisors_search(tmp_path, tiny_model_dir, capsys, write_trace):
+    from vllm_hybrid_npu_lab.advise import Replayer
+    from vllm_hybrid_npu_lab.trace import read_trace
+
+    rows = [(10_000 * i, 1100, 4, [1, 2, 3]) for i in range(3)]
+    trace = write_trace(tmp_path / "t.jsonl", rows)
+    assert main(["hitrate", "--trace", str(trace), "--model", str(tiny_model_dir), "--kv-cache-gib",
+                 "0.05", "--json", "--quiet", "--tokens-per-s", "5000", "--policy",
+                 "upstream-best"]) == 0
+    rep = _json(capsys.readouterr().out)
+    best = rep["policies"]["upstream-best"]
+    # the search goes beyond the former 11-setting grid: the exporter, 1- and 2-block retention
+    from vllm_hybrid_npu_lab.upstream_grid import grid_names
+
+    assert {"upstream:ckpt", "upstream:ret=1b", "upstream:ret=2b"} <= set(best["search"])
+    assert not set(best["search"]) <= set(grid_names())
+    assert best["token_hit_rate"] == max(best["search"].values())
+    # the same search run directly gives the same winner
+    cfg = resolve_model(str(tiny_model_dir))[1]
+    reqs = read_trace(trace)
+    rep_ = Replayer(reqs, cfg, kv_cache_gib=0.05, tp=1, quiet=True,
+                    common=dict(max_model_len=1104, kernel_block_size=16),
+                    timing=dict(tokens_per_s=5000.0))
+    res = search(rep_, Candidate(), 0.0, axes=("ckpt", "ret", "lpt", "pmu"))
+    assert res.best.policy == best["setting"]

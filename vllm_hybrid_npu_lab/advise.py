@@ -1,0 +1,591 @@
+"""``vllm-hybrid-npu-lab advise``: which ``vllm serve`` flags for my traffic?
+
+Searches vLLM's own prefix-caching options (and the plugin's GDN prefill-checkpoint exporter)
+with vLLM's real scheduler on the first part of a trace (the *fit* part), replays the winner and
+vLLM's defaults on the rest (the *check* part, not seen by the search), and prints the flags, the
+hit rates expected on the check part, the extra prefill steps per prompt, the attention bound and
+the infinite bound beside them.
+
+The options (:class:`Candidate`; values in blocks of the setting's own block size, see
+:mod:`.upstream_grid`):
+
+* ``ckpt``: the exporter off / on (``VLLM_HYBRID_NPU_PREFILL_CHECKPOINTS``; on rounds the block up
+  to the 64-token grid);
+* ``ret``: ``--prefix-cache-retention-interval``: 0 (vLLM's default), ``None`` (dense), 1, 2, 4, 8
+  blocks, then 16, 32, ... while the largest keeps winning;
+* ``lpt``: ``--long-prefill-token-threshold``: 0 (off), 1, 2, 4 blocks (then 8, ... likewise);
+* ``pmu``: ``--prefix-match-unit``: the block (default), 64, 32 tokens (where it divides the
+  block);
+* ``host``: the host tier (``--kv-offloading-size``) off, half, or the given size (only with
+  ``--host-cache-gib``).
+
+Search (:func:`search`): coordinate descent from vLLM's defaults (with the host tier at the given
+size) over the axes ``host``, ``ckpt``, ``ret+lpt`` (retention interval and long-prefill threshold
+scanned jointly: a threshold leaves states at chunk ends and the interval decides which stay, so
+one without the other misleads) and ``pmu``: each axis in turn is set to its best value with the
+others fixed, a move is taken only when it raises the fit part's token hit rate (ties keep the
+current value, so flags are only added when they pay); an axis whose best retention interval or
+threshold is the largest tried is extended (twice as many blocks) until it stops winning; passes
+repeat until one changes nothing (at most ``max_passes``). Every replay is memoized; ``--jobs``
+replays one axis's settings in parallel processes. The same search is the ``upstream-best`` row of ``hitrate`` (on the replayed requests,
+the host tier fixed by ``--host-cache-gib``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+import json
+import math
+import os
+import re
+import sys
+from typing import Any, Callable
+
+from vllm_hybrid_npu_lab.upstream_grid import UpstreamSetting
+
+#: option axes in search order
+#: ``ret+lpt`` is one axis: the two options act together (a long-prefill threshold leaves states
+#: at chunk ends, the retention interval decides which of them stay), so they are scanned jointly
+AXES = ("host", "ckpt", "ret+lpt", "pmu")
+CKPT_VALUES = (False, True)
+RET_VALUES: tuple[int | None, ...] = (0, None, 1, 2, 4, 8)
+LPT_VALUES = (0, 1, 2, 4)
+PMU_VALUES: tuple[int | None, ...] = (None, 64, 32)
+#: axes in blocks whose range is extended (doubling) while their largest value keeps winning
+OPEN_ENDED = ("ret", "lpt")
+#: default share of the (limited) trace the search sees; the rest is the check part
+DEFAULT_FIT_FRACTION = 0.5
+DEFAULT_MAX_PASSES = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    """One point of the search: an upstream setting and the host tier per worker (GiB)."""
+
+    setting: UpstreamSetting = UpstreamSetting()
+    host_gib: float = 0.0
+
+    @property
+    def policy(self) -> str:
+        """The lab policy name (``hitrate --policy``)."""
+        return self.setting.name
+
+    @property
+    def label(self) -> str:
+        return self.policy + (f" +host {self.host_gib:g}" if self.host_gib else "")
+
+    def get(self, axis: str) -> Any:
+        if axis == "host":
+            return self.host_gib
+        if "+" in axis:
+            return tuple(getattr(self.setting, a) for a in axis.split("+"))
+        return getattr(self.setting, axis)
+
+    def with_(self, axis: str, value: Any) -> "Candidate":
+        if axis == "host":
+            return dataclasses.replace(self, host_gib=value)
+        if "+" in axis:
+            kw = dict(zip(axis.split("+"), value))
+        else:
+            kw = {axis: value}
+        return dataclasses.replace(self, setting=dataclasses.replace(self.setting, **kw))
+
+
+def axis_values(axis: str, host_gib: float, exporter: bool = True) -> tuple:
+    """The values :func:`search` tries on ``axis``."""
+    if axis == "host":
+        return (0.0, host_gib / 2, host_gib) if host_gib > 0 else (0.0,)
+    if axis == "ckpt":
+        return CKPT_VALUES if exporter else (False,)
+    if "+" in axis:
+        return tuple(itertools.product(*(axis_values(a, host_gib, exporter) for a in axis.split("+"))))
+    return {"ret": RET_VALUES, "lpt": LPT_VALUES, "pmu": PMU_VALUES}[axis]
+
+
+def _is_blocks(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _extensions(axis: str, best: Any, tried: set) -> list:
+    """Values past the range of an open-ended axis: where the best value's retention interval or
+    long-prefill threshold is the largest tried (with the other coordinates), twice it."""
+    parts = axis.split("+")
+    if not any(p in OPEN_ENDED for p in parts):
+        return []
+    best_t = best if "+" in axis else (best,)
+    out = []
+    for i, p in enumerate(parts):
+        if p not in OPEN_ENDED or not _is_blocks(best_t[i]) or best_t[i] == 0:
+            continue
+        same = [t if "+" in axis else (t,) for t in tried]
+        top = max((t[i] for t in same if _is_blocks(t[i])
+                   and all(t[j] == best_t[j] for j in range(len(parts)) if j != i)), default=0)
+        if best_t[i] == top:
+            new = list(best_t)
+            new[i] = 2 * top
+            out.append(tuple(new) if "+" in axis else new[0])
+    return out
+
+
+@dataclasses.dataclass
+class SearchResult:
+    """``best``: the winner; ``start``: where the search began (vLLM's defaults);
+    ``evaluated``: candidate -> its replay dict (``None`` when vLLM rejects the combination, e.g. a
+    prefix-match unit that does not divide the block); ``passes``: passes run."""
+
+    best: Candidate
+    start: Candidate
+    evaluated: dict[Candidate, dict[str, Any] | None]
+    passes: int
+
+    def result(self, cand: Candidate) -> dict[str, Any]:
+        r = self.evaluated[cand]
+        assert r is not None
+        return r
+
+    def table(self) -> list[dict[str, Any]]:
+        """Every valid evaluated candidate: ``policy``, ``host_cache_gib``, ``token_hit_rate``."""
+        return [
+            {"policy": c.policy, "host_cache_gib": c.host_gib, "token_hit_rate": r["token_hit_rate"]}
+            for c, r in self.evaluated.items() if r is not None
+        ]
+
+
+def search(
+    evaluate: Callable[[Candidate], dict[str, Any] | None],
+    start: Candidate,
+    host_gib: float = 0.0,
+    *,
+    axes: tuple[str, ...] = AXES,
+    exporter: bool = True,
+    max_passes: int = DEFAULT_MAX_PASSES,
+    map_fn: Callable | None = None,
+) -> SearchResult:
+    """Coordinate descent over ``axes`` from ``start`` (see module docstring).
+
+    Args:
+        evaluate: replays a candidate, returns a dict with ``token_hit_rate`` or ``None`` when
+            the combination is invalid; called at most once per candidate.
+        start: the first point (must be valid).
+        host_gib: the largest host tier to try (the ``host`` axis; 0 = no host axis).
+        axes: axes to search, in order.
+        exporter: whether ``ckpt`` may be on.
+        max_passes: passes at most (>= 1).
+        map_fn: ``map``-like function evaluating the candidates of one axis (e.g. a process
+            pool's ``map``); default the builtin ``map``.
+    """
+    evaluated: dict[Candidate, dict[str, Any] | None] = {}
+
+    def score_all(cands: list[Candidate]) -> list[float | None]:
+        todo = [c for c in dict.fromkeys(cands) if c not in evaluated]
+        for c, r in zip(todo, (map_fn or map)(evaluate, todo)):
+            evaluated[c] = r
+        return [None if evaluated[c] is None else evaluated[c]["token_hit_rate"] for c in cands]
+
+    if score_all([start])[0] is None:
+        raise ValueError(f"the starting setting {start.label} is not valid")
+    cur = start
+    passes = 0
+    for passes in range(1, max_passes + 1):
+        changed = False
+        for axis in axes:
+            best, best_score = cur, score_all([cur])[0]
+            values = list(axis_values(axis, host_gib, exporter))
+            tried: set = set()
+            while values:
+                cands = [cur.with_(axis, v) for v in values]
+                tried.update(values)
+                for cand, sc in zip(cands, score_all(cands)):
+                    if sc is not None and sc > best_score:
+                        best, best_score = cand, sc
+                values = [v for v in _extensions(axis, best.get(axis), tried) if v not in tried]
+            if best != cur:
+                cur, changed = best, True
+        if not changed:
+            break
+    return SearchResult(best=cur, start=start, evaluated=evaluated, passes=passes)
+
+
+def serve_flags(cand: Candidate, block_size: int, kv_cache_gib: float, tp: int) -> tuple[list[str], list[str]]:
+    """``(flags, env)`` of ``vllm serve`` for ``cand`` at its block size (tokens).
+
+    ``flags``: vLLM's own options (retention interval and long-prefill threshold in tokens of
+    ``block_size``; ``--kv-offloading-size`` is vLLM's total over the TP ranks, so ``tp`` x the
+    per-worker host tier; ``--kv-cache-memory-bytes`` is per worker); ``env``: the plugin's
+    exporter switch (meaningful with vllm-hybrid-npu installed; ``auto`` is its default).
+    """
+    s = cand.setting
+    flags = ["--enable-prefix-caching", "--mamba-cache-mode", "align",
+             "--kv-cache-memory-bytes", str(int(kv_cache_gib * (1 << 30)))]
+    if tp > 1:
+        flags += ["--tensor-parallel-size", str(tp)]
+    if s.ret is None:
+        flags += ["--prefix-cache-retention-interval", "None"]
+    elif s.ret:
+        flags += ["--prefix-cache-retention-interval", str(s.ret * block_size)]
+    if s.lpt:
+        flags += ["--long-prefill-token-threshold", str(s.lpt * block_size)]
+    if s.pmu is not None:
+        flags += ["--prefix-match-unit", str(s.pmu)]
+    if cand.host_gib:
+        flags += ["--kv-offloading-size", f"{tp * cand.host_gib:g}"]
+    env = [f"VLLM_HYBRID_NPU_PREFILL_CHECKPOINTS={'auto' if s.ckpt else 'off'}"]
+    return flags, env
+
+
+class Replayer:
+    """Replays candidates on a fixed list of requests (one budget, one model, one load)."""
+
+    def __init__(self, requests, cfg, *, kv_cache_gib: float, tp: int, common: dict,
+                 timing: dict, label: str = "", quiet: bool = False, live: bool = True) -> None:
+        self.requests = requests
+        self.cfg = cfg
+        self.gib = kv_cache_gib
+        self.tp = tp
+        self.common = common
+        self.timing = timing
+        self.label = label
+        self.quiet = quiet
+        #: a progress line while replaying (off in pool workers: lines would interleave)
+        self.live = live
+        self.count = 0
+
+    def __call__(self, cand: Candidate) -> dict[str, Any] | None:
+        from vllm_hybrid_npu_lab.model import build_setup
+        from vllm_hybrid_npu_lab.policies import get_policy, setup_kwargs
+        from vllm_hybrid_npu_lab.replay import replay, stderr_progress
+
+        pol = get_policy(cand.policy)
+        try:
+            setup = build_setup(
+                self.cfg, tp=self.tp, kv_cache_bytes=int(self.gib * (1 << 30)),
+                host_cache_bytes=int(cand.host_gib * (1 << 30)), **setup_kwargs(pol), **self.common,
+            )
+        except ValueError as exc:
+            if "--prefix-match-unit" in str(exc):
+                return None
+            raise
+        self.count += 1
+        live = not self.quiet and self.live
+        res = replay(self.requests, setup, pol.scheduler_class(), **self.timing,
+                     progress=stderr_progress(f"{self.label} {cand.label}") if live else None)
+        if not self.quiet and not live:
+            print(f"{self.label} {cand.label}: token hit {res.token_hit_rate:.2%} "
+                  f"({res.wall_s:.0f} s)", file=sys.stderr, flush=True)
+        return res.to_dict()
+
+    def attention_bound(self, host_gib: float) -> dict[str, Any]:
+        """The attention-only model at the same bytes (device + host), vLLM's defaults."""
+        from vllm_hybrid_npu_lab.model import build_setup
+        from vllm_hybrid_npu_lab.policies import get_policy
+        from vllm_hybrid_npu_lab.replay import replay, stderr_progress
+
+        setup = build_setup(self.cfg, tp=self.tp, attention_only=True,
+                            kv_cache_bytes=int((self.gib + host_gib) * (1 << 30)), **self.common)
+        return replay(self.requests, setup, get_policy("upstream").scheduler_class(), **self.timing,
+                      progress=None if self.quiet else stderr_progress(f"{self.label} attention bound")
+                      ).to_dict()
+
+
+def infinite_bound_of(requests, rows: list[dict[str, Any]], carry: bool) -> dict[str, Any]:
+    """The infinite-cache bound over ``requests`` at the finest hit unit of ``rows`` (the gcd of
+    their block sizes and prefix-match units): no row can hit a token it does not count.
+    Answers are counted with carry-over on (:func:`vllm_hybrid_npu_lab.trace.infinite_bound_tokens`)."""
+    from vllm_hybrid_npu_lab.replay import output_token
+    from vllm_hybrid_npu_lab.trace import answers, carried_prompts, infinite_bound_tokens
+
+    unit = 0
+    for r in rows:
+        unit = math.gcd(unit, r["block_size"])
+        unit = math.gcd(unit, r.get("hash_block_size") or r["block_size"])
+    prompts, _ = carried_prompts(requests, output_token, carry=carry)
+    cached, total = infinite_bound_tokens(prompts, unit, answers(requests, output_token))
+    return {"unit": unit, "cached_prompt_tokens": cached, "prompt_tokens": total,
+            "token_hit_rate": cached / total}
+
+
+_POOL_REPLAYER: Replayer | None = None
+
+
+def _pool_evaluate(cand: Candidate) -> dict[str, Any] | None:
+    assert _POOL_REPLAYER is not None
+    return _POOL_REPLAYER(cand)
+
+
+def run_search(replayer: Callable[[Candidate], dict[str, Any] | None], start: Candidate,
+               host_gib: float = 0.0, *, jobs: int = 1, **kw: Any) -> SearchResult:
+    """:func:`search` with ``replayer`` as the evaluation, in ``jobs`` forked processes when
+    ``jobs > 1`` (the settings of one search step replay side by side)."""
+    if jobs <= 1:
+        return search(replayer, start, host_gib, **kw)
+    import multiprocessing
+
+    global _POOL_REPLAYER
+    if isinstance(replayer, Replayer):
+        replayer.live = False
+    _POOL_REPLAYER = replayer  # inherited by the forked workers
+    try:
+        with multiprocessing.get_context("fork").Pool(jobs) as pool:
+            return search(replayer, start, host_gib, **kw,
+                          map_fn=lambda _f, cands: pool.map(_pool_evaluate, cands, chunksize=1))
+    finally:
+        _POOL_REPLAYER = None
+
+
+# ------------------------------------------------------------------------------------------ CLI
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the ``advise`` options to ``parser``."""
+    from vllm_hybrid_npu_lab.cli import DEFAULT_MODEL, DEFAULT_STEP_MS, DEFAULT_UTILIZATION
+    from vllm_hybrid_npu_lab.presets import PRESETS
+
+    parser.add_argument("--trace", required=True, help="Mooncake-format JSONL trace")
+    parser.add_argument("--model", default=DEFAULT_MODEL,
+                        help=f"preset ({', '.join(PRESETS)}) or a model directory with config.json "
+                        f"(default {DEFAULT_MODEL})")
+    parser.add_argument("--kv-cache-gib", type=float, required=True,
+                        help="KV-cache memory per worker (one TP rank), GiB")
+    parser.add_argument("--host-cache-gib", type=float, default=0.0,
+                        help="host tier per worker, GiB, at most (0 = none; the search tries off, "
+                        "half and all of it)")
+    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel size (default 1)")
+    parser.add_argument("--limit", type=int, default=None, help="use only the first N requests")
+    parser.add_argument("--fit-fraction", type=float, default=DEFAULT_FIT_FRACTION,
+                        help="share of the requests the search sees (the first ones); the rest "
+                        f"checks the winner (default {DEFAULT_FIT_FRACTION:g})")
+    parser.add_argument("--max-passes", type=int, default=DEFAULT_MAX_PASSES,
+                        help=f"coordinate-descent passes at most (default {DEFAULT_MAX_PASSES})")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="replay the settings of one search step in this many processes "
+                        "(default 1; the machine's cores at most)")
+    parser.add_argument("--no-exporter", action="store_true",
+                        help="never turn the plugin's GDN prefill-checkpoint exporter on (plain "
+                        "vLLM, or a target without it, e.g. NPU)")
+    parser.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    parser.add_argument("--max-num-seqs", type=int, default=256)
+    parser.add_argument("--kernel-block-size", type=int, default=16,
+                        help="the attention backend's preferred block size (16 = FlashAttention "
+                        "on CUDA; 128 on NPU); also the attention bound's block size")
+    parser.add_argument("--step-ms", type=float, default=DEFAULT_STEP_MS,
+                        help=f"simulated fixed cost of one step, ms (default {DEFAULT_STEP_MS:g})")
+    parser.add_argument("--tokens-per-s", type=float, default=None,
+                        help="simulated throughput, scheduled tokens/s (default: the trace's "
+                        "offered prompt tokens/s divided by --offered-load)")
+    parser.add_argument("--offered-load", type=float, default=DEFAULT_UTILIZATION,
+                        help="offered prompt tokens/s over the simulated throughput when "
+                        f"--tokens-per-s is not given (default {DEFAULT_UTILIZATION:g})")
+    parser.add_argument("--no-carry", action="store_true",
+                        help="do not carry an earlier turn's answer into the next prompt")
+    parser.add_argument("--host-link-gbps", type=float, default=50.0,
+                        help="device<->host bandwidth per direction, GB/s (default 50)")
+    parser.add_argument("--host-link-latency-us", type=float, default=10.0,
+                        help="fixed cost of one host transfer job, microseconds (default 10)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--plot", metavar="FILE.png", default=None, help="draw the search and the check")
+    parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
+
+
+def _validate(args: argparse.Namespace) -> None:
+    from vllm_hybrid_npu_lab.host_tier import HostLink
+
+    if not args.kv_cache_gib > 0:
+        raise ValueError(f"--kv-cache-gib must be > 0, got {args.kv_cache_gib}")
+    if args.host_cache_gib < 0:
+        raise ValueError(f"--host-cache-gib must be >= 0, got {args.host_cache_gib}")
+    if args.tp < 1:
+        raise ValueError(f"--tp must be >= 1, got {args.tp}")
+    if args.limit is not None and args.limit < 2:
+        raise ValueError(f"--limit must be >= 2 (a fit and a check part), got {args.limit}")
+    if not 0 < args.fit_fraction < 1:
+        raise ValueError(f"--fit-fraction must be in (0, 1), got {args.fit_fraction}")
+    if args.jobs < 1:
+        raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
+    if args.max_passes < 1:
+        raise ValueError(f"--max-passes must be >= 1, got {args.max_passes}")
+    if args.tokens_per_s is not None and not args.tokens_per_s > 0:
+        raise ValueError(f"--tokens-per-s must be > 0, got {args.tokens_per_s}")
+    if not args.offered_load > 0:
+        raise ValueError(f"--offered-load must be > 0, got {args.offered_load}")
+    if args.step_ms < 0:
+        raise ValueError(f"--step-ms must be >= 0, got {args.step_ms}")
+    HostLink(args.host_link_gbps, args.host_link_latency_us)
+    if args.plot:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise ValueError("--plot needs matplotlib: pip install matplotlib") from None
+
+
+def _rate(requests) -> float:
+    span = (requests[-1].timestamp_ms - requests[0].timestamp_ms) / 1000.0
+    return sum(r.input_length for r in requests) / span if span > 0 else 0.0
+
+
+def advise(args: argparse.Namespace) -> dict[str, Any]:
+    """Run the search and the check; return the report (see ``docs/hitrate-guide.md``)."""
+    from vllm_hybrid_npu_lab.host_tier import HostLink
+    from vllm_hybrid_npu_lab.presets import resolve_model
+    from vllm_hybrid_npu_lab.trace import read_trace
+
+    model_name, cfg = resolve_model(args.model)
+    requests = read_trace(args.trace, args.limit)
+    if len(requests) < 2:
+        raise ValueError(f"--trace {args.trace!r}: needs at least 2 requests (fit and check)")
+    n_fit = min(len(requests) - 1, max(1, round(len(requests) * args.fit_fraction)))
+    fit, check = requests[:n_fit], requests[n_fit:]
+    offered = _rate(requests)
+    rate = args.tokens_per_s or (offered / args.offered_load if offered > 0 else 40000.0)
+    common = dict(
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_num_seqs=args.max_num_seqs,
+        max_model_len=max(r.input_length + r.output_length for r in requests),
+        kernel_block_size=args.kernel_block_size,
+    )
+    timing = dict(step_ms=args.step_ms, tokens_per_s=rate, carry_outputs=not args.no_carry,
+                  link=HostLink(args.host_link_gbps, args.host_link_latency_us))
+    tag = f"{model_name} tp{args.tp} {args.kv_cache_gib:g} GiB" + (
+        f" +host {args.host_cache_gib:g}" if args.host_cache_gib else "")
+    fit_replayer = Replayer(fit, cfg, kv_cache_gib=args.kv_cache_gib, tp=args.tp, common=common,
+                            timing=timing, label=f"{tag} fit", quiet=args.quiet)
+    start = Candidate(UpstreamSetting(), args.host_cache_gib)
+    result = run_search(fit_replayer, start, args.host_cache_gib, jobs=args.jobs,
+                        exporter=not args.no_exporter, max_passes=args.max_passes)
+    best = result.best
+    check_replayer = Replayer(check, cfg, kv_cache_gib=args.kv_cache_gib, tp=args.tp,
+                              common=common, timing=timing, label=f"{tag} check", quiet=args.quiet)
+    advised = check_replayer(best)
+    default = advised if best == start else check_replayer(start)
+    attention = check_replayer.attention_bound(args.host_cache_gib)
+    infinite = infinite_bound_of(check, [advised, default], carry=not args.no_carry)
+    block = advised["block_size"]
+    flags, env = serve_flags(best, block, args.kv_cache_gib, args.tp)
+    replay_cmd = (f"vllm-hybrid-npu-lab hitrate --trace CHECK_PART --model {args.model} "
+                  f"--tp {args.tp} --kv-cache-gib {args.kv_cache_gib:g} --policy {best.policy}"
+                  + (f" --host-cache-gib {best.host_gib:g}" if best.host_gib else "")
+                  + f" --tokens-per-s {rate:.0f}" + (" --no-carry" if args.no_carry else ""))
+
+    def row(r: dict[str, Any]) -> dict[str, Any]:
+        return {k: r[k] for k in ("token_hit_rate", "request_hit_rate", "block_size",
+                                  "prefill_steps_per_prompt", "extra_prefill_steps_per_prompt",
+                                  "host_cached_prompt_tokens", "prompt_tokens",
+                                  "cached_prompt_tokens", "busy_fraction", "preemptions")}
+
+    source = str(cfg.get("source", ""))
+    m = re.match(r"https://huggingface\.co/([^/]+/[^/]+)/", source)
+    return {
+        "model": model_name,
+        "serve_model": m.group(1) if m else args.model,
+        "tp": args.tp,
+        "kv_cache_gib": args.kv_cache_gib,
+        "host_cache_gib": best.host_gib,
+        "host_cache_gib_max": args.host_cache_gib,
+        "flags": flags,
+        "env": env,
+        "policy": best.policy,
+        "block_size": block,
+        "replay_command": replay_cmd,
+        "token_hit_rate": advised["token_hit_rate"],
+        "request_hit_rate": advised["request_hit_rate"],
+        "extra_prefill_steps_per_prompt": advised["extra_prefill_steps_per_prompt"],
+        "upstream_default": default["token_hit_rate"],
+        "upstream_default_request_hit_rate": default["request_hit_rate"],
+        "attention_bound": attention["token_hit_rate"],
+        "infinite_bound": infinite["token_hit_rate"],
+        "infinite": infinite,
+        "advised": row(advised),
+        "default": row(default),
+        "attention": row(attention),
+        "fit": {
+            "requests": [1, n_fit],
+            "token_hit_rate": result.result(best)["token_hit_rate"],
+            "upstream_default": result.result(start)["token_hit_rate"],
+            "passes": result.passes,
+            "replays": sum(r is not None for r in result.evaluated.values()),
+            "searched": result.table(),
+        },
+        "check": {"requests": [n_fit + 1, len(requests)], "replays": check_replayer.count + 1},
+        "tokens_per_s": rate,
+        "offered_prompt_tokens_per_s": offered,
+        "step_ms": args.step_ms,
+        "carry_outputs": not args.no_carry,
+        "num_requests": len(requests),
+    }
+
+
+def format_report(rep: dict[str, Any]) -> str:
+    """Human-readable advice."""
+    fit, check = rep["fit"], rep["check"]
+    host = f" + {rep['host_cache_gib_max']:g} GiB host" if rep["host_cache_gib_max"] else ""
+    lines = [
+        f"{rep['model']} tp{rep['tp']}, {rep['kv_cache_gib']:g} GiB KV per worker{host}; "
+        f"searched {fit['replays']} settings on requests {fit['requests'][0]}-{fit['requests'][1]} "
+        f"(fit: {fit['token_hit_rate']:.2%} vs {fit['upstream_default']:.2%} with vLLM's defaults), "
+        f"checked on requests {check['requests'][0]}-{check['requests'][1]}",
+        "",
+        f"vllm serve {rep.get('serve_model', 'MODEL')} " + " ".join(rep["flags"]),
+        "  with vllm-hybrid-npu installed: " + " ".join(rep["env"]),
+        f"  lab policy: {rep['policy']}" + (f" with --host-cache-gib {rep['host_cache_gib']:g}"
+                                             if rep["host_cache_gib"] else "")
+        + f" (block {rep['block_size']} tokens)",
+        "",
+        f"check part            {'tok hit':>8} {'req hit':>8} {'extra prefill steps/prompt':>27}",
+    ]
+    for name, r in (("advised", rep["advised"]), ("vLLM defaults", rep["default"])):
+        lines.append(f"{name:<21} {r['token_hit_rate']:>8.2%} {r['request_hit_rate']:>8.2%} "
+                     f"{r['extra_prefill_steps_per_prompt']:>27.2f}")
+    a = rep["attention"]
+    lines.append(f"{'attention bound':<21} {a['token_hit_rate']:>8.2%} {a['request_hit_rate']:>8.2%} "
+                 f"{'-':>27}")
+    lines.append(f"{'infinite bound':<21} {rep['infinite_bound']:>8.2%} {'-':>8} {'-':>27}  "
+                 f"(at {rep['infinite']['unit']}-token units)")
+    lines.append("")
+    lines.append("replay: " + rep["replay_command"])
+    return "\n".join(lines)
+
+
+def plot(rep: dict[str, Any], path: str) -> None:
+    """Bars: every searched setting on the fit part; the check part's rows."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    searched = sorted(rep["fit"]["searched"], key=lambda r: r["token_hit_rate"])
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, max(3.5, 0.22 * len(searched) + 1)),
+                                 gridspec_kw={"width_ratios": [3, 2]})
+    names = [r["policy"].replace("upstream:", "") + (f" +host {r['host_cache_gib']:g}"
+                                                    if r["host_cache_gib"] else "") for r in searched]
+    a1.barh(names, [100 * r["token_hit_rate"] for r in searched], color="C0")
+    a1.set_xlabel("token hit rate, fit part (%)")
+    a1.tick_params(axis="y", labelsize=7)
+    rows = {"advised": rep["token_hit_rate"], "vLLM defaults": rep["upstream_default"],
+            "attention bound": rep["attention_bound"], "infinite bound": rep["infinite_bound"]}
+    a2.bar(list(rows), [100 * v for v in rows.values()], color=["C2", "C1", "C7", "C7"])
+    for i, v in enumerate(rows.values()):
+        a2.text(i, 100 * v, f"{100 * v:.1f}%", ha="center", va="bottom", fontsize=8)
+    a2.set_ylabel("token hit rate, check part (%)")
+    a2.tick_params(axis="x", labelsize=8, rotation=20)
+    fig.suptitle(f"{rep['model']} tp{rep['tp']} {rep['kv_cache_gib']:g} GiB"
+                 + (f" + {rep['host_cache_gib_max']:g} GiB host" if rep["host_cache_gib_max"] else "")
+                 + f": advised {rep['policy']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``advise``; return 0, or 2 after printing a clear error for bad input."""
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+    try:
+        _validate(args)
+        rep = advise(args)
+    except ValueError as exc:
+        print(f"vllm-hybrid-npu-lab advise: error: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(rep, indent=2) if args.json else format_report(rep))
+    if args.plot:
+        plot(rep, args.plot)
+        if not args.quiet:
+            print(f"plot written to {args.plot}", file=sys.stderr)
+    return 0

@@ -1,0 +1,80 @@
+"""The runtime's GDN prefill-checkpoint exporter, replayed by the lab (issue 19).
+
+What the exporter changes is all in vLLM's scheduler and KV-cache manager once the GDN layers'
+``MambaSpec`` declares ``num_prefill_checkpoint_blocks=1`` and ``prefill_checkpoint_alignment=64``
+(:func:`vllm_hybrid_npu_lab.model.build_setup` with ``prefill_checkpoints=True`` builds such specs
+on the runtime's 64-token block grid): the scheduler drops its block-aligned split
+(``use_internal_checkpoint``), the Mamba manager reserves and caches the checkpoint block. The
+forward pass that writes the state is not replayed (the lab has none), only its bookkeeping.
+
+On vLLM 0.30 the runtime also carries vLLM 0.32's retention fix (registry entry
+``gdn-checkpoint-retention``: ``MambaManager._cache_partial_tail_block`` keeps the prompt's
+checkpoint at retention interval 0). The lab takes that entry from the runtime's registry
+(:data:`vllm_hybrid_npu.patches.gdn_prefill_checkpoint.PATCHES`) and applies its replacement to the
+replay scheduler's own Mamba managers only (bound on the instances), so other replays in the same
+process keep vLLM's unpatched class. The lab imports the runtime; the runtime never imports the lab.
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Any
+
+#: the runtime registry entry carrying vLLM 0.32's retention rule to vLLM 0.30
+RETENTION_ENTRY = "gdn-checkpoint-retention"
+
+
+def retention_entry() -> Any:
+    """The runtime's ``gdn-checkpoint-retention`` :class:`~vllm_hybrid_npu.patches.registry.Patch`
+    when it applies to the installed vLLM (its ``vllm`` versions), else ``None``."""
+    import vllm
+
+    from vllm_hybrid_npu.patches.gdn_prefill_checkpoint import PATCHES
+    from vllm_hybrid_npu.support import base_version
+
+    entry = next(p for p in PATCHES if p.name == RETENTION_ENTRY)
+    if base_version(vllm.__version__) not in entry.vllm:
+        return None
+    return entry
+
+
+def apply_retention_fix(scheduler: Any) -> int:
+    """Bind the runtime's retention replacement on ``scheduler``'s Mamba managers.
+
+    Returns the number of managers patched (0 when the installed vLLM needs no fix or a manager
+    already runs the runtime's replacement).
+    """
+    import vllm
+    from vllm.v1.core.single_type_kv_cache_manager import MambaManager
+
+    from vllm_hybrid_npu.patches.registry import MARK
+    from vllm_hybrid_npu.support import Stack, base_version
+
+    entry = retention_entry()
+    if entry is None:
+        return 0
+    stack = Stack(target="cpu", vllm=base_version(vllm.__version__))
+    done = 0
+    for mgr in scheduler.kv_cache_manager.coordinator.single_type_managers:
+        if not isinstance(mgr, MambaManager):
+            continue
+        upstream = type(mgr)._cache_partial_tail_block
+        if getattr(upstream, MARK, False):
+            continue  # the runtime's patch is applied process-wide already
+        mgr._cache_partial_tail_block = types.MethodType(entry.make(upstream, stack), mgr)
+        done += 1
+    return done
+
+
+def exporter_scheduler(base: type) -> type:
+    """A subclass of ``base`` (vLLM's ``Scheduler``) with the runtime's retention fix on its
+    Mamba managers (see :func:`apply_retention_fix`); pair it with a setup built with
+    ``prefill_checkpoints=True``."""
+
+    class ExporterScheduler(base):  # type: ignore[misc, valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            apply_retention_fix(self)
+
+    ExporterScheduler.__name__ = ExporterScheduler.__qualname__ = f"Exporter{base.__name__}"
+    return ExporterScheduler
