@@ -337,8 +337,12 @@ def run_search(replayer: Callable[[Candidate], dict[str, Any] | None], start: Ca
 # ------------------------------------------------------------------------------------------ CLI
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``advise`` options to ``parser``."""
-    from vllm_hybrid_npu_lab.cli import DEFAULT_MODEL, DEFAULT_STEP_MS, DEFAULT_UTILIZATION
-    from vllm_hybrid_npu_lab.presets import PRESETS
+    from vllm_hybrid_npu_lab.presets import (
+        DEFAULT_MODEL,
+        DEFAULT_STEP_MS,
+        DEFAULT_UTILIZATION,
+        PRESETS,
+    )
 
     parser.add_argument("--trace", required=True, help="Mooncake-format JSONL trace")
     parser.add_argument("--model", default=DEFAULT_MODEL,

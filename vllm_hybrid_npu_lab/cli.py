@@ -18,11 +18,7 @@ import os
 import sys
 from typing import Any
 
-DEFAULT_MODEL = "qwen3.5-35b-a3b"
-#: fixed cost of one engine step (ms): the order of a decode step's launch + sampling overhead
-DEFAULT_STEP_MS = 5.0
-#: offered prompt load / simulated throughput when --tokens-per-s is not given
-DEFAULT_UTILIZATION = 0.5
+from vllm_hybrid_npu_lab.presets import DEFAULT_MODEL, DEFAULT_STEP_MS, DEFAULT_UTILIZATION  # noqa: E402,F401
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -86,12 +86,6 @@ def all_mode(vllm_config) -> None:
 
 #: name -> (description, scheduler policy, LeanRetentionMixin overrides or None)
 GDN_POLICIES: dict[str, tuple[str, str, dict | None]] = {
-    "gdn-checkpoints": (
-        "GDN states captured at every block boundary inside the step (vLLM 'all' mode, "
-        "VLLM_HYBRID_NPU_CHECKPOINTS=gdn), no extra step, dense state retention",
-        "gdn",
-        None,
-    ),
     "gdn-lean": (
         "lab-only: 'all'-mode states captured in the step, kept and evicted like lean "
         "(prompt's last 2 boundaries, decode, junctions; segment-ordered eviction)",

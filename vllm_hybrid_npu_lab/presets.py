@@ -142,3 +142,11 @@ def resolve_model(model: str) -> tuple[str, dict[str, Any]]:
         cfg["head_dim"] = cfg["hidden_size"] // cfg["num_attention_heads"]
     cfg["source"] = str(cfg_file)
     return str(path), cfg
+
+
+#: the lab's default model preset (``--model``)
+DEFAULT_MODEL = "qwen3.5-35b-a3b"
+#: fixed cost of one engine step (ms): the order of a decode step's launch + sampling overhead
+DEFAULT_STEP_MS = 5.0
+#: offered prompt load / simulated throughput when --tokens-per-s is not given
+DEFAULT_UTILIZATION = 0.5

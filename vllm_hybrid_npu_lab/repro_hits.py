@@ -13,11 +13,10 @@ one ``RESULT`` line per case and a final JSON object:
 
 ``--policy upstream`` names vLLM's own ``Scheduler`` with ``scheduler_cls`` (an explicit class
 wins over the plugin's default policy); ``lean`` names the runtime's ``LeanCheckpointScheduler``
-(the plugin's default on CUDA and CPU); ``tail`` / ``adaptive`` (retired from the runtime on
+(the plugin's default until 2026-11-25); ``tail`` / ``adaptive`` (retired from the runtime on
 2026-11-23, lab only) pass the class built from :mod:`.retired_policies`' split rule (an in-process
-engine takes a class as ``scheduler_cls``); ``gdn`` runs ``--mamba-cache-mode all`` with
-``GdnCheckpointScheduler`` (what ``VLLM_HYBRID_NPU_CHECKPOINTS=gdn`` selects: GDN states at every
-block boundary inside the step, :mod:`vllm_hybrid_npu.patches.gdn_all_mode`).
+engine takes a class as ``scheduler_cls``). (``gdn``, 'all' mode for GDN, was retired on
+2026-11-25: the runtime's prefill-checkpoint exporter replaces it and runs by default.)
 """
 
 from __future__ import annotations
@@ -31,7 +30,7 @@ import sys
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--policy", default="upstream", choices=["upstream", "tail", "adaptive", "lean", "gdn"])
+    parser.add_argument("--policy", default="upstream", choices=["upstream", "tail", "adaptive", "lean"])
     parser.add_argument("--model", default=None, help="model directory (default: tiny Qwen3-Next)")
     parser.add_argument("--engine-args", default="{}",
                         help='extra LLM(...) keyword arguments as JSON, e.g. '
@@ -61,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         kw["scheduler_cls"] = (
             f"vllm_hybrid_npu.scheduling.scheduler.{args.policy.capitalize()}CheckpointScheduler")
-    mode = "all" if args.policy == "gdn" else "align"
+    mode = "align"
     llm = LLM(model=model, enable_prefix_caching=True, mamba_cache_mode=mode,
               **{**CPU_SAFE_ENGINE_ARGS, "kv_cache_memory_bytes": 256 << 20, **kw})
     result = {"policy": args.policy,
