@@ -1,14 +1,17 @@
 """The plugin's environment variables: one declaration each, the source of the table in
-docs/configuration.md (``python docs/sync.py`` rewrites it; ``tests/docs/`` compares).
+docs/configuration.md (``python docs/sync.py`` rewrites it; ``tests/docs/`` compares), and the
+one place the plugin reads them (:func:`get`), as vLLM's own ``envs.py`` is for vLLM's.
 
-Nothing here reads the environment: each variable is read by the module named in ``read_by``
-(whose own constant, e.g. ``patches.MODE_ENV``, must equal the name declared here; the values a
-module accepts must equal ``values``: both are checked by ``tests/docs/test_env_table.py``, which
-also fails on a ``VLLM_HYBRID_NPU_*`` name in the code that is not declared here).
+Each variable is interpreted by the module named in ``read_by`` (whose own constant, e.g.
+``patches.MODE_ENV``, must equal the name declared here; the values a module accepts must equal
+``values``: both are checked by ``tests/docs/test_env_table.py``, which also fails on a
+``VLLM_HYBRID_NPU_*`` name in the code that is not declared here); that module reads the raw
+value through :func:`get`, at call time (never cached at import).
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 
@@ -133,6 +136,18 @@ register(EnvVar(
     effect="where the default tiny model is built (`models/tiny-<arch>-s<seed>`) and the "
     "vllm-ascend source distribution is cached",
 ))
+
+
+def get(name: str) -> str:
+    """The value of the declared variable ``name`` in this process's environment, stripped of
+    white space (``""`` when unset or empty); the reading module interprets it.
+
+    Raises:
+        KeyError: ``name`` is not declared here (a typo in the plugin, not a user error).
+    """
+    if name not in ENV_VARS:
+        raise KeyError(f"{name} is not a declared vllm-hybrid-npu environment variable")
+    return os.environ.get(name, "").strip()
 
 
 def markdown_table() -> str:

@@ -17,10 +17,10 @@ compares the two.
 from __future__ import annotations
 
 import dataclasses
-import os
 from importlib import metadata
 
 from vllm_hybrid_npu.target import detect_target
+from vllm_hybrid_npu import envs
 
 #: Environment variable: ``1`` applies the patches on a stack outside :data:`SUPPORT_MATRIX`.
 ALLOW_UNSUPPORTED_ENV = "VLLM_HYBRID_NPU_ALLOW_UNSUPPORTED"
@@ -135,7 +135,7 @@ def unsupported_reason(stack: Stack) -> str | None:
         return "vLLM is not installed"
     if matrix_row(stack) is not None:
         return None
-    if os.environ.get(ALLOW_UNSUPPORTED_ENV, "").strip() == "1":
+    if envs.get(ALLOW_UNSUPPORTED_ENV) == "1":
         return None
     rows = ", ".join(
         f"{r.target}: vllm {r.vllm}" + (f" + vllm-ascend {r.vllm_ascend}" if r.vllm_ascend else "")

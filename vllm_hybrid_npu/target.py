@@ -7,7 +7,7 @@ which per-target patch module :mod:`vllm_hybrid_npu.patches` applies.
 from __future__ import annotations
 
 import importlib.util
-import os
+from vllm_hybrid_npu import envs
 
 TARGETS = ("npu", "cuda", "cpu")
 
@@ -27,7 +27,7 @@ def detect_target() -> str:
     Raises:
         ValueError: ``$VLLM_HYBRID_NPU_TARGET`` is set to something not in :data:`TARGETS`.
     """
-    forced = os.environ.get(TARGET_ENV, "").strip().lower()
+    forced = envs.get(TARGET_ENV).lower()
     if forced:
         if forced not in TARGETS:
             raise ValueError(

@@ -33,6 +33,7 @@ import os
 import torch
 
 from vllm_hybrid_npu.ops._torch_copy import batch_memcpy_torch
+from vllm_hybrid_npu import envs
 
 logger = logging.getLogger(__name__)
 
@@ -63,7 +64,7 @@ def refresh_settings() -> None:
     them in a running process.
     """
     global _env_cache
-    _env_cache = (os.environ.get(COPY_IMPL_ENV), os.environ.get("TRITON_INTERPRET"))
+    _env_cache = (envs.get(COPY_IMPL_ENV) or None, os.environ.get("TRITON_INTERPRET"))
     _resolved.clear()
 
 

@@ -26,10 +26,10 @@ called by the model runner, the copy plan and its staging. ``docs/patches.md`` i
 from __future__ import annotations
 
 import importlib
-import os
 
 from vllm_hybrid_npu.patches.registry import LoadReport, Patch, apply_all, unapply_all
 from vllm_hybrid_npu.support import Stack, detect_stack, unsupported_reason
+from vllm_hybrid_npu import envs
 
 #: Environment variable: ``auto`` (default: the registry decides per stack) or ``none``.
 MODE_ENV = "VLLM_HYBRID_NPU_PATCHES"
@@ -56,7 +56,7 @@ def patch_mode() -> str:
     Raises:
         ValueError: a value other than ``auto`` or ``none`` (the message names the variable).
     """
-    mode = os.environ.get(MODE_ENV, "").strip().lower() or "auto"
+    mode = envs.get(MODE_ENV).lower() or "auto"
     if mode not in MODES:
         raise ValueError(f"{MODE_ENV}={mode!r} is not one of {', '.join(MODES)}")
     return mode

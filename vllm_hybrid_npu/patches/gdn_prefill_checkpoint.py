@@ -40,12 +40,12 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-import os
 from typing import Any
 
 from vllm_hybrid_npu.core.prefill_checkpoints import ALIGNMENT, aligned_block_size, plan_checkpoints
 from vllm_hybrid_npu.patches.registry import Patch
 from vllm_hybrid_npu.support import Stack
+from vllm_hybrid_npu import envs
 
 logger = logging.getLogger("vllm_hybrid_npu")
 
@@ -83,7 +83,7 @@ def mode() -> str:
     Raises:
         ValueError: a value other than ``auto`` or ``off`` (the message names the variable).
     """
-    value = os.environ.get(ENV_VAR, "").strip().lower() or "auto"
+    value = envs.get(ENV_VAR).lower() or "auto"
     if value not in MODES:
         raise ValueError(f"{ENV_VAR}={value!r} is not one of {', '.join(MODES)}")
     return value

@@ -23,11 +23,11 @@ NPU: :mod:`vllm_hybrid_npu.patches.vllm_ascend_mamba_utils`.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from vllm_hybrid_npu.patches.registry import Patch
 from vllm_hybrid_npu.support import Stack
+from vllm_hybrid_npu import envs
 
 #: Environment variable: ``auto`` (default: ours where it is measured faster), ``ours``
 #: (also on CPU) or ``upstream`` (never).
@@ -45,7 +45,7 @@ def copy_kernel_choice() -> str:
         ValueError: a value other than ``auto``, ``ours``, ``upstream`` (the message names the
             variable).
     """
-    value = os.environ.get(COPY_KERNEL_ENV, "").strip().lower() or "auto"
+    value = envs.get(COPY_KERNEL_ENV).lower() or "auto"
     if value not in COPY_KERNEL_CHOICES:
         raise ValueError(
             f"{COPY_KERNEL_ENV}={value!r} is not one of {', '.join(COPY_KERNEL_CHOICES)}"

@@ -23,9 +23,9 @@ Keep top-level imports light: this package is imported by the plugin in every vL
 from __future__ import annotations
 
 import logging
-import os
 
 from vllm_hybrid_npu.scheduling.split import POLICY_NAMES, unknown_policy_message
+from vllm_hybrid_npu import envs
 
 logger = logging.getLogger("vllm_hybrid_npu")
 
@@ -45,7 +45,7 @@ DEFAULT_POLICY: dict[str, str] = {"npu": "upstream", "cuda": "upstream", "cpu": 
 
 def policy_is_default() -> bool:
     """True when :data:`ENV_VAR` is unset or empty (the per-target default applies)."""
-    return not os.environ.get(ENV_VAR, "").strip()
+    return not envs.get(ENV_VAR)
 
 
 def selected_policy(target: str | None = None) -> str:
@@ -59,7 +59,7 @@ def selected_policy(target: str | None = None) -> str:
         ValueError: the variable names no known policy (the message names the variable; for the
             retired ``tail``/``adaptive`` it says what replaces them).
     """
-    value = os.environ.get(ENV_VAR, "").strip().lower()
+    value = envs.get(ENV_VAR).lower()
     if not value:
         if target is None:
             from vllm_hybrid_npu.target import detect_target
@@ -68,6 +68,6 @@ def selected_policy(target: str | None = None) -> str:
         return DEFAULT_POLICY[target]
     if value not in POLICY_NAMES + WORKER_MODES:
         raise ValueError(
-            unknown_policy_message(ENV_VAR, os.environ.get(ENV_VAR), POLICY_NAMES + WORKER_MODES)
+            unknown_policy_message(ENV_VAR, envs.get(ENV_VAR), POLICY_NAMES + WORKER_MODES)
         )
     return value
