@@ -150,6 +150,22 @@ def get(name: str) -> str:
     return os.environ.get(name, "").strip()
 
 
+def choice(name: str, values: tuple[str, ...], default: str) -> str:
+    """The declared variable ``name`` as one of ``values`` (lower-cased; ``default`` when unset).
+
+    ``values`` is the reading module's own tuple (``tests/docs/test_env_table.py`` checks that it
+    equals the declaration).
+
+    Raises:
+        KeyError: ``name`` is not declared here.
+        ValueError: any other value; the message names the variable and the values it takes.
+    """
+    value = get(name).lower() or default
+    if value not in values:
+        raise ValueError(f"{name}={value!r} is not one of {', '.join(values)}")
+    return value
+
+
 def markdown_table() -> str:
     """The table of docs/configuration.md's "Environment variables" section (Markdown, no
     trailing newline)."""

@@ -56,10 +56,7 @@ def patch_mode() -> str:
     Raises:
         ValueError: a value other than ``auto`` or ``none`` (the message names the variable).
     """
-    mode = envs.get(MODE_ENV).lower() or "auto"
-    if mode not in MODES:
-        raise ValueError(f"{MODE_ENV}={mode!r} is not one of {', '.join(MODES)}")
-    return mode
+    return envs.choice(MODE_ENV, MODES, "auto")
 
 
 def all_patches() -> list[Patch]:

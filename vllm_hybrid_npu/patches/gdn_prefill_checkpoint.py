@@ -83,10 +83,7 @@ def mode() -> str:
     Raises:
         ValueError: a value other than ``auto`` or ``off`` (the message names the variable).
     """
-    value = envs.get(ENV_VAR).lower() or "auto"
-    if value not in MODES:
-        raise ValueError(f"{ENV_VAR}={value!r} is not one of {', '.join(MODES)}")
-    return value
+    return envs.choice(ENV_VAR, MODES, "auto")
 
 
 def is_gdn_model(model_config: Any) -> bool:

@@ -45,12 +45,7 @@ def copy_kernel_choice() -> str:
         ValueError: a value other than ``auto``, ``ours``, ``upstream`` (the message names the
             variable).
     """
-    value = envs.get(COPY_KERNEL_ENV).lower() or "auto"
-    if value not in COPY_KERNEL_CHOICES:
-        raise ValueError(
-            f"{COPY_KERNEL_ENV}={value!r} is not one of {', '.join(COPY_KERNEL_CHOICES)}"
-        )
-    return value
+    return envs.choice(COPY_KERNEL_ENV, COPY_KERNEL_CHOICES, "auto")
 
 
 def make_launcher(upstream: Any, stack: Stack) -> Any:
