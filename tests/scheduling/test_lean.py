@@ -165,23 +165,6 @@ def test_lean_frees_blocks_as_segments(cfg):
     assert all(k == S for k, _ in got[:-7])
 
 
-def test_gdn_checkpoints_hit_first_repeat_without_extra_steps(cfg):
-    # 'all' mode: a state at every block boundary inside the step, so the second request hits
-    # the whole shared prefix; a cold prompt within the token budget takes one step (upstream's
-    # align mode takes two: it stops at the last block boundary, then computes the tail).
-    gdn = _run(cfg, SHARED, "gdn-checkpoints")
-    assert gdn.block_size == BS
-    assert gdn.cached_per_request == [0, 1536, 1536, 1536]
-    length = random.choice([n for n in range(1300, 2048) if n % BS])
-    cold = [(length, 1, [7, 8, 9, 11])]
-    assert _run(cfg, cold, "gdn-checkpoints").steps == 1
-    assert _run(cfg, cold, "upstream").steps == 2
-    assert _run(cfg, cold, "lean").steps > _run(cfg, cold, "upstream").steps
-    # dense: every block boundary of the prompt stays cached
-    assert _run(cfg, cold, "gdn-checkpoints").cached_states == length // BS
-    assert _run(cfg, cold, "gdn-lean").cached_states < length // BS
-
-
 def test_lean_class_in_the_engine_registry():
     cls = scheduler_class("lean")
     assert cls.checkpoint_policy == "lean"
