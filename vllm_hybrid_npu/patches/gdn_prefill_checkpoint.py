@@ -492,7 +492,9 @@ def wanted(stack: Stack) -> str | None:
     return None
 
 
-def _patch(name, module, qualname, make, targets, why, vllm=VLLM_VERSIONS, signature=None):
+def _patch(name, module, qualname, make, targets, why, vllm=VLLM_VERSIONS, signature=None,
+           until="vLLM's or vllm-ascend's GDN path exports prefill checkpoints itself (vLLM 0.33: "
+           "FlashInfer backend only)"):
     return Patch(
         name=name,
         module=module,
@@ -504,8 +506,7 @@ def _patch(name, module, qualname, make, targets, why, vllm=VLLM_VERSIONS, signa
         signature=signature,
         behaviour_changing=True,
         why=why,
-        until="vLLM's or vllm-ascend's GDN path exports prefill checkpoints itself (vLLM 0.33: "
-        "FlashInfer backend only)",
+        until=until,
     )
 
 
@@ -537,5 +538,6 @@ PATCHES = [
     _patch("gdn-checkpoint-retention", "vllm.v1.core.single_type_kv_cache_manager",
            "MambaManager._cache_partial_tail_block", _make_retention, ("cpu", "cuda"),
            "vLLM 0.32's fix carried: the prompt's checkpoint is cached at retention interval 0",
-           vllm=("0.30.0",), signature=("self", "request", "num_tokens", "retention_interval")),
+           vllm=("0.30.0",), signature=("self", "request", "num_tokens", "retention_interval"),
+           until="vLLM 0.30 leaves the support matrix (vLLM 0.32 has the rule)"),
 ]
