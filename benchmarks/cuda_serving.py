@@ -290,6 +290,7 @@ class Driver:
         core.step_fn = counted
         self.core = core
         self.n = 0
+        self.step_walls: list[tuple[float, int]] = []  # (seconds of engine.step(), steps it executed)
 
     def run(self, prompts, max_tokens: int, stagger_steps: int = 0) -> list[dict]:
         """Submit ``prompts`` (token id lists; with ``stagger_steps`` > 0 one more every that many
@@ -321,8 +322,10 @@ class Driver:
             if todo and (self.steps - last_submit >= stagger_steps or not self.engine.has_unfinished_requests()):
                 submit()
                 last_submit = self.steps
+            t_step, s_before = time.perf_counter(), self.steps
             outs = self.engine.step()
             now = time.perf_counter()
+            self.step_walls.append((now - t_step, self.steps - s_before))
             for o in outs:
                 rec = by_id.get(o.request_id)
                 if rec is None:
@@ -449,6 +452,9 @@ def _measure_length(args, drv: Driver, length: int, block: int, vocab: int, cuda
             if phase in ("turn1", "turn2", "conc1", "conc2") else None,
             "tokens": [r["tokens"] for r in recs] if phase in ("turn1", "turn2") else None,
         }
+    if args.step_profile:
+        step_profile(drv, draw_prompts=_draw(args.seed, length, "stepprof"), length=length, vocab=vocab,
+                     rows=args.step_profile, torch=torch)
     if not cuda:
         res.update(copy_us_per_step=None, export_us_per_step=None, syncs_per_step=None,
                    gpu_note="no CUDA device: state-copy, export and host-sync columns not measured")
@@ -495,6 +501,43 @@ def _measure_length(args, drv: Driver, length: int, block: int, vocab: int, cuda
                other_warnings=len(msgs) - count_syncs(msgs),
                sync_examples=sorted({m[:160] for m in msgs if SYNC_WARNING in m})[:5])
     return res
+
+
+def step_profile(drv: Driver, draw_prompts, length: int, vocab: int, rows: int, torch) -> None:
+    """Print (to the row's log) where one cold prompt's and its repeat's engine steps go: the
+    wall time of each ``engine.step()`` call, the GPU kernel time summed over the run, and the
+    top ``rows`` operators by device time and by host (self CPU) time, from torch's profiler.
+
+    For diagnosis only (issue 19: the exporter's cold TTFT against caching off); nothing here
+    enters the JSON's rows.
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    prompt = draw_prompts(length, vocab)
+    cuda = torch.cuda.is_available()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    for phase in ("cold", "repeat"):
+        drv.step_walls.clear()
+        with profile(activities=activities) as prof:
+            t = time.perf_counter()
+            rec = drv.run([prompt], 1)[0]
+            if cuda:
+                torch.cuda.synchronize()
+            wall = time.perf_counter() - t
+        avg = prof.key_averages()
+        dev = sum((getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0.0))
+                  for e in avg)
+        walls = ", ".join(f"{1e3 * w:.2f}ms/{n}" for w, n in drv.step_walls)
+        print(f"STEPPROF {phase} @{length}: ttft {rec['ttft_ms']:.2f} ms, cached {rec['cached']}, "
+              f"steps to first {rec['steps_to_first']}, run wall {1e3 * wall:.2f} ms, "
+              f"GPU kernel time {dev / 1e3:.2f} ms; engine.step() calls (wall/executed): {walls}",
+              flush=True)
+        for key in ("self_device_time_total", "self_cpu_time_total"):
+            try:
+                print(f"STEPPROF {phase} top by {key}:\n" + avg.table(sort_by=key, row_limit=rows),
+                      flush=True)
+            except Exception as exc:  # noqa: BLE001  (older torch names the column self_cuda_time_total)
+                print(f"STEPPROF {phase} table by {key}: {exc!r}", flush=True)
 
 
 def _fake_worker(args, mode: str) -> int:
@@ -880,6 +923,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="start a row only with this many seconds of the call budget left")
     p.add_argument("--first-length-s", type=float, default=120,
                    help="a worker's estimate of its first length (warm-up + measurement), engine loaded")
+    p.add_argument("--step-profile", type=int, default=0, metavar="ROWS",
+                   help="diagnosis: print per-step wall times and the top ROWS profiler operators "
+                        "of one cold prompt and its repeat to the row's log (CUDA only)")
     p.add_argument("--out", default="cuda_serving.json")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--result-file", help=argparse.SUPPRESS)
@@ -985,7 +1031,7 @@ def _run_row(args, row, todo, deadline, groups, units, status, timing) -> None:
     margin = 20.0
     cmd = [sys.executable, "-m", "benchmarks.cuda_serving", "--worker", row, "--result-file", str(res_file),
            "--deadline", str(deadline - margin), "--lengths", ",".join(map(str, todo)), "--seed", str(args.seed)]
-    for k in RESUME_KEYS + ("first_length_s",):
+    for k in RESUME_KEYS + ("first_length_s", "step_profile"):
         v = getattr(args, k)
         if v is None or v is False:
             continue
