@@ -178,6 +178,20 @@ class StepCheckpoints:
     conv_end: Any
     chunk_index: Any
     rounds: list[CpuRound] | None = None
+    _conv_rows: dict = dataclasses.field(default_factory=dict, repr=False)
+
+    def conv_row_index(self, width: int) -> Any:
+        """int64 [n * (width - 1)]: batch indices of the ``width - 1`` input rows before each
+        checkpoint, checkpoint-major (device of ``conv_end``). Built once per step and conv
+        kernel width, then reused by every GDN layer of the group (one fewer arange, add and
+        flatten per layer on the host)."""
+        idx = self._conv_rows.get(width)
+        if idx is None:
+            import torch
+
+            steps = torch.arange(1 - width, 0, device=self.conv_end.device, dtype=torch.int64)
+            idx = self._conv_rows[width] = (self.conv_end[:, None] + steps).flatten()
+        return idx
 
 
 def _cpu_rounds(qsl, num_reqs, num_decodes, state_slots, has_initial, ckpts, ckpt_slots, torch):
@@ -431,14 +445,14 @@ def _make_forward_core(upstream: Any, stack: Stack) -> Any:
         plan = getattr(md, PLAN_ATTR, None)
         if plan is None:
             return upstream(self, mixed_qkv, b, a, core_attn_out)
-        # conv state at the checkpoint: the width - 1 input rows before it
+        # conv state at the checkpoint: the width - 1 input rows before it (their batch indices
+        # built by the step's first GDN layer, reused by the others: same plan, same width)
         conv_cache = self.kv_cache[0]
         width = self.conv1d.weight.size(-1)
-        steps = torch.arange(1 - width, 0, device=plan.conv_end.device, dtype=torch.int64)
-        rows = mixed_qkv.index_select(0, (plan.conv_end[:, None] + steps).flatten())
         with torch.profiler.record_function(PROFILE_RANGE + ".conv"):
+            rows = mixed_qkv.index_select(0, plan.conv_row_index(width))
             rows = rows.view(plan.conv_end.numel(), width - 1, -1).to(conv_cache.dtype)
-            conv_cache[plan.slots] = rows.transpose(1, 2) if is_conv_state_dim_first() else rows
+            conv_cache.index_copy_(0, plan.slots, rows.transpose(1, 2) if is_conv_state_dim_first() else rows)
         _fla_export.append((self.kv_cache[1], plan.slots, plan.chunk_index))
         try:
             return upstream(self, mixed_qkv, b, a, core_attn_out)
@@ -458,7 +472,7 @@ def _make_fwd_h(upstream: Any, stack: Stack) -> Any:
             ssm_state, slots, chunk_index = _fla_export[-1]
             # h: [1, chunks, H, V, K], the state at each chunk's start; SSM cache [blocks, H, V, K]
             with torch.profiler.record_function(PROFILE_RANGE + ".ssm"):
-                ssm_state[slots] = h[0].index_select(0, chunk_index).to(ssm_state.dtype)
+                ssm_state.index_copy_(0, slots, h[0].index_select(0, chunk_index).to(ssm_state.dtype))
         return h, v_new, final_state
 
     return chunk_gated_delta_rule_fwd_h
