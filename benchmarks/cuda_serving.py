@@ -525,8 +525,9 @@ def step_profile(drv: Driver, draw_prompts, length: int, vocab: int, rows: int, 
                 torch.cuda.synchronize()
             wall = time.perf_counter() - t
         avg = prof.key_averages()
+        # kernels only (an operator's self device time repeats its kernels' time)
         dev = sum((getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0.0))
-                  for e in avg)
+                  for e in prof.events() if str(getattr(e, "device_type", "")).endswith("CUDA"))
         walls = ", ".join(f"{1e3 * w:.2f}ms/{n}" for w, n in drv.step_walls)
         print(f"STEPPROF {phase} @{length}: ttft {rec['ttft_ms']:.2f} ms, cached {rec['cached']}, "
               f"steps to first {rec['steps_to_first']}, run wall {1e3 * wall:.2f} ms, "
@@ -925,7 +926,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="a worker's estimate of its first length (warm-up + measurement), engine loaded")
     p.add_argument("--step-profile", type=int, default=0, metavar="ROWS",
                    help="diagnosis: print per-step wall times and the top ROWS profiler operators "
-                        "of one cold prompt and its repeat to the row's log (CUDA only)")
+                        "of one cold prompt and its repeat to the row's log")
     p.add_argument("--out", default="cuda_serving.json")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--result-file", help=argparse.SUPPRESS)

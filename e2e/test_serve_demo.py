@@ -84,11 +84,14 @@ def _without_pid(line: str) -> str:
     return re.sub(r" \(pid \d+\)\s*$", "", line.strip())
 
 
-def test_readme_demo_block_matches_this_server(cached_server):
+def test_readme_demo_block_matches_this_server(cached_server, e2e_target_name):
     """The README's demo output (written by ``vllm-hybrid-npu demo --readme README.md``, same
     server flags as this module's server) names the CPU it ran on and shows this code's plugin
     load line, and its block size where this CPU is of the same kind (AVX-512-BF16 or not);
-    rerun that command when this fails."""
+    rerun that command when this fails. The README's block is a CPU-target run: on another
+    target the block size and the applied patch list differ by design, so it is not compared."""
+    if e2e_target_name != "cpu":
+        pytest.skip(f"the README's demo block is the CPU target's run; this target is {e2e_target_name}")
     block = _readme_demo_block()
     size = next(l for l in block.splitlines() if l.startswith("block size (tokens, chosen by vLLM): "))
     machine = next(l for l in block.splitlines() if l.startswith("machine: "))[len("machine: "):]
