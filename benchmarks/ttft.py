@@ -12,9 +12,11 @@ first token. Between runs the engine's scheduler is switched to the policy's chu
 engine runs a scheduler class built by ``scheduler_class`` from a :class:`SplitRule` that
 delegates to the policy of the run; ``upstream`` returns vLLM's own split unchanged): the
 policies differ only in ``_mamba_block_aligned_split`` and in state retention, and retention does
-not touch a cold request's prefill, so one engine serves all policies fairly. Policies: the
-runtime's (``upstream``, ``lean``) and the lab's retired ``tail`` and ``adaptive``
-(``vllm_hybrid_npu_lab/retired_policies.py``, retired from the runtime on 2026-11-23).
+not touch a cold request's prefill, so one engine serves all policies fairly. Policies:
+``upstream`` (vLLM's placement, the only one the runtime has since 2026-11-25) and the lab's
+retired comparison rows ``lean`` (:mod:`vllm_hybrid_npu_lab.scheduling`), ``tail`` and
+``adaptive`` (``vllm_hybrid_npu_lab/retired_policies.py``); the scheduler classes are the lab's,
+installed with ``scheduler_cls`` (the runtime installs none).
 
 Prints a table (median TTFT per policy in ms, the ratio to upstream measured in the same run,
 the prefill steps each policy takes) and writes/prints one JSON object.
@@ -38,14 +40,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="prompt sizes in blocks (each prompt gets half a block more)")
     parser.add_argument("--repeats", type=int, default=5, help="runs per size and policy")
     parser.add_argument("--policies", nargs="+", default=["upstream", "lean"],
-                        help="upstream, lean, or the lab's retired tail / adaptive")
+                        help="upstream, or the lab's retired lean / tail / adaptive")
     parser.add_argument("--max-num-batched-tokens", type=int, default=None,
                         help="engine token budget per step (default: vLLM's)")
     parser.add_argument("--json", default=None, help="also write the JSON result to this file")
 
 
 def run(args: argparse.Namespace) -> int:
-    from vllm_hybrid_npu.scheduling.split import (
+    from vllm_hybrid_npu_lab.scheduling.split import (
         POLICY_NAMES,
         SplitRule,
         checkpoint_positions,
@@ -70,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
 
     from vllm_hybrid_npu.tools.server import CPU_SAFE_ENGINE_ARGS
 
-    from vllm_hybrid_npu.scheduling.scheduler import CheckpointPolicyMixin, scheduler_class
+    from vllm_hybrid_npu_lab.scheduling.scheduler import CheckpointPolicyMixin, scheduler_class
 
     model = args.model
     if model is None:

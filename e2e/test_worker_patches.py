@@ -89,10 +89,10 @@ KV_TINY = 2_400_000  # bytes: ~18 blocks: 4 concurrent requests preempt each oth
 # its third state block per request would not fit a request of the model's max length)
 
 
-#: ``ours``: the plugin with our copy launcher forced on CPU and vLLM's own schedule (no
-#: checkpoint policy, so both modes run the same schedule); ``upstream``: nothing patched.
+#: ``ours``: the plugin with our copy launcher forced on CPU and vLLM's own schedule (the plugin
+#: installs no scheduler, so both modes run the same schedule); ``upstream``: nothing patched.
 MODES = {
-    "ours": {"VLLM_HYBRID_NPU_COPY_KERNEL": "ours", "VLLM_HYBRID_NPU_CHECKPOINTS": "upstream"},
+    "ours": {"VLLM_HYBRID_NPU_COPY_KERNEL": "ours"},
     "upstream": {"VLLM_HYBRID_NPU_PATCHES": "none"},
 }
 

@@ -97,17 +97,17 @@ register(EnvVar(
 ))
 register(EnvVar(
     name="VLLM_HYBRID_NPU_CHECKPOINTS",
-    values=("upstream", "lean"),
+    values=("upstream",),
     kind="",
-    default="`upstream` on every target (`scheduling.DEFAULT_POLICY`)",
-    read_by="`scheduling.selected_policy`; registry entry `checkpoint-policy` "
-    "(`SchedulerConfig.get_scheduler_cls`)",
-    effect="checkpoint placement of the scheduler: `upstream` = vLLM's own chunk ends and "
-    "retention (nothing installed; placement is vLLM's); `lean` = chunk ends at the prompt's "
-    "last 2 block boundaries, only those states kept (kept for comparison; it lost to vLLM's own "
-    "options on real conversations, docs/hitrate-lab.md). The retired `tail`, `adaptive` and "
-    "`gdn` raise `ValueError` naming what replaces them (`gdn`: "
-    "`VLLM_HYBRID_NPU_PREFILL_CHECKPOINTS`)",
+    default="unset",
+    read_by="`core.placement.check_checkpoints_env` (at plugin load, `patches.apply_patches`)",
+    effect="retired (issue 20): checkpoint placement is vLLM's on every target, the plugin "
+    "installs no scheduler. `upstream` is accepted with a deprecation warning and changes "
+    "nothing; any other value (`lean`, `tail`, `adaptive`, `gdn`, ...) stops the plugin's load "
+    "with an error naming the variable (`gdn`'s also names "
+    "`VLLM_HYBRID_NPU_PREFILL_CHECKPOINTS`). vLLM's own flags: `vllm-hybrid-npu-lab advise`; "
+    "`lean` and the other policies are the lab's retired comparison rows "
+    "([hitrate-lab.md](hitrate-lab.md))",
 ))
 register(EnvVar(
     name="VLLM_HYBRID_NPU_COPY_IMPL",

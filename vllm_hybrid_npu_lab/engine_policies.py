@@ -1,14 +1,16 @@
 """The checkpoint policies (``lean``, the retired ``tail`` and ``adaptive``, ``gdn`` variants and lab-only ``lean`` lever variants) registered in the hit-rate lab.
 
-Importing this module registers them in :data:`vllm_hybrid_npu_lab.policies.POLICIES`; ``lean``
-under the name ``VLLM_HYBRID_NPU_CHECKPOINTS`` uses, ``upstream`` is the lab's own entry. ``tail``
-and ``adaptive`` are lab-only since 2026-11-23 (:mod:`.retired_policies`: split rules passed to the
-runtime's ``scheduler_class``). Registration is
-idempotent (a second import, or a name already registered by this module, is skipped).
+Importing this module registers them in :data:`vllm_hybrid_npu_lab.policies.POLICIES`;
+``upstream`` is the lab's own entry. All of them are retired comparison rows: placement is vLLM's
+in the runtime since 2026-11-25 (issue 20; ``lean`` was ``VLLM_HYBRID_NPU_CHECKPOINTS=lean``
+until then), ``tail`` and ``adaptive`` were retired on 2026-11-23 (:mod:`.retired_policies`: split
+rules passed to :func:`vllm_hybrid_npu_lab.scheduling.scheduler.scheduler_class`). Registration
+is idempotent (a second import, or a name already registered by this module, is skipped).
 
-``lean``'s ``scheduler_class()`` is :func:`vllm_hybrid_npu.scheduling.scheduler.scheduler_class`
-over vLLM's ``Scheduler``: the very class the plugin installs in the engine (there the base is
-``AsyncScheduler`` when async scheduling is on; both share the split and retention code).
+``lean``'s ``scheduler_class()`` is :func:`vllm_hybrid_npu_lab.scheduling.scheduler.scheduler_class`
+over vLLM's ``Scheduler``: the class the plugin installed in engines until 2026-11-25 (there the
+base was ``AsyncScheduler`` when async scheduling was on; both share the split and retention
+code); an engine the lab builds gets it as ``scheduler_cls``.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ LEVERS: dict[str, tuple[str, dict]] = {
 
 def _factory(policy: str):
     def scheduler_class() -> type:
-        from vllm_hybrid_npu.scheduling.scheduler import scheduler_class as make
+        from vllm_hybrid_npu_lab.scheduling.scheduler import scheduler_class as make
 
         return make(RETIRED_RULES.get(policy, policy))
 
@@ -73,8 +75,8 @@ def all_mode(vllm_config) -> None:
 
     vLLM itself falls back to ``align`` for GDN models (``MambaModelConfig.verify_and_update_config``,
     vllm/model_executor/models/config.py, no ``supports_mamba_prefix_caching``); the lab forces
-    ``all`` since it simulates the forward pass, as the engine's ``VLLM_HYBRID_NPU_CHECKPOINTS=gdn``
-    does. The Mamba block is aligned to the 64-token GDN chunk (``mamba_block_size`` as a user
+    ``all`` since it simulates the forward pass, as the engine's retired ``VLLM_HYBRID_NPU_CHECKPOINTS=gdn``
+    did. The Mamba block is aligned to the 64-token GDN chunk (``mamba_block_size`` as a user
     value, which ``Platform._align_hybrid_block_size`` rounds up to a multiple of the chunk that
     holds one state page), as the engine's ``get_mamba_chunk_size`` patch makes vLLM do.
     """
@@ -97,7 +99,7 @@ GDN_POLICIES: dict[str, tuple[str, str, dict | None]] = {
 
 def _gdn_factory(name: str, policy: str, overrides: dict | None):
     def scheduler_class() -> type:
-        from vllm_hybrid_npu.scheduling.scheduler import scheduler_class as make
+        from vllm_hybrid_npu_lab.scheduling.scheduler import scheduler_class as make
 
         from vllm_hybrid_npu_lab.lean_levers import lever_scheduler
 

@@ -1,11 +1,11 @@
 """Lab-only levers of the ``lean`` policy (issue 13: they do not belong in the runtime).
 
-:class:`LeanLeversMixin` is placed before the runtime's ``LeanCheckpointScheduler``
-(:class:`vllm_hybrid_npu.scheduling.lean.LeanRetentionMixin`) and switches on, through that
+:class:`LeanLeversMixin` is placed before the lab's ``LeanCheckpointScheduler``
+(:class:`vllm_hybrid_npu_lab.scheduling.lean.LeanRetentionMixin`) and switches on, through that
 mixin's extension points, what the lab measures one lever at a time:
 
 * ``lean_ladder``: also stop and keep states at the adaptive ladder (1, 2, 4, ... blocks below the
-  prompt's last boundary, :func:`vllm_hybrid_npu.scheduling.retention.ladder_boundaries`); those
+  prompt's last boundary, :func:`vllm_hybrid_npu_lab.scheduling.retention.ladder_boundaries`); those
   states leave first when the request is freed (low value) unless hit;
 * ``lean_hold``: while a ``MambaManager.remove_skipped_blocks`` call (vLLM 0.30,
   ``vllm/v1/core/single_type_kv_cache_manager.py``) frees a kept state of the prompt's window
@@ -15,18 +15,18 @@ mixin's extension points, what the lab measures one lever at a time:
   to the front of the free queue.
 
 The window (``lean_window``) and decode states (``lean_decode``) are class attributes of the
-runtime mixin; the lab's ``lean-w1``/``lean-w3``/``lean-nodecode`` variants set them.
+lean mixin; the lab's ``lean-w1``/``lean-w3``/``lean-nodecode`` variants set them.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from vllm_hybrid_npu.scheduling.retention import extra_stops, kept_boundaries
+from vllm_hybrid_npu_lab.scheduling.retention import extra_stops, kept_boundaries
 
 
 class LeanLeversMixin:
-    """The lab's lean levers (see module docstring); defaults = the runtime policy."""
+    """The lab's lean levers (see module docstring); defaults = the lean policy."""
 
     lean_ladder: bool = False
     lean_hold: bool = False
@@ -125,9 +125,9 @@ class LeanLeversMixin:
 
 
 def lever_scheduler(name: str, overrides: dict[str, Any], base: type | None = None) -> type:
-    """``LeanLeversMixin`` over the runtime's lean scheduler (``base``: default the
+    """``LeanLeversMixin`` over the lab's lean scheduler (``base``: default the
     ``Scheduler``-based ``LeanCheckpointScheduler``), with ``overrides`` as class attributes."""
-    from vllm_hybrid_npu.scheduling.scheduler import scheduler_class
+    from vllm_hybrid_npu_lab.scheduling.scheduler import scheduler_class
 
     lean = scheduler_class("lean") if base is None else base
     cls_name = "Lab" + name.replace("-", " ").title().replace(" ", "") + "Scheduler"

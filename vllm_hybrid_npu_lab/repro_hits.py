@@ -11,9 +11,9 @@ one ``RESULT`` line per case and a final JSON object:
   tokens, then a second turn = first prompt + its output + 50 new tokens; the second turn's
   cached tokens.
 
-``--policy upstream`` names vLLM's own ``Scheduler`` with ``scheduler_cls`` (an explicit class
-wins over the plugin's default policy); ``lean`` names the runtime's ``LeanCheckpointScheduler``
-(the plugin's default until 2026-11-25); ``tail`` / ``adaptive`` (retired from the runtime on
+``--policy upstream`` names vLLM's own ``Scheduler`` with ``scheduler_cls``; ``lean`` passes the
+lab's ``LeanCheckpointScheduler`` (:mod:`vllm_hybrid_npu_lab.scheduling`; the runtime's
+``VLLM_HYBRID_NPU_CHECKPOINTS=lean`` until 2026-11-25, placement is vLLM's since); ``tail`` / ``adaptive`` (retired from the runtime on
 2026-11-23, lab only) pass the class built from :mod:`.retired_policies`' split rule (an in-process
 engine takes a class as ``scheduler_cls``). (``gdn``, 'all' mode for GDN, was retired on
 2026-11-25: the runtime's prefill-checkpoint exporter replaces it and runs by default.)
@@ -51,15 +51,11 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("--engine-args must be a JSON object")
     if args.policy == "upstream":
         kw["scheduler_cls"] = "vllm.v1.core.sched.scheduler.Scheduler"
-    elif args.policy in ("tail", "adaptive"):
-        from vllm_hybrid_npu.scheduling.scheduler import scheduler_class
-
-        from vllm_hybrid_npu_lab.retired_policies import RULES
-
-        kw["scheduler_cls"] = scheduler_class(RULES[args.policy])
     else:
-        kw["scheduler_cls"] = (
-            f"vllm_hybrid_npu.scheduling.scheduler.{args.policy.capitalize()}CheckpointScheduler")
+        from vllm_hybrid_npu_lab.retired_policies import RULES
+        from vllm_hybrid_npu_lab.scheduling.scheduler import scheduler_class
+
+        kw["scheduler_cls"] = scheduler_class(RULES.get(args.policy, args.policy))
     mode = "align"
     llm = LLM(model=model, enable_prefix_caching=True, mamba_cache_mode=mode,
               **{**CPU_SAFE_ENGINE_ARGS, "kv_cache_memory_bytes": 256 << 20, **kw})

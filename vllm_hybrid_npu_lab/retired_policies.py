@@ -4,13 +4,13 @@ Both were ``VLLM_HYBRID_NPU_CHECKPOINTS`` values until 2026-11-23; the lab's num
 (docs/hitrate-lab.md, 2026-11-23) retired them: ``tail`` gives exactly the hits of vLLM's own
 ``--long-prefill-token-threshold <block size> --prefix-cache-retention-interval None`` (the lab's
 ``upstream:ret=dense,lpt=1b``), and ``adaptive`` is below upstream's best setting at every lab
-point; ``lean`` (the runtime default on CUDA and CPU) replaces both. The lab keeps them so that
+point; ``lean`` replaced both (itself a retired lab row since 2026-11-25: placement is vLLM's). The lab keeps them so that
 the published numbers can be replayed (``vllm-hybrid-npu-lab hitrate --policy tail adaptive``).
 
-They are built on the runtime's extension point: a
-:class:`vllm_hybrid_npu.scheduling.split.SplitRule` passed to
-:func:`vllm_hybrid_npu.scheduling.scheduler.scheduler_class` gives a scheduler class on the
-runtime's :class:`~vllm_hybrid_npu.scheduling.policy_base.CheckpointPolicyMixin` (vLLM's split
+They are built on the lab's extension point: a
+:class:`vllm_hybrid_npu_lab.scheduling.split.SplitRule` passed to
+:func:`vllm_hybrid_npu_lab.scheduling.scheduler.scheduler_class` gives a scheduler class on
+:class:`~vllm_hybrid_npu_lab.scheduling.policy_base.CheckpointPolicyMixin` (vLLM's split
 first, then the rule's extra chunk end; dense state retention when vLLM's
 ``prefix_cache_retention_interval`` is its default 0). Pure functions, no vLLM import; positions
 and lengths in tokens, ``block_size`` the hybrid block size in tokens.
@@ -25,7 +25,7 @@ and lengths in tokens, ``block_size`` the hybrid block size in tokens.
 
 from __future__ import annotations
 
-from vllm_hybrid_npu.scheduling.split import SplitRule
+from vllm_hybrid_npu_lab.scheduling.split import SplitRule
 
 #: The retired policies' names, in the lab's registration order.
 RETIRED_NAMES: tuple[str, ...] = ("tail", "adaptive")

@@ -8,10 +8,11 @@ What runs: vllm-ascend's ``vllm_ascend/patch/platform/patch_mamba_block_aligned_
 ``Scheduler._mamba_block_aligned_split``) and ``patch_balance_schedule.py`` (rebinds
 ``vllm.v1.core.sched.scheduler.Scheduler`` to ``BalanceScheduler``, whose ``schedule()`` is
 vllm-ascend's copy of vLLM's when balance scheduling is enabled), imported for real; then the
-plugin's registry (``vllm_hybrid_npu.patches.apply_patches("npu", stack)``: its
-``checkpoint-policy`` entry wraps ``SchedulerConfig.get_scheduler_cls``); then the
-scheduler class comes from vLLM's own ``SchedulerConfig.get_scheduler_cls`` (what
-``EngineCore`` calls) and runs a few requests of a tiny hybrid (GDN + attention, align mode)
+plugin's registry (``vllm_hybrid_npu.patches.apply_patches("npu", stack)``; it installs no
+scheduler since placement became vLLM's, issue 20); then the scheduler class vLLM's own
+``SchedulerConfig.get_scheduler_cls`` returns (what ``EngineCore`` calls) is wrapped by the lab's
+policy (``vllm_hybrid_npu_lab.scheduling.scheduler.scheduler_class``, as the runtime's retired
+``checkpoint-policy`` entry did until 2026-11-25) and runs a few requests of a tiny hybrid (GDN + attention, align mode)
 through the hit-rate lab's replay (vLLM's real ``Scheduler`` and KV-cache manager; only the
 forward pass is stood in). Balance scheduling needs a DP group for its all-gather; with one rank
 and no group ``balance_gather`` returns at once (its own early return), the copied
@@ -57,7 +58,6 @@ def main(argv=None) -> int:
 
 
 def run(args, result) -> None:
-    os.environ["VLLM_HYBRID_NPU_CHECKPOINTS"] = args.policy
     sys.path.insert(0, str(REPO))
     root = upstream.vllm_ascend_src(ASCEND)
     ascend_env.setup(str(root), "A2")
@@ -88,10 +88,9 @@ def run(args, result) -> None:
     from vllm_hybrid_npu import patches
     from vllm_hybrid_npu.support import Stack
 
-    # the plugin's registry as an NPU process of this stack applies it; the policy is chosen by
-    # VLLM_HYBRID_NPU_CHECKPOINTS (set above; upstream is the NPU default)
+    # the plugin's registry as an NPU process of this stack applies it (no scheduler entry: the
+    # class below stays vLLM's / vllm-ascend's until the lab wraps it)
     report = patches.apply_patches("npu", Stack(target="npu", vllm="0.30.0", vllm_ascend=ASCEND))
-    result["installed"] = [n for n in report.applied if n == "checkpoint-policy"]
     result["failed"] = dict(report.failed)
 
     from vllm_hybrid_npu_lab.model import build_setup
@@ -118,7 +117,11 @@ def run(args, result) -> None:
     # vllm-ascend reads its switch from additional_config (_balance_scheduling_enabled)
     setup.vllm_config.additional_config = {
         "scheduler_config": {"enable_balance_scheduling": args.balance == "on"}}
-    cls = setup.vllm_config.scheduler_config.get_scheduler_cls()
+    from vllm_hybrid_npu_lab.scheduling.scheduler import scheduler_class
+
+    chosen = setup.vllm_config.scheduler_config.get_scheduler_cls()
+    result["vllm_class"] = f"{chosen.__module__}.{chosen.__qualname__}"
+    cls = scheduler_class(args.policy, chosen)  # the lab's policy over the class vLLM chose
     result["scheduler_class"] = f"{cls.__module__}.{cls.__qualname__}"
     result["mro"] = [f"{c.__module__}.{c.__qualname__}" for c in cls.__mro__]
     splits = []

@@ -1,11 +1,13 @@
-"""vllm-ascend 0.30.0rc2's scheduler patches + the plugin's checkpoint policy (issue #12 item 4).
+"""vllm-ascend 0.30.0rc2's scheduler patches + the lab's checkpoint policy ``lean`` (issue #12 item 4).
+
 
 ``tests/ascend/sched_replay.py`` imports vllm-ascend's ``patch_mamba_block_aligned_split`` (the
 split wrapper) and ``patch_balance_schedule`` (``BalanceScheduler``) for real, applies the
-plugin's registry with ``VLLM_HYBRID_NPU_CHECKPOINTS=lean`` (the runtime policy: a checkpoint stop
-one block below the prompt's last block boundary, sparse retention and segment-ordered eviction;
-the NPU default is ``upstream``), takes the
-scheduler class from vLLM's ``SchedulerConfig.get_scheduler_cls`` and replays four requests
+plugin's registry (which leaves the scheduler class alone: placement is vLLM's since 2026-11-25,
+issue 20), takes the scheduler class from vLLM's ``SchedulerConfig.get_scheduler_cls``, wraps it
+in the lab's ``lean`` (``vllm_hybrid_npu_lab.scheduling``, a retired comparison row: a checkpoint
+stop one block below the prompt's last block boundary, sparse retention and segment-ordered
+eviction; until 2026-11-25 the runtime's ``VLLM_HYBRID_NPU_CHECKPOINTS=lean``) and replays four requests
 sharing a random prefix through vLLM's real scheduler and KV-cache manager (the lab's replay).
 Balance scheduling on (vllm-ascend's copied ``schedule()`` runs) and off (``super().schedule``).
 Fresh seed per session, printed on failure (``VLLM_HYBRID_NPU_TEST_SEED`` reruns one).
@@ -41,12 +43,14 @@ def composed(request, tmp_path_factory):
 
 
 def test_policy_class_wraps_balance_scheduler_and_ascend_split(composed):
-    assert composed["installed"] == ["checkpoint-policy"] and composed["failed"] == {}
+    assert composed["failed"] == {}
+    # the plugin left vLLM's choice alone (vllm-ascend's rebinding: BalanceScheduler)
+    assert composed["vllm_class"] == "vllm_ascend.patch.platform.patch_balance_schedule.BalanceScheduler"
     mro = composed["mro"]
     lean = next(i for i, c in enumerate(mro)
-                if c.startswith("vllm_hybrid_npu.") and c.endswith(".LeanRetentionMixin"))
+                if c.startswith("vllm_hybrid_npu_lab.") and c.endswith(".LeanRetentionMixin"))
     policy = next(i for i, c in enumerate(mro)
-                  if c.startswith("vllm_hybrid_npu.") and c.endswith(".CheckpointPolicyMixin"))
+                  if c.startswith("vllm_hybrid_npu_lab.") and c.endswith(".CheckpointPolicyMixin"))
     assert lean < policy, mro
     balance = mro.index("vllm_ascend.patch.platform.patch_balance_schedule.BalanceScheduler")
     vllm = mro.index("vllm.v1.core.sched.scheduler.Scheduler")

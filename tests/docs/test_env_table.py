@@ -48,9 +48,9 @@ def _readers():
         return patch_mode()
 
     def checkpoints():
-        from vllm_hybrid_npu.scheduling import selected_policy
+        from vllm_hybrid_npu.core.placement import check_checkpoints_env
 
-        return selected_policy()
+        return check_checkpoints_env()
 
     def prefill_checkpoints():
         from vllm_hybrid_npu.patches.gdn_prefill_checkpoint import mode
@@ -78,7 +78,7 @@ def _readers():
 
     # name -> (reader, whether it returns the setting itself, so the default can be checked;
     # COPY_IMPL's reader returns the resolved implementation, "auto" never comes back)
-    # CHECKPOINTS' default is per target (its reader returns the resolved policy)
+    # CHECKPOINTS is retired: unset gives None (no setting), not a value
     return {"VLLM_HYBRID_NPU_PATCHES": (patches, True), "VLLM_HYBRID_NPU_CHECKPOINTS": (checkpoints, False),
             "VLLM_HYBRID_NPU_PREFILL_CHECKPOINTS": (prefill_checkpoints, True),
             "VLLM_HYBRID_NPU_COPY_KERNEL": (copy_kernel, True),

@@ -1,5 +1,5 @@
 """The lab-only ``tail`` and ``adaptive`` split rules (retired from the runtime on 2026-11-23),
-against positions worked out by hand, through the runtime's split-rule extension point."""
+against positions worked out by hand, through the split-rule extension point of ``vllm_hybrid_npu_lab.scheduling``."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from vllm_hybrid_npu.scheduling.split import checkpoint_positions, policy_chunk_tokens
+from vllm_hybrid_npu_lab.scheduling.split import checkpoint_positions, policy_chunk_tokens
 from vllm_hybrid_npu_lab.retired_policies import ADAPTIVE, RULES, TAIL, next_checkpoint_stop
 
 

@@ -5,7 +5,6 @@ One module per patched upstream module (or, for ``gdn_prefill_checkpoint``, per 
 
 * :mod:`.vllm_config` - ``VllmConfig.try_verify_and_update_config``: flag-naming align-mode
   checks; the ``gdn`` switch.
-* :mod:`.vllm_config_scheduler` - ``SchedulerConfig.get_scheduler_cls``: the checkpoint policy.
 * :mod:`.vllm_mamba_utils` - vLLM's ``mamba_utils.batch_memcpy`` launcher (CUDA).
 * :mod:`.vllm_ascend_mamba_utils` - vllm-ascend's copy launchers (batched and layerwise).
 * :mod:`.worker_warmup` - the workers' ``compile_or_warm_up_model``: our kernel compiled at
@@ -21,12 +20,18 @@ vllm-ascend since its PR #7103): block tables sized per KV-cache group, ``prepro
 called by the model runner, the copy plan and its staging. ``docs/patches.md`` is the index.
 
 ``VLLM_HYBRID_NPU_PATCHES=none`` applies nothing (upstream unchanged; the load line says so).
+
+No entry changes scheduling: checkpoint placement is vLLM's on every target (issue 20). The
+former ``checkpoint-policy`` entry and its policies are the hit-rate lab's
+(``vllm_hybrid_npu_lab.scheduling``); :func:`apply_patches` rejects
+``VLLM_HYBRID_NPU_CHECKPOINTS`` set to a policy (:mod:`vllm_hybrid_npu.core.placement`).
 """
 
 from __future__ import annotations
 
 import importlib
 
+from vllm_hybrid_npu.core.placement import check_checkpoints_env
 from vllm_hybrid_npu.patches.registry import LoadReport, Patch, apply_all, unapply_all
 from vllm_hybrid_npu.support import Stack, detect_stack, unsupported_reason
 from vllm_hybrid_npu import envs
@@ -38,7 +43,6 @@ MODES = ("auto", "none")
 #: Patch modules, in application order.
 PATCH_MODULES = (
     "vllm_hybrid_npu.patches.vllm_config",
-    "vllm_hybrid_npu.patches.vllm_config_scheduler",
     "vllm_hybrid_npu.patches.vllm_mamba_utils",
     "vllm_hybrid_npu.patches.vllm_ascend_mamba_utils",
     "vllm_hybrid_npu.patches.worker_warmup",
@@ -78,11 +82,15 @@ def apply_patches(target: str | None = None, stack: Stack | None = None) -> Load
         The process's :class:`~vllm_hybrid_npu.patches.registry.LoadReport`.
 
     Raises:
-        ValueError: unknown target or a bad value of one of the plugin's variables.
+        ValueError: unknown target or a bad value of one of the plugin's variables;
+            :class:`~vllm_hybrid_npu.core.placement.PlacementPolicyRetiredError` (a
+            ``ValueError``) when ``VLLM_HYBRID_NPU_CHECKPOINTS`` names a placement policy, also
+            with ``VLLM_HYBRID_NPU_PATCHES=none``.
         vllm_hybrid_npu.patches.registry.PatchError: a behaviour-changing entry failed.
     """
     if target is not None and target not in ("npu", "cuda", "cpu"):
         raise ValueError(f"unknown target {target!r}; expected npu, cuda or cpu")
+    check_checkpoints_env()
     stack = stack or detect_stack(target)
     if patch_mode() == "none":
         return apply_all([], stack, unsupported=f"{MODE_ENV}=none")

@@ -22,7 +22,7 @@ Patches (vLLM 0.23.0, 0.30.0, 0.32.0; every target, since they only read the sch
 
 Wrapping these methods rather than subclassing the scheduler composes with any ``Scheduler``
 subclass that calls them (vLLM's ``AsyncScheduler``, vllm-ascend's schedulers that keep
-upstream's ``schedule``, this project's checkpoint-policy schedulers); a subclass replacing
+upstream's ``schedule``, the hit-rate lab's checkpoint-policy schedulers); a subclass replacing
 ``schedule`` without calling it gets no counts (nothing else changes).
 
 **State moves** (``vllm_hybrid_npu:state_copies_total``). In align mode

@@ -15,7 +15,7 @@ import dataclasses
 import logging
 from typing import Any
 
-from vllm_hybrid_npu.scheduling.split import SplitRule, policy_chunk_tokens
+from vllm_hybrid_npu_lab.scheduling.split import SplitRule, policy_chunk_tokens
 
 logger = logging.getLogger("vllm_hybrid_npu")
 

@@ -23,8 +23,8 @@ What a policy changes, and nothing else (vLLM 0.30.0 and 0.32.0,
 Both changes apply only when vLLM splits for Mamba (``need_mamba_block_aligned_split``: hybrid
 model, ``mamba_cache_mode == "align"``); otherwise the class behaves exactly as its base.
 
-Policy ``gdn`` (:data:`GDN_POLICY`, ``VLLM_HYBRID_NPU_CHECKPOINTS=gdn``): states are captured
-inside the step in ``'all'`` mode (:mod:`vllm_hybrid_npu.patches.gdn_all_mode`), so there is no
+Policy ``gdn`` (:data:`GDN_POLICY`, the lab's ``gdn-lean`` base): states are captured
+inside the step in ``'all'`` mode (the lab's ``engine_policies.all_mode``), so there is no
 split to change; only change 2 applies, to a hybrid model in ``'all'`` mode (without it vLLM
 would keep only the replay boundary and junction states and drop the per-block states the step
 just wrote).
@@ -32,14 +32,14 @@ just wrote).
 
 from __future__ import annotations
 
-from vllm_hybrid_npu.scheduling.lean import LeanRetentionMixin
-from vllm_hybrid_npu.scheduling.policy_base import (  # noqa: F401 (re-exported)
+from vllm_hybrid_npu_lab.scheduling.lean import LeanRetentionMixin
+from vllm_hybrid_npu_lab.scheduling.policy_base import (  # noqa: F401 (re-exported)
     GDN_POLICY,
     CheckpointPolicyMixin,
     _has_mamba_align,
     chunk_span,
 )
-from vllm_hybrid_npu.scheduling.split import POLICY_NAMES, SplitRule, unknown_policy_message
+from vllm_hybrid_npu_lab.scheduling.split import POLICY_NAMES, SplitRule, unknown_policy_message
 
 _CLASS_CACHE: dict[tuple[str | SplitRule, type], type] = {}
 
@@ -68,11 +68,11 @@ def scheduler_class(policy: str | SplitRule, base: type | None = None) -> type:
     if isinstance(policy, SplitRule):
         if policy.name.lower() in names:
             raise ValueError(
-                f"split rule {policy.name!r} shadows the runtime policy of that name; name it "
+                f"split rule {policy.name!r} shadows the built-in policy of that name; name it "
                 "differently"
             )
     elif policy not in names:
-        raise ValueError(unknown_policy_message("VLLM_HYBRID_NPU_CHECKPOINTS", policy, names))
+        raise ValueError(unknown_policy_message("checkpoint policy", policy, names))
     if base is None:
         from vllm.v1.core.sched.scheduler import Scheduler
 
@@ -103,7 +103,8 @@ def scheduler_class(policy: str | SplitRule, base: type | None = None) -> type:
     return cls
 
 
-#: Module attributes resolvable by ``--scheduler-cls vllm_hybrid_npu.scheduling.scheduler.<NAME>``
+#: Module attributes resolvable by ``--scheduler-cls vllm_hybrid_npu_lab.scheduling.scheduler.<NAME>``
+#: (how an engine the lab builds, or a user's ``vllm serve``, gets a retired policy)
 #: (built on first access, so importing this module does not import vLLM).
 SCHEDULER_CLASS_NAMES: dict[str, tuple[str, str]] = {
     "LeanCheckpointScheduler": ("lean", "Scheduler"),

@@ -48,9 +48,9 @@ import dataclasses
 import logging
 from typing import Any
 
-from vllm_hybrid_npu.scheduling.policy_base import CheckpointPolicyMixin
-from vllm_hybrid_npu.scheduling.retention import eviction_order, extra_stops, kept_boundaries
-from vllm_hybrid_npu.scheduling.split import LEAN_WINDOW
+from vllm_hybrid_npu_lab.scheduling.policy_base import CheckpointPolicyMixin
+from vllm_hybrid_npu_lab.scheduling.retention import eviction_order, extra_stops, kept_boundaries
+from vllm_hybrid_npu_lab.scheduling.split import LEAN_WINDOW
 
 logger = logging.getLogger("vllm_hybrid_npu")
 
@@ -103,19 +103,19 @@ class LeanRetentionMixin(CheckpointPolicyMixin):
         return kept_boundaries(num_prompt_tokens, num_tokens, block_size, self.lean_window, False)
 
     def _lean_on_hit(self, request: Any, hit_blocks: int) -> None:
-        """Called after a prefix-cache hit of ``hit_blocks`` blocks (runtime: nothing)."""
+        """Called after a prefix-cache hit of ``hit_blocks`` blocks (lean itself: nothing)."""
 
     def _lean_take_held(self, request_id: str) -> list[Any]:
-        """Blocks held for ``request_id`` outside its block lists, freed with it (runtime: none)."""
+        """Blocks held for ``request_id`` outside its block lists, freed with it (lean itself: none)."""
         return []
 
     def _lean_low_value(self, request: Any, index: int) -> bool:
         """Whether the kept state at block ``index`` (below the window, not the junction) leaves
-        first: True (runtime)."""
+        first: True (lean itself)."""
         return True
 
     def _lean_install_extra(self) -> None:
-        """Called at the end of :meth:`_lean_install` (runtime: nothing)."""
+        """Called at the end of :meth:`_lean_install` (lean itself: nothing)."""
 
     # -- chunk ends --------------------------------------------------------------------------
     def _policy_stop(self, start: int, num_new_tokens: int, prefill_end: int, block_size: int) -> int:
@@ -209,7 +209,7 @@ class LeanRetentionMixin(CheckpointPolicyMixin):
         from the store's end) to ``reachable_boundaries``; the block selection itself stays
         vLLM's ``MambaManager.reachable_block_mask``. No-op without the connector.
         """
-        from vllm_hybrid_npu.scheduling.policy_base import offloading_scheduler
+        from vllm_hybrid_npu_lab.scheduling.policy_base import offloading_scheduler
 
         cs = offloading_scheduler(self)
         if cs is None:

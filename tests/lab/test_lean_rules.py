@@ -1,4 +1,4 @@
-"""The ``lean`` policy's rules (``vllm_hybrid_npu.scheduling.retention``), on cases worked out by
+"""The ``lean`` policy's rules (``vllm_hybrid_npu_lab.scheduling.retention``), on cases worked out by
 hand from the policy's definition (docs/first-repeat-hits.md, "The policies": chunk ends at the
 prompt's last 2 block boundaries, at most one extra step; states kept: those 2, the boundaries
 crossed in decode, vLLM's junctions; freed blocks leave the cache as segments, each kept state
@@ -6,14 +6,14 @@ before the attention blocks only it makes usable, orphaned attention blocks firs
 
 Block size 256 tokens throughout; a boundary is a multiple of 256; the prompt's last boundary is
 ``floor(prompt / 256) * 256``. Every expected value is derived in the comment above it, not
-read off the code. (The engine-level counterparts are in tests/scheduling/test_lean.py.)
+read off the code. (The engine-level counterparts are in tests/lab/scheduling/test_lean.py.)
 """
 
 from __future__ import annotations
 
 import pytest
 
-from vllm_hybrid_npu.scheduling.retention import (
+from vllm_hybrid_npu_lab.scheduling.retention import (
     eviction_order,
     extra_stops,
     kept_boundaries,
@@ -26,7 +26,7 @@ WINDOW = 2  # lean's window per the docs; the code's constant is checked below
 
 
 def test_lean_window_is_the_documented_two():
-    from vllm_hybrid_npu.scheduling.split import LEAN_WINDOW
+    from vllm_hybrid_npu_lab.scheduling.split import LEAN_WINDOW
 
     assert LEAN_WINDOW == WINDOW
 

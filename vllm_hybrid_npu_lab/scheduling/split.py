@@ -16,21 +16,24 @@ it, so only the third request hits.
 
 A policy adds more chunk ends (``checkpoint stops``) during prefill; it never lengthens a chunk,
 so every upstream stop (junction, tail boundary, chunk limit, spec-decode lookahead) is kept.
-The runtime's scheduling policies (:data:`POLICY_NAMES`):
+The lab's engine policies (:data:`POLICY_NAMES`; the runtime's until 2026-11-25, when placement
+became vLLM's and this module moved to the lab):
 
 * ``upstream``: no extra stop.
 * ``lean``: the stops of :func:`.retention.extra_stops` (the prompt's last two block
   boundaries, no ladder); its retention and eviction order are in :mod:`.retention` and
   :mod:`.lean`.
 
-(``gdn``, the third value of ``VLLM_HYBRID_NPU_CHECKPOINTS``, adds no chunk end: its states are
-captured inside the step, :mod:`vllm_hybrid_npu.patches.gdn_all_mode`.)
+(``gdn``, retired on 2026-11-25, added no chunk end: its states were captured inside the step in
+vLLM's ``'all'`` mode; the lab keeps only its ``gdn-lean`` variant, ``engine_policies.py``.)
 
 Extension point: a :class:`SplitRule` (a name and a chunk-end function with the contract of
 :func:`policy_chunk_tokens`) can be passed wherever a policy name is accepted here and to
-:func:`.scheduler.scheduler_class`; the runtime's own ``lean`` is the rule :data:`LEAN_RULE`.
+:func:`.scheduler.scheduler_class`; ``lean`` is the rule :data:`LEAN_RULE`.
 The hit-rate lab defines its lab-only policies this way (``vllm_hybrid_npu_lab/retired_policies.py``:
 ``tail`` and ``adaptive``, retired from the runtime on 2026-11-23, :data:`RETIRED_POLICIES`).
+No value here is read from the environment: the runtime rejects ``VLLM_HYBRID_NPU_CHECKPOINTS``
+other than ``upstream`` (:mod:`vllm_hybrid_npu.core.placement`).
 """
 
 from __future__ import annotations
@@ -38,20 +41,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-#: The runtime's scheduling policies (``VLLM_HYBRID_NPU_CHECKPOINTS`` also takes ``gdn``).
+#: The scheduling policies :func:`.scheduler.scheduler_class` builds by name (``gdn`` too, see
+#: :data:`.policy_base.GDN_POLICY`).
 POLICY_NAMES: tuple[str, ...] = ("upstream", "lean")
 
-#: Policies the runtime no longer has -> why, and what replaces them (docs/hitrate-lab.md,
+#: Policies no longer built by name -> why, and what replaces them (docs/hitrate-lab.md,
 #: 2026-11-23). Named in the error a retired value gets.
 RETIRED_POLICIES: dict[str, str] = {
     "tail": "'tail' was retired: it gives exactly the hits of vLLM's own flags "
     "--long-prefill-token-threshold <block size> --prefix-cache-retention-interval None "
-    "(use those, or the default 'lean')",
+    "(use those; lab only: vllm-hybrid-npu-lab hitrate --policy tail)",
     "gdn": "'gdn' was retired (2026-11-25): GDN states come from inside the prefill through "
     "vLLM's prefill-checkpoint interface, on by default (VLLM_HYBRID_NPU_PREFILL_CHECKPOINTS); "
     "vLLM 0.32 removed the 'all' mode it used",
     "adaptive": "'adaptive' was retired: it is below upstream's best setting at every lab point "
-    "(use the default 'lean'; lab only: vllm-hybrid-npu-lab hitrate --policy adaptive)",
+    "(lab only: vllm-hybrid-npu-lab hitrate --policy adaptive)",
 }
 
 #: ``lean``'s stops (:mod:`.retention`): the prompt's last ``LEAN_WINDOW`` block boundaries
@@ -64,7 +68,7 @@ def unknown_policy_message(label: str, value: object, expected: tuple[str, ...])
     """The error text for a policy value that is not in ``expected``.
 
     Args:
-        label: what carried the value (``"VLLM_HYBRID_NPU_CHECKPOINTS"``, ``"checkpoint policy"``).
+        label: what carried the value (``"checkpoint policy"``, a command-line option).
         value: the value as given.
         expected: the accepted names.
 
@@ -103,17 +107,17 @@ def _check(name: str, value: int, minimum: int) -> None:
 
 
 def _lean_chunk_tokens(start: int, num_new_tokens: int, prefill_end: int, block_size: int) -> int:
-    from vllm_hybrid_npu.scheduling.retention import extra_stops
+    from vllm_hybrid_npu_lab.scheduling.retention import extra_stops
 
     return extra_stops(start, num_new_tokens, prefill_end, block_size, LEAN_WINDOW, LEAN_LADDER)
 
 
-#: The runtime's ``lean`` chunk ends (:func:`.retention.extra_stops` with :data:`LEAN_WINDOW`).
+#: ``lean``'s chunk ends (:func:`.retention.extra_stops` with :data:`LEAN_WINDOW`).
 LEAN_RULE = SplitRule(
     "lean", _lean_chunk_tokens, "chunk ends at the prompt's last 2 block boundaries"
 )
 
-#: Runtime policy name -> its rule (``upstream`` has none: vLLM's split unchanged).
+#: Policy name -> its rule (``upstream`` has none: vLLM's split unchanged).
 SPLIT_RULES: dict[str, SplitRule] = {"lean": LEAN_RULE}
 
 

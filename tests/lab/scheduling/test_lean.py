@@ -2,7 +2,7 @@
 KV-cache manager (the hit-rate lab's replay, tiny hybrid: 3 GDN + 1 attention layer, block 256).
 
 Expected hits and block orders are worked out by hand from the rules in
-``vllm_hybrid_npu/scheduling/retention.py``; trace blocks are 512 tokens.
+``vllm_hybrid_npu_lab/scheduling/retention.py``; trace blocks are 512 tokens.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from vllm_hybrid_npu_lab.policies import get_policy
 from vllm_hybrid_npu_lab.presets import TINY_HYBRID, resolve_model
 from vllm_hybrid_npu_lab.replay import replay
 from vllm_hybrid_npu_lab.trace import TraceRequest
-from vllm_hybrid_npu.scheduling.scheduler import scheduler_class
+from vllm_hybrid_npu_lab.scheduling.scheduler import scheduler_class
 
 BS = 256
 

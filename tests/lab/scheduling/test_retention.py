@@ -1,12 +1,12 @@
 """The pure retention / eviction-order logic of the ``lean`` policy, against values worked out by
-hand from the rules in ``vllm_hybrid_npu/scheduling/retention.py``, plus random invariants."""
+hand from the rules in ``vllm_hybrid_npu_lab/scheduling/retention.py``, plus random invariants."""
 
 from __future__ import annotations
 
 
 import pytest
 
-from vllm_hybrid_npu.scheduling.retention import (
+from vllm_hybrid_npu_lab.scheduling.retention import (
     eviction_order,
     extra_stops,
     kept_boundaries,

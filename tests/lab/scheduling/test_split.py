@@ -1,4 +1,4 @@
-"""The pure cut logic of the runtime's checkpoint policies and of the split-rule extension point,
+"""The pure cut logic of the lab's checkpoint policies (the runtime's until 2026-11-25) and of the split-rule extension point,
 against positions worked out by hand."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from vllm_hybrid_npu.scheduling.split import (
+from vllm_hybrid_npu_lab.scheduling.split import (
     POLICY_NAMES,
     RETIRED_POLICIES,
     SplitRule,
@@ -17,7 +17,7 @@ from vllm_hybrid_npu.scheduling.split import (
 )
 
 
-def test_runtime_policies_are_upstream_and_lean():
+def test_named_policies_are_upstream_and_lean():
     assert POLICY_NAMES == ("upstream", "lean")
     assert split_rule("upstream") is None
     assert split_rule("lean").name == "lean"

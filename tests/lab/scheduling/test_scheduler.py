@@ -5,8 +5,8 @@ Tiny hybrid (3 GDN + 1 attention layer), block size 256 tokens, requests 10 simu
 apart (each runs alone). Trace blocks are 512 tokens, so a prompt sharing its first ``k`` trace
 blocks with an earlier one shares ``512 * k`` tokens; the hits expected below are worked out by
 hand from the rule each policy states. ``tail`` and ``adaptive`` are the lab's retired policies
-(``vllm_hybrid_npu_lab/retired_policies.py``), built through the runtime's split-rule extension
-point (``scheduler_class(SplitRule)``); the runtime's names for them raise.
+(``vllm_hybrid_npu_lab/retired_policies.py``), built through the split-rule extension
+point (``scheduler_class(SplitRule)``); their names raise.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from vllm_hybrid_npu_lab.model import build_setup
 from vllm_hybrid_npu_lab.presets import TINY_HYBRID, resolve_model
 from vllm_hybrid_npu_lab.replay import replay
 from vllm_hybrid_npu_lab.trace import TraceRequest
-from vllm_hybrid_npu.scheduling.scheduler import CheckpointPolicyMixin, scheduler_class
+from vllm_hybrid_npu_lab.scheduling.scheduler import CheckpointPolicyMixin, scheduler_class
 from vllm_hybrid_npu_lab.retired_policies import RULES
 
 TINY = TINY_HYBRID
@@ -108,9 +108,9 @@ def test_policy_class_keeps_base_and_dense_retention(cfg):
     assert tail.split_rule is RULES["tail"] and scheduler_class(RULES["tail"]) is tail
     atail = scheduler_class(RULES["tail"], AsyncScheduler)
     assert issubclass(atail, AsyncScheduler)
-    with pytest.raises(ValueError, match="VLLM_HYBRID_NPU_CHECKPOINTS='every'"):
+    with pytest.raises(ValueError, match="checkpoint policy='every'"):
         scheduler_class("every")
-    from vllm_hybrid_npu.scheduling.split import SplitRule
+    from vllm_hybrid_npu_lab.scheduling.split import SplitRule
 
     with pytest.raises(ValueError, match="'lean'"):
         scheduler_class(SplitRule("lean", RULES["tail"].chunk_tokens))
@@ -118,9 +118,9 @@ def test_policy_class_keeps_base_and_dense_retention(cfg):
 
 @pytest.mark.parametrize("name", ["tail", "adaptive"])
 def test_retired_policy_names_raise(name):
-    with pytest.raises(ValueError, match=f"VLLM_HYBRID_NPU_CHECKPOINTS='{name}'.*was retired"):
+    with pytest.raises(ValueError, match=f"checkpoint policy='{name}'.*was retired"):
         scheduler_class(name)
-    import vllm_hybrid_npu.scheduling.scheduler as mod
+    import vllm_hybrid_npu_lab.scheduling.scheduler as mod
 
     assert not any(name in p for p, _ in mod.SCHEDULER_CLASS_NAMES.values())
     with pytest.raises(AttributeError):

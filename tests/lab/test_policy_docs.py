@@ -1,12 +1,15 @@
-"""Policy names in docs/ vs the code's: the policy table of docs/first-repeat-hits.md lists
-exactly the scheduling policies, and every policy scheduler class the docs name exists (and
-docs/configuration.md's ``--scheduler-cls`` row names them all)."""
+"""Policy names in docs/ vs the lab's code: the policy table of docs/first-repeat-hits.md lists
+exactly the lab's named scheduling policies (:mod:`vllm_hybrid_npu_lab.scheduling`, the runtime's
+until 2026-11-25), every policy scheduler class the docs name exists (and
+docs/configuration.md's ``--scheduler-cls`` row names them all), and docs/hitrate-lab.md's
+"Registered:" table is the lab's registry. (Moved from tests/docs/ with the policies.)"""
 
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
-from _sync import ROOT
+ROOT = Path(__file__).resolve().parents[2]
 
 CLASS = re.compile(r"\b([A-Z]\w*Checkpoint(?:Async)?Scheduler)\b")
 
@@ -19,13 +22,13 @@ def _policy_table() -> list[str]:
 
 
 def test_policy_table_lists_every_scheduling_policy():
-    from vllm_hybrid_npu.scheduling.split import POLICY_NAMES
+    from vllm_hybrid_npu_lab.scheduling.split import POLICY_NAMES
 
     assert sorted(_policy_table()) == sorted(POLICY_NAMES)
 
 
 def test_scheduler_classes_named_in_docs_exist():
-    from vllm_hybrid_npu.scheduling.scheduler import SCHEDULER_CLASS_NAMES
+    from vllm_hybrid_npu_lab.scheduling.scheduler import SCHEDULER_CLASS_NAMES
 
     named = {}
     for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
@@ -36,7 +39,7 @@ def test_scheduler_classes_named_in_docs_exist():
 
 
 def test_scheduler_cls_row_names_every_policy_scheduler():
-    from vllm_hybrid_npu.scheduling.scheduler import SCHEDULER_CLASS_NAMES
+    from vllm_hybrid_npu_lab.scheduling.scheduler import SCHEDULER_CLASS_NAMES
 
     text = (ROOT / "docs" / "configuration.md").read_text()
     row = next(line for line in text.splitlines() if line.startswith("| `--scheduler-cls`"))
