@@ -76,13 +76,15 @@ def test_align_without_prefix_caching_names_the_flag(hybrid_model):
     # 0.30/0.32 reset the mode to none, 0.33 ignores the flag: silently no state caching
     with pytest.raises(ValueError, match="--mamba-cache-mode align .*--enable-prefix-caching") as e:
         _build(hybrid_model, enable_prefix_caching=False, mamba_cache_mode="align")
-    if V033:  # both flags named
-        assert "--no-enable-prefix-caching" in str(e.value)
+    if V033:  # both flags named, as 0.33's --help spells them (and the hidden alias)
+        assert "--disable-prefix-caching (--no-enable-prefix-caching)" in str(e.value)
 
 
 def test_align_without_chunked_prefill_names_the_flag(hybrid_model):
     # vLLM only asserts this (MambaModelConfig.verify_and_update_config, 0.30 to 0.33)
-    with pytest.raises(ValueError, match="--no-enable-chunked-prefill"):
+    # 0.33's --help says --disable-chunked-prefill (EnableDisableAction); 0.30/0.32 --no-enable-
+    flag = "--disable-chunked-prefill" if V033 else "--no-enable-chunked-prefill"
+    with pytest.raises(ValueError, match=flag):
         _build(hybrid_model, enable_chunked_prefill=False, **_align_kw())
 
 
@@ -128,7 +130,7 @@ def test_explicit_none_with_prefix_caching(hybrid_model):
         with pytest.raises(AlignModeConfigError,
                            match="--mamba-cache-mode none contradicts --enable-prefix-caching") as e:
             _build(hybrid_model, enable_prefix_caching=True, mamba_cache_mode="none")
-        assert "--no-enable-prefix-caching" in str(e.value)
+        assert "--disable-prefix-caching" in str(e.value)
     else:  # 0.30/0.32: "none" is also the default, MambaModelConfig turns it into align
         cfg = _build(hybrid_model, enable_prefix_caching=True, mamba_cache_mode="none")
         assert cfg.cache_config.mamba_cache_mode == "align"

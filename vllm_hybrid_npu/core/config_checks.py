@@ -24,6 +24,9 @@ What vLLM 0.33.0 does (read from its source, ``vllm/engine/arg_utils.py``,
 ``vllm/model_executor/models/config.py``, ``vllm/config/vllm.py``,
 ``vllm/v1/core/kv_cache_coordinator.py``; checked by building configs with 0.33's Python files):
 
+* flag spelling: 0.33's command line pairs ``--enable-x`` with ``--disable-x``
+  (``EnableDisableAction``); ``--no-enable-x`` is still accepted but hidden from ``--help``. The
+  0.33 messages name both spellings; 0.30 / 0.32 have ``--no-enable-x`` only.
 * ``--mamba-cache-mode`` is deprecated: ``EngineArgs.create_engine_config`` logs (once per
   process) "--mamba-cache-mode is deprecated ... It has no effect: Mamba prefix caching follows
   --enable-prefix-caching" and does **not** pass the value to ``CacheConfig``, so the explicit
@@ -32,7 +35,7 @@ What vLLM 0.33.0 does (read from its source, ``vllm/engine/arg_utils.py``,
   ``CacheConfig`` built by hand with ``align`` and prefix caching off is reset to ``none`` with a
   warning). Prefix caching is on by default for the hybrid models (``is_prefix_caching_supported``).
   So, silently for the user's explicit choice:
-  - ``--mamba-cache-mode align`` with prefix caching off (``--no-enable-prefix-caching``, or the
+  - ``--mamba-cache-mode align`` with prefix caching off (``--disable-prefix-caching``, or the
     model's default; with or without a KV-transfer connector): runs with ``none``;
   - ``--mamba-cache-mode none`` with prefix caching on: runs with ``align``;
   - ``--mamba-cache-mode all``: the command line rejects it (``MambaCacheMode`` choices), but
@@ -40,9 +43,9 @@ What vLLM 0.33.0 does (read from its source, ``vllm/engine/arg_utils.py``,
     ``CacheConfig`` validation sees it any more);
   - ``--mamba-cache-mode align`` / ``none`` matching prefix caching: only the deprecation warning.
   :func:`check_mamba_cache_mode_flag` raises for the first three, naming ``--mamba-cache-mode``
-  and ``--enable-prefix-caching`` / ``--no-enable-prefix-caching``; the fourth is left to vLLM's
+  and ``--enable-prefix-caching`` / ``--disable-prefix-caching``; the fourth is left to vLLM's
   warning.
-* ``--no-enable-chunked-prefill`` with prefix caching on: ``MambaModelConfig`` only ``assert``s
+* ``--disable-chunked-prefill`` with prefix caching on: ``MambaModelConfig`` only ``assert``s
   ("Chunked prefill is required for Mamba prefix caching.", a pydantic ``ValidationError`` naming
   no flag; gone under ``python -O``).
 * ``--disable-chunked-mm-input`` with align: accepted while the config is built; the
@@ -123,7 +126,9 @@ def check_align_mode(vllm_config: Any) -> bool:
             "--enable-prefix-caching (got prefix caching disabled); add --enable-prefix-caching "
             "or drop --mamba-cache-mode align"
         )
-    _check_align_requirements(vllm_config, "--mamba-cache-mode align", "")
+    _check_align_requirements(
+        vllm_config, "--mamba-cache-mode align", "--no-enable-chunked-prefill", ""
+    )
     return True
 
 
@@ -131,6 +136,10 @@ _V033_ALIGN = (
     "prefix caching of a model with Mamba/GDN layers (vLLM 0.33: align mode, which follows "
     "--enable-prefix-caching)"
 )
+#: vLLM 0.33's command line pairs ``--enable-x`` with ``--disable-x`` (``EnableDisableAction``;
+#: ``--no-enable-x`` still accepted, hidden from ``--help``): both spellings are named.
+_V033_NO_PREFIX_CACHING = "--disable-prefix-caching (--no-enable-prefix-caching)"
+_V033_NO_CHUNKED_PREFILL = "--disable-chunked-prefill (--no-enable-chunked-prefill)"
 
 
 def check_align_mode_v033(vllm_config: Any) -> bool:
@@ -154,7 +163,7 @@ def check_align_mode_v033(vllm_config: Any) -> bool:
     Raises:
         AlignModeConfigError: a ``CacheConfig`` with ``mamba_cache_mode="align"`` and prefix
             caching off (vLLM 0.33 resets it to ``none``); with prefix caching on,
-            ``--no-enable-chunked-prefill`` (0.33 only asserts), ``--disable-chunked-mm-input``
+            ``--disable-chunked-prefill`` (0.33 only asserts), ``--disable-chunked-mm-input``
             or ``--prefill-context-parallel-size`` > 1 (0.33 asserts in the engine core).
     """
     cache = getattr(vllm_config, "cache_config", None)
@@ -165,13 +174,15 @@ def check_align_mode_v033(vllm_config: Any) -> bool:
     if getattr(cache, "mamba_cache_mode", "none") == "align" and not prefix_caching:
         raise AlignModeConfigError(
             "--mamba-cache-mode align contradicts prefix caching disabled "
-            "(--no-enable-prefix-caching or the model's default): vLLM 0.33 ignores "
+            f"({_V033_NO_PREFIX_CACHING} or the model's default): vLLM 0.33 ignores "
             "--mamba-cache-mode and caches Mamba/GDN states only with --enable-prefix-caching; "
             "add --enable-prefix-caching or drop --mamba-cache-mode align"
         )
     if not prefix_caching:
         return False
-    _check_align_requirements(vllm_config, _V033_ALIGN, " or add --no-enable-prefix-caching")
+    _check_align_requirements(
+        vllm_config, _V033_ALIGN, _V033_NO_CHUNKED_PREFILL, f" or add {_V033_NO_PREFIX_CACHING}"
+    )
     return True
 
 
@@ -212,7 +223,7 @@ def check_mamba_cache_mode_flag(
     prefix_caching = bool(getattr(cache, "enable_prefix_caching", False))
     if mode == "align" and not prefix_caching:
         given = (
-            "--no-enable-prefix-caching" if explicit_prefix_caching is False
+            _V033_NO_PREFIX_CACHING if explicit_prefix_caching is False
             else "prefix caching off by the model's default"
         )
         raise AlignModeConfigError(
@@ -228,23 +239,26 @@ def check_mamba_cache_mode_flag(
         raise AlignModeConfigError(
             f"--mamba-cache-mode none contradicts {given}: vLLM 0.33 ignores the deprecated "
             "--mamba-cache-mode and caches Mamba/GDN states in align mode whenever prefix "
-            "caching is on; use --no-enable-prefix-caching for no caching and drop "
+            f"caching is on; use {_V033_NO_PREFIX_CACHING} for no caching and drop "
             "--mamba-cache-mode"
         )
 
 
-def _check_align_requirements(vllm_config: Any, what: str, fix: str) -> None:
+def _check_align_requirements(
+    vllm_config: Any, what: str, no_chunked_prefill: str, fix: str
+) -> None:
     """Chunked prefill, chunked multimodal input, no prefill context parallelism.
 
     Args:
         what: the setting that turned align mode on (starts the message).
+        no_chunked_prefill: the flag that turns chunked prefill off, as that vLLM spells it.
         fix: alternative fix appended to "remove <flag>" (``""`` for none).
     """
     sched = getattr(vllm_config, "scheduler_config", None)
     if sched is not None and getattr(sched, "enable_chunked_prefill", True) is False:
         raise AlignModeConfigError(
             f"{what} needs chunked prefill (vLLM schedules prompts in block-aligned chunks); "
-            f"remove --no-enable-chunked-prefill{fix}"
+            f"remove {no_chunked_prefill}{fix}"
         )
     if sched is not None and getattr(sched, "disable_chunked_mm_input", False):
         raise AlignModeConfigError(
