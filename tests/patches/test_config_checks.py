@@ -80,6 +80,16 @@ def test_align_without_prefix_caching_names_the_flag(hybrid_model):
         assert "--disable-prefix-caching (--no-enable-prefix-caching)" in str(e.value)
 
 
+def test_config_with_align_and_prefix_caching_off_names_the_flag(hybrid_model):
+    """A ``CacheConfig`` carrying align with prefix caching off (built by hand; through
+    ``EngineArgs`` on 0.33 the mode never arrives): every version's ``MambaModelConfig`` resets it
+    to none."""
+    cfg = _build(hybrid_model, enable_prefix_caching=False)
+    cfg.cache_config.mamba_cache_mode = "align"
+    with pytest.raises(AlignModeConfigError, match="--mamba-cache-mode align .*--enable-prefix-caching"):
+        check(cfg)
+
+
 def test_align_without_chunked_prefill_names_the_flag(hybrid_model):
     # vLLM only asserts this (MambaModelConfig.verify_and_update_config, 0.30 to 0.33)
     # 0.33's --help says --disable-chunked-prefill (EnableDisableAction); 0.30/0.32 --no-enable-
