@@ -32,7 +32,7 @@ import uuid
 
 import pytest
 from engines import shutdown_engine  # e2e/engines.py
-from greedy_compare import Sequence, compare_outputs  # e2e/greedy_compare.py
+from greedy_compare import Sequence, compare_greedy, compare_outputs  # e2e/greedy_compare.py
 
 from vllm_hybrid_npu.patches.gdn_prefill_checkpoint import ENV_VAR
 
@@ -95,20 +95,34 @@ def _block(llm) -> int:
     return llm.llm_engine.engine_core.engine_core.vllm_config.cache_config.block_size
 
 
-def _gen(llm, prompts, max_tokens=1, salt=None):
+def _gen(llm, prompts, max_tokens=1, salt=None, ignore_eos=False):
     from vllm import SamplingParams
 
-    sp = SamplingParams(max_tokens=max_tokens, temperature=0.0, logprobs=5)
+    sp = SamplingParams(max_tokens=max_tokens, temperature=0.0, logprobs=5, ignore_eos=ignore_eos)
     items = [{"prompt_token_ids": p, **({"cache_salt": salt} if salt else {})} for p in prompts]
     n0 = len(llm._vhn_steps)
     outs = llm.generate(items, sp, use_tqdm=False)
     return outs, len(llm._vhn_steps) - n0
 
 
-def _assert_same(ref, got, exact: bool) -> None:
+#: nats: where an exact comparison across schedules differs, the first difference must be a
+#: near-tie this close in both runs. Seen 2026-11-25: a few per cent of draws of the cold-vs-hit
+#: comparison (vLLM 0.30 and 0.32 CPU; 3 of about 60 module runs) differ at a first token
+#: (the cold step and the hit's suffix step are other kernel shapes). With it, zeroing the CPU
+#: path's exported SSM state still fails the cold/hit test (checked the same day), not the
+#: preemption test (the tiny random model's logits are that flat).
+TIE_NATS = 0.1
+
+
+def _assert_same(ref, got, exact: bool, cross_schedule: bool = True) -> None:
     """``compare_outputs`` (token for token when ``exact``, else the tolerance rule), failing
-    the test on any error it reports."""
+    the test on any error it reports. ``cross_schedule`` and ``exact``: a token difference
+    passes only as a near-tie within :data:`TIE_NATS` (logprobs of both runs)."""
     c = compare_outputs(ref, got, exact=exact)
+    if not c.ok and exact and cross_schedule:
+        tie = compare_greedy(ref, got, bound=TIE_NATS)
+        assert tie.ok, "\n".join(c.errors + tie.errors) + "\n" + tie.summary()
+        return
     assert c.ok, "\n".join(c.errors) + "\n" + c.summary()
 
 
@@ -142,7 +156,7 @@ def test_cold_prompt_one_step_repeat_hits_last_boundary(exporter, rng, exact_acr
         assert cold.num_cached_tokens == 0
         (again,), _ = _gen(exporter, [prompt], salt=uuid.uuid4().hex)
         _assert_same([Sequence.from_output(again.outputs[0])],
-                        [Sequence.from_output(cold.outputs[0])], exact=True)
+                     [Sequence.from_output(cold.outputs[0])], exact=True, cross_schedule=False)
         (hit,), steps = _gen(exporter, [prompt])
         assert hit.num_cached_tokens == (n - 1) // block * block, (n, block)
         assert steps == 1
@@ -252,51 +266,51 @@ def test_chunked_prefill_checkpoint_in_final_chunk(tiny_model_dir, engine_args, 
         assert rep.num_cached_tokens == (len(long) - 1) // block * block
         (cold,), _ = _gen(llm, [long], salt=uuid.uuid4().hex)
         _assert_same([Sequence.from_output(cold.outputs[0])],
-                        [Sequence.from_output(out.outputs[0])], exact=True)
+                     [Sequence.from_output(out.outputs[0])], exact=True, cross_schedule=False)
     finally:
         _close(llm)
-
-
-MAX_DECODE = 48  # tokens: a prompt of 2 blocks - 8 crosses its second block boundary while decoding
 
 
 def test_preemption_and_resume_with_the_exporter(tiny_model_dir, engine_args, rng, exact_across_schedules):
     """Own engine, after the module's. A KV cache of 20 pages and vLLM's
     ``scheduler_reserve_full_isl=False`` (admit on the first chunk, not the whole prompt): six
-    prompts of just under two blocks, each prefilled in one step with its checkpoint (one block)
-    exported from inside it, then decoding across the second block boundary, outgrow it and vLLM
-    preempts and resumes them (``vllm:num_preemptions``). The batch's outputs equal each prompt computed alone under a
-    fresh ``cache_salt`` up to near-ties (``greedy_compare``'s chunking bound: six prompts
-    batched are other kernel shapes than one alone, and vLLM's split diverges at the same
-    near-ties on the same draws, measured 2026-11-25 on three seeds). Repeats, one at a time,
-    hit whole blocks, at most the prompt's checkpoint (``(L - 1) // B * B``) and at least one
-    exactly that, and their outputs equal the alone ones (exact on CPU). Limit, measured
-    2026-11-25: zeroing the CPU path's checkpoint copy fails the module's cold/hit and state-byte
-    tests but not this one (which hit it reads is not pinned down here)."""
+    prompts of one block and a few tokens, each prefilled in one step with its checkpoint (one
+    block) exported from inside it, then decoding a block's worth of tokens across the second
+    block boundary, outgrow it and vLLM preempts and resumes them (``vllm:num_preemptions``).
+    The batch's outputs equal each prompt computed alone under a fresh ``cache_salt`` up to
+    near-ties (``greedy_compare``'s chunking bound: six prompts batched are other kernel shapes
+    than one alone, and vLLM's split diverges at the same near-ties on the same draws, measured
+    2026-11-25 on three seeds). Repeats, one at a time, hit whole blocks, at most the prompt's
+    checkpoint (``(L - 1) // B * B``) and at least one exactly that, and their outputs equal the
+    alone ones (exact on CPU, or a near-tie within ``TIE_NATS``). The cold/hit and state-byte
+    tests, not this one, catch a wrong exported state."""
     block = _block_of(tiny_model_dir, engine_args)
     pages = _BLOCK["pages"]
     kv = KV_BYTES * 20 // pages
     # one prefill step each (its checkpoint at one block exported from inside it), then the
     # decodes cross the second block boundary and need pages the others hold
-    prompts = [_prompt(rng, rng.randrange(2 * block - 40, 2 * block - 8)) for _ in range(6)]
+    prompts = [_prompt(rng, rng.randrange(block + 8, block + 40)) for _ in range(6)]
+    # tokens (EOS ignored: a near-tie at EOS would end one copy early): every prompt crosses
+    # its second block boundary while decoding
+    max_decode = block
     llm = _engine(tiny_model_dir("qwen3_next"), engine_args, "exporter", kv_cache_memory_bytes=kv,
                   max_model_len=3 * block - 64, max_num_seqs=6, max_num_batched_tokens=2 * block,
                   enable_chunked_prefill=True, scheduler_reserve_full_isl=False,
                   disable_log_stats=False)
     try:
-        first, _ = _gen(llm, prompts, max_tokens=MAX_DECODE)
+        first, _ = _gen(llm, prompts, max_tokens=max_decode, ignore_eos=True)
         pre = [m.value for m in llm.get_metrics() if m.name == "vllm:num_preemptions"]
         assert pre and pre[0] > 0, f"no preemption with {kv} bytes of KV cache ({pages} pages at {KV_BYTES})"
         # repeats one at a time, the last submitted first (the blocks freed last are evicted
         # last in a cache this small): whole blocks, never past the checkpoint, and at least one
         # reaches the checkpoint its first run exported (possibly across a preemption)
-        again = [_gen(llm, [p], max_tokens=MAX_DECODE)[0][0] for p in reversed(prompts)][::-1]
+        again = [_gen(llm, [p], max_tokens=max_decode, ignore_eos=True)[0][0] for p in reversed(prompts)][::-1]
         hits = [o.num_cached_tokens for o in again]
         ckpts = [(len(p) - 1) // block * block for p in prompts]
         for n, h, c in zip(map(len, prompts), hits, ckpts):
             assert h % block == 0 and h <= c, (n, h, block)
         assert any(h == c for h, c in zip(hits, ckpts)), f"no repeat reached its checkpoint: {hits} of {ckpts}"
-        alone = [_gen(llm, [p], max_tokens=MAX_DECODE, salt=uuid.uuid4().hex)[0][0] for p in prompts]
+        alone = [_gen(llm, [p], max_tokens=max_decode, salt=uuid.uuid4().hex, ignore_eos=True)[0][0] for p in prompts]
         ref = [Sequence.from_output(o.outputs[0]) for o in alone]
         # the batch (other kernel shapes than one prompt alone): up to near-ties; the repeats (one
         # prompt, resumed on a block boundary, as alone): exact where the target is
