@@ -14,20 +14,14 @@ The vllm-ascend sdist is fetched with pip and cached (``tests/ascend/upstream.py
 
 from __future__ import annotations
 
-import json
 import os
-import random
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 HERE = Path(__file__).resolve().parent
-try:  # the session seed of the root conftest (printed by pytest), else a fresh one
-    from conftest import SESSION_SEED as SEED
-except ImportError:
-    SEED = int(os.environ.get("VLLM_HYBRID_NPU_TEST_SEED") or random.SystemRandom().randrange(2**31))
+from ascend.replay_run import SEED, run_replay  # tests/ascend/replay_run.py
 DRAWS = 3
 _results: dict = {}
 
@@ -39,13 +33,7 @@ def replay(fla_fused: bool) -> dict:
                "--draws", str(DRAWS), "--out", str(out)]
         if fla_fused:
             cmd.append("--fla-fused")
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-        assert proc.returncode == 0 and out.exists(), (
-            f"replay subprocess failed (seed {SEED}): {' '.join(cmd)}\n{proc.stdout[-3000:]}\n"
-            f"{proc.stderr[-6000:]}")
-        res = json.loads(out.read_text())
-        out.unlink()
-        assert res["error"] is None, f"replay could not run (seed {SEED}):\n{res['error']}"
+        res = run_replay(cmd, out, timeout=600)
         _results[fla_fused] = res
     return _results[fla_fused]
 

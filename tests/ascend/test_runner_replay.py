@@ -19,17 +19,14 @@ launchers). ``replay.py --launcher standin`` replays a local stand-in instead (h
 
 from __future__ import annotations
 
-import json
 import os
-import random
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 HERE = Path(__file__).resolve().parent
-SEED = int(os.environ.get("VLLM_HYBRID_NPU_TEST_SEED") or random.SystemRandom().randrange(2**31))
+from ascend.replay_run import SEED, run_replay  # tests/ascend/replay_run.py
 CONFIGS = [("0.30.0rc2", "A2"), ("0.30.0rc2", "310P"), ("0.23.0.post1", "A2"),
            ("0.23.0.post1", "310P")]
 CONNECTORS = {"0.30.0rc2": ("none", "plain", "layerwise", "multi"),
@@ -62,13 +59,7 @@ def replay(ascend: str, soc: str) -> dict:
         # per-layer paths); ops' torch implementation elsewhere (same contract, a fraction of the
         # CPU time)
         cmd += ["--copy-impl", COPY_IMPL[key]]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-        assert proc.returncode == 0 and out.exists(), (
-            f"replay subprocess failed (seed {SEED}): {' '.join(cmd)}\n{proc.stdout[-3000:]}\n"
-            f"{proc.stderr[-6000:]}")
-        res = json.loads(out.read_text())
-        out.unlink()
-        assert res["error"] is None, f"replay could not run (seed {SEED}):\n{res['error']}"
+        res = run_replay(cmd, out, timeout=900)
         _results[key] = res
     return _results[key]
 
@@ -195,10 +186,7 @@ def test_upstream_alone_drops_310p_layerwise_copies():
     out = Path(os.environ.get("TMPDIR", "/tmp")) / f"vhn-replay-{os.getpid()}-upstream-310p.json"
     cmd = [sys.executable, str(HERE / "replay.py"), "--ascend", ascend, "--soc", soc,
            "--seed", str(SEED), "--launcher", "upstream", "--out", str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0 and out.exists(), f"seed {SEED}: {proc.stderr[-4000:]}"
-    res = json.loads(out.read_text())
-    out.unlink()
+    res = run_replay(cmd, out, timeout=900)
     cases = {n: c for n, c in res["cases"].items() if ":" not in n}
     bad = {n for n, c in cases.items() if not c["ok"]}
     assert bad == {n for n in cases if n.split("-")[0] in broken}, (SEED, bad)

@@ -15,17 +15,13 @@ Fresh seed per session, printed on failure (``VLLM_HYBRID_NPU_TEST_SEED`` reruns
 
 from __future__ import annotations
 
-import json
-import os
-import random
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 HERE = Path(__file__).resolve().parent
-SEED = int(os.environ.get("VLLM_HYBRID_NPU_TEST_SEED") or random.SystemRandom().randrange(2**31))
+from ascend.replay_run import SEED, run_replay  # tests/ascend/replay_run.py
 
 
 @pytest.fixture(scope="module", params=["on", "off"], ids=["balance-on", "balance-off"])
@@ -33,11 +29,7 @@ def composed(request, tmp_path_factory):
     out = tmp_path_factory.mktemp("sched") / "r.json"
     cmd = [sys.executable, str(HERE / "sched_replay.py"), "--seed", str(SEED), "--policy", "lean",
            "--balance", request.param, "--out", str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0 and out.exists(), (
-        f"seed {SEED}: {' '.join(cmd)}\n{proc.stdout[-2000:]}\n{proc.stderr[-5000:]}")
-    res = json.loads(out.read_text())
-    assert res["error"] is None, f"seed {SEED}: composition could not run:\n{res['error']}"
+    res = run_replay(cmd, out, timeout=600)
     res["balance_flag"] = request.param
     return res
 
