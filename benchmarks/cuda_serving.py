@@ -452,7 +452,7 @@ def _measure_length(args, drv: Driver, length: int, block: int, vocab: int, cuda
             if phase in ("turn1", "turn2", "conc1", "conc2") else None,
             "tokens": [r["tokens"] for r in recs] if phase in ("turn1", "turn2") else None,
         }
-    if getattr(args, "step_profile", 0):  # the worker's flag (absent from callers that build their own args)
+    if args.step_profile:
         step_profile(drv, draw_prompts=_draw(args.seed, length, "stepprof"), length=length, vocab=vocab,
                      rows=args.step_profile, torch=torch)
     if not cuda:

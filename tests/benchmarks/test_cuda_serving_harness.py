@@ -125,7 +125,8 @@ def test_warmup_runs_every_measured_path_first_with_other_tokens(rng):
     state, no mixed batch. Now, at each length before timing: a cold prompt of that length, its
     repeat, a turn carrying the previous answer, the concurrent batch and a staggered (mixed) one,
     drawn from another stream than the timed prompts."""
-    args = SimpleNamespace(answer_len=4, user_len=8, seed=rng.randrange(1 << 30), cold=2, sessions=1, clients=3)
+    args = SimpleNamespace(answer_len=4, user_len=8, seed=rng.randrange(1 << 30), cold=2, sessions=1, clients=3,
+                           step_profile=0)
     drv = _FakeDriver()
     cs._measure_length(args, drv, 1200, 384, 5000, cuda=False, torch=None)
     # the warm-up's calls: cold, repeat, turn 1, turn 2, concurrent 1 and 2, the mixed batch
