@@ -106,7 +106,8 @@ def _gen(llm, prompts, max_tokens=1, salt=None, ignore_eos=False):
 
 
 #: nats: where an exact comparison across schedules differs, the first difference must be a
-#: near-tie this close in both runs. Seen 2026-11-25: a few per cent of draws of the cold-vs-hit
+#: near-tie this close in both runs. Seen 2026-11-25 (AMD EPYC with AVX-512-BF16, float32 SSM
+#: states): a few per cent of draws of the cold-vs-hit
 #: comparison (vLLM 0.30 and 0.32 CPU; 3 of about 60 module runs) differ at a first token
 #: (the cold step and the hit's suffix step are other kernel shapes). With it, zeroing the CPU
 #: path's exported SSM state still fails the cold/hit test (checked the same day), not the
