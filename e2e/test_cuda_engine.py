@@ -1,6 +1,9 @@
 """Align mode on the CUDA target with vLLM's defaults there (V2 GPU model runner, CUDA graphs and
 ``torch.compile`` on, FLA/Triton GDN kernels, vLLM's own block size), and vLLM's CPU-offloading
-KV connector (``--kv-offloading-size``) in align mode. Skips where the e2e target is not CUDA.
+KV connector (``--kv-offloading-size``) in align mode, both with the plugin's GDN prefill-checkpoint
+exporter (its default there): a cold prompt takes the engine steps of caching off, and the
+checkpoint state it exported goes through the host tier and back. Skips where the e2e target is
+not CUDA.
 
 In-process engines (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) on the tiny random Qwen3-Next, one after
 the other, each ended with :func:`engines.shutdown_engine`: prefix caching off; align mode with
@@ -64,6 +67,7 @@ def runs(tiny_model_dir, engine_args, request, seed_for):
                          kv_cache_memory_bytes=24 << 20)),
     ]:
         llm = LLM(model=model, **{**base, "disable_log_stats": False, **kw})
+        steps = _count_steps(llm)
         cfg = llm.llm_engine.vllm_config
         bs = cfg.cache_config.block_size
         if prompts is None:
@@ -73,7 +77,9 @@ def runs(tiny_model_dir, engine_args, request, seed_for):
              "cudagraph_mode": str(cfg.compilation_config.cudagraph_mode),
              "runner": type(llm.llm_engine.engine_core.engine_core.model_executor.driver_worker
                             .worker.model_runner).__module__}
+        r["checkpoint_blocks"] = _checkpoint_blocks(llm)
         first = _gen(llm, prompts["repeat"][:1])
+        r["first_request_steps"] = len(steps)  # its prefill steps + 5 decode steps
         r["repeat"] = first + _gen(llm, prompts["repeat"][1:])
         r["again"] = _gen(llm, prompts["repeat"][:1])
         if name == "offload":
@@ -92,6 +98,32 @@ def runs(tiny_model_dir, engine_args, request, seed_for):
         del llm
     yield prompts, out
     mp.undo()
+
+
+def _count_steps(llm) -> list[int]:
+    """Engine steps that schedule tokens (async scheduling adds empty ones on CUDA), appended
+    to the returned list as they happen."""
+    core = llm.llm_engine.engine_core.engine_core
+    steps: list[int] = []
+    schedule = core.scheduler.schedule
+
+    def counted(*args, **kwargs):
+        out = schedule(*args, **kwargs)
+        if out.total_num_scheduled_tokens:
+            steps.append(out.total_num_scheduled_tokens)
+        return out
+
+    core.scheduler.schedule = counted
+    return steps
+
+
+def _checkpoint_blocks(llm) -> list[int]:
+    """``num_prefill_checkpoint_blocks`` of each Mamba KV-cache group (vLLM's MambaSpec)."""
+    from vllm.v1.kv_cache_interface import MambaSpec
+
+    groups = llm.llm_engine.engine_core.engine_core.scheduler.kv_cache_config.kv_cache_groups
+    return [getattr(g.kv_cache_spec, "num_prefill_checkpoint_blocks", 0)
+            for g in groups if isinstance(g.kv_cache_spec, MambaSpec)]
 
 
 def _seqs(outs):
@@ -119,6 +151,16 @@ def test_align_hits_shared_prefix_and_equals_off(runs):
     got = _seqs(out["align"]["repeat"] + out["align"]["again"])
     c = compare_greedy(ref, got, bound=CHUNKING_BOUND)
     assert c.ok, (c.errors, c.summary(), f"block size {bs}")
+
+
+def test_exporter_applies_and_cold_prompt_takes_the_steps_of_caching_off(runs):
+    # the plugin's default on CUDA with the Triton/FLA GDN backend: the GDN layers declare a
+    # prefill checkpoint (vLLM keeps the cold prompt in one step), with the host tier too
+    _, out = runs
+    for name in ("align", "offload"):
+        r = out[name]
+        assert r["checkpoint_blocks"] and all(n == 1 for n in r["checkpoint_blocks"]), (name, _diag(r))
+        assert r["first_request_steps"] == out["off"]["first_request_steps"], (name, _diag(r), _diag(out["off"]))
 
 
 def test_kv_offloading_host_tier_hits_and_equal_outputs(runs):
