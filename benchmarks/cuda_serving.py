@@ -51,6 +51,10 @@ Output: a table (stdout) and a JSON (``--out``): ``rows`` (one object per row an
 ``row``, ``prompt_tokens``, ``cold_ttft_ms``, ``cold_ttft_vs_off``, ``hit_ttft_ms``, ``itl_ms``,
 ``steps_per_cold_prompt``, ... see :func:`summarize_unit`), the raw samples, the targets verdict
 (:func:`targets`, with tolerances), device, driver, versions, date and the machine identity.
+Each unit and row carries ``position``: the row's place among the rows started in its call. On
+an H200 a row started second was 1-7 ms slower whichever row it was (docs/cuda.md section 0), so
+a target comparing rows of different positions says so; for a fair ratio run one row per call,
+alternating, with ``--resume``.
 
 Process hygiene (a timed-out call must not poison the next): every row runs in a new session /
 process group with ``PR_SET_PDEATHSIG``; the parent kills each group on every exit path
@@ -626,6 +630,7 @@ def summarize_unit(u: dict) -> dict:
         "export_us_per_step": u.get("export_us_per_step"),
         "syncs_per_step": u.get("syncs_per_step"),
         "warmup_s": u.get("warmup_s"), "unit_s": u.get("unit_s"),
+        "position": u.get("position"),
     }.items()}
 
 
@@ -710,6 +715,11 @@ def targets(rows: list[dict], units: dict[str, dict] | None = None) -> list[dict
             else:
                 t["met"] = ratio < limit if ref == "cold" else ratio <= limit
                 t["verdict"] = f"{'met' if t['met'] else 'MISSED'} (ratio {ratio:.3f}, limit {limit})"
+            pa, pb = r.get("position"), b.get("position")
+            if ref != "cold" and pa and pb and pa != pb:
+                t["positions"] = [pa, pb]
+                t["verdict"] += (f"; rows started {pa}. and {pb}. in their calls: compare rows in "
+                                 f"the same position (docs/cuda.md section 0)")
             out.append(t)
     return out
 
@@ -983,6 +993,7 @@ def main(argv: list[str] | None = None) -> int:
     timing = dict((previous or {}).get("timing", {}))
     groups = Groups()
     old = {s: signal.signal(s, _on_signal) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    started = 0  # rows started in this call (a unit's ``position``)
     try:
         for row in rows:
             todo = [n for n in lengths if unit_key(row, n) not in units]
@@ -1006,7 +1017,8 @@ def main(argv: list[str] | None = None) -> int:
                     status[unit_key(row, n)] = {"status": "error", "reason": why}
                 print(f"row {row}: not started: {why}", flush=True)
                 continue
-            _run_row(args, row, todo, deadline, groups, units, status, timing)
+            started += 1
+            _run_row(args, row, todo, deadline, groups, units, status, timing, position=started)
             _write_doc(args, identity, units, status, timing)
     except _Terminated as exc:
         print(f"harness: {exc}: killing the row's process group", flush=True)
@@ -1030,7 +1042,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _run_row(args, row, todo, deadline, groups, units, status, timing) -> None:
+def _run_row(args, row, todo, deadline, groups, units, status, timing, position: int = 1) -> None:
     out = Path(args.out)
     log = out.with_name(f"{out.stem}.{row}.log")
     res_file = out.with_name(f"{out.stem}.{row}.jsonl")
@@ -1066,7 +1078,7 @@ def _run_row(args, row, todo, deadline, groups, units, status, timing) -> None:
     tail = log.read_text(errors="replace")[-1500:] if log.exists() else ""
     for g in got:
         if g.get("kind") == "unit":
-            units[unit_key(row, g["prompt_tokens"])] = g
+            units[unit_key(row, g["prompt_tokens"])] = {**g, "position": position}
         elif g.get("kind") == "deferred":
             status[unit_key(row, g["prompt_tokens"])] = {"status": "pending", "reason": g["reason"]}
     for n in todo:

@@ -211,6 +211,26 @@ def test_resume_runs_only_the_missing_units(tmp_path):
     assert {t["prompt_tokens"] for t in doc2["targets"] if t["metric"] == "cold_ttft_ms"} == {8192}
 
 
+def test_a_unit_records_its_rows_position_and_targets_name_a_mismatch(tmp_path):
+    # 2026-11-26 (docs/cuda.md section 0): a row started second in a call was 1-7 ms slower
+    # on an H200 whichever row it was, so a ratio between rows of different positions says so
+    p = _harness(tmp_path, "result", "--rows", "off,exporter", "--lengths", "8192")
+    assert p.returncode == 0, p.stdout + p.stderr
+    doc = json.loads((tmp_path / "b.json").read_text())
+    assert (doc["units"]["off@8192"]["position"], doc["units"]["exporter@8192"]["position"]) == (1, 2)
+    cold = next(t for t in doc["targets"] if t["metric"] == "cold_ttft_ms")
+    assert cold["positions"] == [2, 1] and "same position" in cold["verdict"]
+    # one row per call, resumed: both rows first in their calls, no mismatch
+    (tmp_path / "b.json").unlink()
+    for rows in ("exporter", "off,exporter"):
+        p = _harness(tmp_path, "result", "--rows", rows, "--lengths", "8192", "--resume")
+        assert p.returncode == 0, p.stdout + p.stderr
+    doc = json.loads((tmp_path / "b.json").read_text())
+    assert (doc["units"]["off@8192"]["position"], doc["units"]["exporter@8192"]["position"]) == (1, 1)
+    cold = next(t for t in doc["targets"] if t["metric"] == "cold_ttft_ms")
+    assert "positions" not in cold and "same position" not in cold["verdict"]
+
+
 # ---------------------------------------------------------------- process hygiene
 
 
