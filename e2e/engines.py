@@ -38,3 +38,21 @@ def shutdown_engine(llm) -> None:
     llm.llm_engine.engine_core.shutdown()
     gc.collect()
     assert not has_kv_transfer_group(), "a KV connector outlived its engine's shutdown"
+
+
+def count_scheduled_steps(llm) -> list[int]:
+    """Wrap the scheduler of ``llm`` (in-process engine core, ``VLLM_ENABLE_V1_MULTIPROCESSING=0``)
+    so that every engine step that schedules tokens appends its token count to the returned list
+    (async scheduling on CUDA adds steps that schedule none; they are not counted)."""
+    core = llm.llm_engine.engine_core.engine_core
+    steps: list[int] = []
+    schedule = core.scheduler.schedule
+
+    def counted(*args, **kwargs):
+        out = schedule(*args, **kwargs)
+        if out.total_num_scheduled_tokens:
+            steps.append(out.total_num_scheduled_tokens)
+        return out
+
+    core.scheduler.schedule = counted
+    return steps

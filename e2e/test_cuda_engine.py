@@ -28,7 +28,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from engines import shutdown_engine  # e2e/engines.py
+from engines import count_scheduled_steps, shutdown_engine  # e2e/engines.py
 from greedy_compare import CHUNKING_BOUND, Sequence, compare_greedy  # e2e/greedy_compare.py
 
 pytestmark = pytest.mark.cuda
@@ -67,7 +67,7 @@ def runs(tiny_model_dir, engine_args, request, seed_for):
                          kv_cache_memory_bytes=24 << 20)),
     ]:
         llm = LLM(model=model, **{**base, "disable_log_stats": False, **kw})
-        steps = _count_steps(llm)
+        steps = count_scheduled_steps(llm)
         cfg = llm.llm_engine.vllm_config
         bs = cfg.cache_config.block_size
         if prompts is None:
@@ -98,23 +98,6 @@ def runs(tiny_model_dir, engine_args, request, seed_for):
         del llm
     yield prompts, out
     mp.undo()
-
-
-def _count_steps(llm) -> list[int]:
-    """Engine steps that schedule tokens (async scheduling adds empty ones on CUDA), appended
-    to the returned list as they happen."""
-    core = llm.llm_engine.engine_core.engine_core
-    steps: list[int] = []
-    schedule = core.scheduler.schedule
-
-    def counted(*args, **kwargs):
-        out = schedule(*args, **kwargs)
-        if out.total_num_scheduled_tokens:
-            steps.append(out.total_num_scheduled_tokens)
-        return out
-
-    core.scheduler.schedule = counted
-    return steps
 
 
 def _checkpoint_blocks(llm) -> list[int]:

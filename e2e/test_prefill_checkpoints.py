@@ -31,7 +31,7 @@ from __future__ import annotations
 import uuid
 
 import pytest
-from engines import shutdown_engine  # e2e/engines.py
+from engines import count_scheduled_steps, shutdown_engine  # e2e/engines.py
 from greedy_compare import Sequence, compare_greedy, compare_outputs  # e2e/greedy_compare.py
 
 from vllm_hybrid_npu.patches.gdn_prefill_checkpoint import ENV_VAR
@@ -50,19 +50,7 @@ def _engine(model, engine_args, mode: str, **extra):
     llm = LLM(model=str(model), enable_prefix_caching=True, mamba_cache_mode="align",
               **{**engine_args, "kv_cache_memory_bytes": KV_BYTES, "max_num_seqs": 4,
                  "enforce_eager": True, **extra})
-    core = llm.llm_engine.engine_core.engine_core
-    steps: list[int] = []
-    schedule = core.scheduler.schedule
-
-    def counted(*args, **kwargs):
-        # engine steps that compute tokens (async scheduling adds empty ones on CUDA)
-        out = schedule(*args, **kwargs)
-        if out.total_num_scheduled_tokens:
-            steps.append(1)
-        return out
-
-    core.scheduler.schedule = counted
-    llm._vhn_steps = steps  # type: ignore[attr-defined]
+    llm._vhn_steps = count_scheduled_steps(llm)  # type: ignore[attr-defined]
     llm._vhn_mp = mp  # type: ignore[attr-defined]
     return llm
 
