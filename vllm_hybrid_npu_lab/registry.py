@@ -25,6 +25,24 @@ class Policy:
     #: rounded up to the 64-token grid and, on vLLM 0.30, the runtime's retention fix is active
     #: (:func:`vllm_hybrid_npu_lab.exporter.exporter_scheduler`)
     prefill_checkpoints: bool = False
+    #: vLLM versions the policy's scheduler hooks were written against (None: any). The retired
+    #: runtime policies (``lean`` and its variants, ``tail``, ``adaptive``) hook vLLM 0.30's
+    #: ``KVCacheCoordinator.get_replay_boundaries`` and its retention rules; 0.32 moved both.
+    vllm: tuple[str, ...] | None = None
+
+    def unavailable(self) -> str | None:
+        """Why this policy cannot be replayed on the installed vLLM, or None."""
+        if self.vllm is None:
+            return None
+        import vllm
+
+        from vllm_hybrid_npu.support import base_version
+
+        installed = base_version(vllm.__version__)
+        if installed in self.vllm:
+            return None
+        return (f"policy {self.name!r} was written against vLLM {', '.join(self.vllm)} "
+                f"(installed: {installed}); it is a retired lab row kept for comparison there")
 
 
 #: name -> Policy; iterate in registration order

@@ -67,3 +67,26 @@ def test_random_chunks_invariants(name):
             else:  # a power-of-two number of blocks below the last boundary
                 k = end // bs
                 assert k & (k - 1) == 0 and end < prefill_end // bs * bs, f"seed {seed}"
+
+
+def test_a_policy_written_for_another_vllm_is_refused_by_name(monkeypatch):
+    """The retired runtime policies hook vLLM 0.30's coordinator; on another vLLM they are
+    refused with the policy, the versions and the installed one named (not replayed wrongly)."""
+    import vllm
+
+    from vllm_hybrid_npu.support import base_version
+    from vllm_hybrid_npu_lab.policies import POLICIES, get_policy, load_policy_modules, policy_unavailable
+    from vllm_hybrid_npu_lab.registry import Policy
+
+    load_policy_modules()
+    installed = base_version(vllm.__version__)
+    other = Policy(name="old-rule", description="test", scheduler_class=object, vllm=("0.1.0",))
+    here = Policy(name="this-rule", description="test", scheduler_class=object, vllm=(installed,))
+    monkeypatch.setitem(POLICIES, other.name, other)
+    monkeypatch.setitem(POLICIES, here.name, here)
+    with pytest.raises(ValueError, match=rf"--policy 'old-rule': .*vLLM 0\.1\.0 \(installed: {installed}\)"):
+        get_policy("old-rule")
+    assert get_policy("this-rule") is here and policy_unavailable("this-rule") is None
+    # the retired runtime policies name vLLM 0.30.0 only
+    assert {POLICIES[n].vllm for n in ("lean", "tail", "adaptive", "gdn-lean")} == {("0.30.0",)}
+    assert (policy_unavailable("lean") is None) == (installed == "0.30.0")
