@@ -23,6 +23,17 @@ and runs ``cleanup_dist_env_and_memory``.
 from __future__ import annotations
 
 import gc
+import os
+
+#: ``os.environ`` of this pytest process when the e2e modules were collected (they import this
+#: module), before any in-process engine ran. vLLM 0.30's CPU platform writes process-wide
+#: settings into ``os.environ`` when an engine starts (``LD_PRELOAD`` of torch's libgomp,
+#: ``VLLM_SSM_CONV_STATE_LAYOUT``, ``TORCHINDUCTOR_*``, ...: ``CpuPlatform.check_and_update_config``);
+#: a subprocess workload started from this copy does not depend on which test ran before it.
+#: Seen 2026-11-26: ``e2e/test_worker_patches.py``'s ``ours`` workload died with glibc's "double
+#: free or corruption" when started after ``e2e/test_prefill_checkpoints.py`` (reproduced with
+#: those variables set by hand, ``LD_PRELOAD`` among them; not with any smaller set tried).
+COLLECTION_ENV = dict(os.environ)
 
 
 def shutdown_engine(llm) -> None:

@@ -31,6 +31,7 @@ import sys
 
 import pytest
 from greedy_compare import CHUNKING_BOUND, Sequence, compare_greedy
+from engines import COLLECTION_ENV  # e2e/engines.py
 
 WORKLOAD = r"""
 import gc, json, os, random, sys
@@ -100,7 +101,7 @@ MODES = {
 def _run(mode: str, configs: dict) -> dict:
     drop = ("VLLM_PLUGINS", "VLLM_HYBRID_NPU_PATCHES", "VLLM_HYBRID_NPU_COPY_KERNEL",
             "VLLM_HYBRID_NPU_CHECKPOINTS")
-    env = {k: v for k, v in os.environ.items() if k not in drop}
+    env = {k: v for k, v in COLLECTION_ENV.items() if k not in drop}  # not what earlier engines set
     env.update(MODES[mode])
     env.update(json.loads(os.environ.get("VLLM_HYBRID_NPU_E2E_WORKER_ENV") or "{}"))  # target's
     proc = subprocess.run(
