@@ -31,8 +31,9 @@ import os
 #: ``VLLM_SSM_CONV_STATE_LAYOUT``, ``TORCHINDUCTOR_*``, ...: ``CpuPlatform.check_and_update_config``);
 #: a subprocess workload started from this copy does not depend on which test ran before it.
 #: Seen 2026-11-26: ``e2e/test_worker_patches.py``'s ``ours`` workload died with glibc's "double
-#: free or corruption" when started after ``e2e/test_prefill_checkpoints.py`` (reproduced with
-#: those variables set by hand, ``LD_PRELOAD`` among them; not with any smaller set tried).
+#: free or corruption" when started after ``e2e/test_prefill_checkpoints.py``; reproduced with
+#: those variables set by hand (also without ``LD_LIBRARY_PATH``), not without ``LD_PRELOAD``, and
+#: not with ``LD_PRELOAD`` beside the smaller subsets tried (not bisected further).
 COLLECTION_ENV = dict(os.environ)
 
 
