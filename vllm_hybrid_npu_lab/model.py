@@ -59,14 +59,37 @@ class Setup:
     prefill_checkpoints: bool = False
 
 
-def _get_kv_cache_configs():
-    """vLLM's ``get_kv_cache_configs``: ``vllm/v1/core/kv_cache_planning.py`` since vLLM 0.33,
-    ``kv_cache_utils.py`` before (the new location is tried first)."""
+def _kv_cache_configs(vllm_config: Any, specs: dict[str, Any], available_bytes: int) -> list[Any]:
+    """vLLM's ``get_kv_cache_configs`` for one worker, called as the engine core calls it
+    (``EngineCore._initialize_kv_caches``).
+
+    vLLM 0.33 moved it to ``vllm/v1/core/kv_cache_planning.py`` and takes the layers' grouping as
+    a fourth argument, computed first by ``get_global_kv_cache_groups`` (the engine core then calls
+    ``VllmConfig.adjust_dcp_kv_cache_interleave_size`` with it, a no-op without decode context
+    parallelism, done here too); vLLM 0.30 / 0.32 take three arguments in ``kv_cache_utils.py``.
+
+    Args:
+        vllm_config: the replay's ``VllmConfig``.
+        specs: ``{layer name: KVCacheSpec}`` of the one worker.
+        available_bytes: the worker's KV-cache budget (bytes).
+
+    Returns:
+        vLLM's list of one ``KVCacheConfig``.
+
+    Raises:
+        ValueError: from vLLM when the budget cannot hold the model's blocks.
+    """
     try:
-        from vllm.v1.core.kv_cache_planning import get_kv_cache_configs
+        from vllm.v1.core.kv_cache_planning import get_global_kv_cache_groups, get_kv_cache_configs
     except ImportError:
         from vllm.v1.core.kv_cache_utils import get_kv_cache_configs
-    return get_kv_cache_configs
+
+        return get_kv_cache_configs(vllm_config, [specs], [int(available_bytes)])
+    groups = get_global_kv_cache_groups(vllm_config, [specs])
+    adjust = getattr(vllm_config, "adjust_dcp_kv_cache_interleave_size", None)
+    if adjust is not None:
+        adjust(groups)
+    return get_kv_cache_configs(vllm_config, [specs], [int(available_bytes)], groups)
 
 
 def _model_config(cfg: dict[str, Any], max_model_len: int):
@@ -257,7 +280,7 @@ def build_setup(
     layouts = [layout.name for layout in get_supported_kv_cache_layouts(backends)]
     resolve_kv_cache_layout(vllm_config, [layouts], list(specs.values()))
     try:
-        kv_cache_configs = _get_kv_cache_configs()(vllm_config, [specs], [int(kv_cache_bytes)])
+        kv_cache_configs = _kv_cache_configs(vllm_config, specs, int(kv_cache_bytes))
     except ValueError as exc:
         raise ValueError(f"--kv-cache-gib too small for this model/trace: {exc}") from exc
     kv_cache_config = generate_scheduler_kv_cache_config(kv_cache_configs)
