@@ -77,6 +77,8 @@ def runs(tiny_model_dir, engine_args, request, seed_for):
              "cudagraph_mode": str(cfg.compilation_config.cudagraph_mode),
              "runner": type(llm.llm_engine.engine_core.engine_core.model_executor.driver_worker
                             .worker.model_runner).__module__}
+        sched = type(llm.llm_engine.engine_core.engine_core.scheduler)
+        r["scheduler"] = f"{sched.__module__}.{sched.__qualname__}"
         r["checkpoint_blocks"] = _checkpoint_blocks(llm)
         first = _gen(llm, prompts["repeat"][:1])
         r["first_request_steps"] = len(steps)  # its prefill steps + 5 decode steps
@@ -122,6 +124,16 @@ def test_cuda_defaults_in_use(runs):
     for name, r in out.items():
         assert r["cudagraph_mode"] != "CUDAGraphMode.NONE", (name, r["cudagraph_mode"])
     assert "worker.gpu." in out["align"]["runner"] + ".", out["align"]["runner"]  # V2 runner
+
+
+def test_scheduler_is_vllms(runs):
+    """Placement is vLLM's (issue 20): with no plugin variable set every engine, align mode and
+    the host tier included, runs vLLM's own scheduler class."""
+    _, out = runs
+    vllms = {"vllm.v1.core.sched.scheduler.Scheduler",
+             "vllm.v1.core.sched.async_scheduler.AsyncScheduler"}
+    for name, r in out.items():
+        assert r["scheduler"] in vllms, (name, r["scheduler"])
 
 
 def test_align_hits_shared_prefix_and_equals_off(runs):
