@@ -231,3 +231,38 @@ def test_upstream_best_is_the_advisors_search(tmp_path, tiny_model_dir, capsys, 
                     timing=dict(tokens_per_s=5000.0))
     res = search(rep_, Candidate(), 0.0, axes=("ckpt", "ret", "lpt", "pmu"))
     assert res.best.policy == best["setting"]
+
+
+def test_audit_searches_the_check_part_and_reports_the_share(tmp_path, tiny_model_dir, capsys,
+                                                             write_trace, rng):
+    """``--audit``: the fit part is all distinct prompts (no setting hits there, vLLM's defaults
+    are advised); in the check part each long prompt is followed by one sharing only its first
+    two 512-token blocks, which only a setting that keeps states inside the prompt (retention)
+    hits. The audit must find a better setting than the advised one there, report the share
+    below the target, and its best setting replayed with ``hitrate --policy`` must give the rate
+    it reports."""
+    ids = iter(rng.sample(range(1000, 100_000), 200))
+    rows, t = [], 0
+    for _ in range(4):  # fit: distinct prompts
+        rows.append((t, 2000, 4, [next(ids) for _ in range(4)]))
+        t += 10_000
+    for _ in range(3):  # check: a 4-block prompt, then one diverging after its second block
+        a = [next(ids) for _ in range(4)]
+        rows.append((t, 2000, 4, a))
+        rows.append((t + 10_000, 1800, 4, a[:2] + [next(ids), next(ids)]))
+        t += 20_000
+    trace = write_trace(tmp_path / "t.jsonl", rows)
+    common = ["--model", str(tiny_model_dir), "--kv-cache-gib", "0.05", "--json", "--quiet",
+              "--tokens-per-s", "5000"]
+    assert main(["advise", "--trace", str(trace), "--fit-fraction", str(4 / len(rows)),
+                 "--max-passes", "2", "--audit", *common]) == 0
+    rep = _json(capsys.readouterr().out)
+    au = rep["audit"]
+    assert rep["fit"]["token_hit_rate"] == 0.0 and rep["policy"] == "upstream"
+    assert au["best_token_hit_rate"] > rep["token_hit_rate"], au
+    assert au["advised_over_best"] < au["target"] and au["met"] is False
+    assert "ret=" in au["best_policy"], au["best_policy"]
+    check = write_trace(tmp_path / "check.jsonl", rows[4:])
+    assert main(["hitrate", "--trace", str(check), "--policy", au["best_policy"], *common]) == 0
+    hit = _json(capsys.readouterr().out)
+    assert hit["policies"][au["best_policy"]]["token_hit_rate"] == au["best_token_hit_rate"]
