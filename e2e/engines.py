@@ -68,3 +68,18 @@ def count_scheduled_steps(llm) -> list[int]:
 
     core.scheduler.schedule = counted
     return steps
+
+
+def exporter_outside_stack() -> str | None:
+    """Why the plugin's GDN prefill-checkpoint exporter does not apply to the installed vLLM on
+    the e2e target (the registry entry ``gdn-checkpoint-spec``'s versions and the support
+    matrix's row, as the plugin's load decides), or None when it applies (with
+    ``VLLM_HYBRID_NPU_PREFILL_CHECKPOINTS`` not ``off``). vLLM 0.33.0: outside its row (0.33
+    plans prefill checkpoints itself, FlashInfer only)."""
+    from vllm_hybrid_npu.patches.gdn_prefill_checkpoint import PATCHES
+    from vllm_hybrid_npu.support import detect_stack, matrix_exclusion, unsupported_reason
+
+    stack = detect_stack()
+    entry = next(p for p in PATCHES if p.name == "gdn-checkpoint-spec")
+    return (entry.stack_mismatch(stack) or unsupported_reason(stack)
+            or matrix_exclusion(stack, entry.name))

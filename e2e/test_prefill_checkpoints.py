@@ -31,10 +31,15 @@ from __future__ import annotations
 import uuid
 
 import pytest
-from engines import count_scheduled_steps, shutdown_engine  # e2e/engines.py
+from engines import count_scheduled_steps, exporter_outside_stack, shutdown_engine  # e2e/engines.py
 from greedy_compare import Sequence, compare_greedy, compare_outputs  # e2e/greedy_compare.py
 
 from vllm_hybrid_npu.patches.gdn_prefill_checkpoint import ENV_VAR
+
+# Where the exporter does not apply (vLLM 0.33.0: outside its support-matrix row) both engines
+# would run vLLM's own split and every comparison here would hold trivially.
+_OUTSIDE = exporter_outside_stack()
+pytestmark = pytest.mark.skipif(_OUTSIDE is not None, reason=f"exporter not applied: {_OUTSIDE}")
 
 KV_BYTES = 256 << 20
 
