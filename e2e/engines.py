@@ -30,10 +30,14 @@ import os
 #: settings into ``os.environ`` when an engine starts (``LD_PRELOAD`` of torch's libgomp,
 #: ``VLLM_SSM_CONV_STATE_LAYOUT``, ``TORCHINDUCTOR_*``, ...: ``CpuPlatform.check_and_update_config``);
 #: a subprocess workload started from this copy does not depend on which test ran before it.
-#: Seen 2026-11-26: ``e2e/test_worker_patches.py``'s ``ours`` workload died with glibc's "double
-#: free or corruption" when started after ``e2e/test_prefill_checkpoints.py``; reproduced with
-#: those variables set by hand (also without ``LD_LIBRARY_PATH``), not without ``LD_PRELOAD``, and
-#: not with ``LD_PRELOAD`` beside the smaller subsets tried (not bisected further).
+#: Seen 2026-11-26: ``e2e/test_worker_patches.py``'s workload died with glibc's "double free or
+#: corruption" when started after ``e2e/test_prefill_checkpoints.py``. Cause, found later that
+#: day: torch inductor's on-disk cache held AVX2 kernels compiled by an earlier ``make
+#: test-no-avx512`` run (its key names no vector ISA), rebuilt for AVX-512 here and writing past
+#: their buffers in vLLM's ``compiled_random_sample``; ``TORCHINDUCTOR_CPP_DYNAMIC_THREADS=1``,
+#: one of vLLM's variables, selected the poisoned entry. Fixed where it arose
+#: (``e2e/cpu_kinds/no_avx512/sitecustomize.py`` gives those processes their own caches;
+#: ``tests/test_cpu_kinds.py``); the isolation stays.
 COLLECTION_ENV = dict(os.environ)
 
 

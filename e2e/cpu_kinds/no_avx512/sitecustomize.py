@@ -10,6 +10,38 @@ hybrid block size (384 against 256 tokens for the tiny Qwen3-Next), the conv sta
 (``vllm._C_AVX512`` or ``vllm._C``). torch's own kernels keep dispatching on the real CPU.
 """
 
+import os as _os
+
+# torch inductor generates its CPU C++ kernels for the vector ISA it picks (here AVX2: 8 float
+# lanes, read off torch.cpu._is_avx512_supported) but its FX graph cache key does not include that
+# ISA (torch 2.13 FxGraphHashDetails). A process on the real CPU (AVX-512) that shares the cache
+# would load the 8-lane source and build it with AVX-512 flags: full-vector stores then write 16
+# lanes every 8 elements, past the end of its buffers (glibc "double free or corruption" /
+# "free(): invalid next size" in vLLM's compiled_random_sample) or counting 8 phantom lanes
+# (vLLM's logprob ranks off by the vocabulary size). These processes get their own cache.
+_SUFFIX = "-no_avx512"
+_base = _os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+if _base is None:  # torch's default (torch/_inductor/runtime/cache_dir_utils.py), not imported here
+    import getpass as _getpass
+    import tempfile as _tempfile
+
+    try:
+        _user = _getpass.getuser()
+    except Exception:
+        _user = f"uid_{_os.getuid()}"
+    _base = _os.path.join(_tempfile.gettempdir(), "torchinductor_" + _user)
+_base = _os.path.abspath(_base)
+if not _base.endswith(_SUFFIX):  # a child process inherits the parent's already-moved cache
+    _os.environ["TORCHINDUCTOR_CACHE_DIR"] = _base + _SUFFIX
+# vLLM's own compilation cache (VLLM_CACHE_ROOT/torch_compile_cache, inductor artifacts keyed by
+# vLLM's config hash, which names no vector ISA either; default as vllm/envs.py spells it) moves
+# the same way
+_vbase = _os.environ.get("VLLM_CACHE_ROOT") or _os.path.join(
+    _os.environ.get("XDG_CACHE_HOME") or _os.path.expanduser("~/.cache"), "vllm")
+_vbase = _os.path.abspath(_os.path.expanduser(_vbase))
+if not _vbase.endswith(_SUFFIX):
+    _os.environ["VLLM_CACHE_ROOT"] = _vbase + _SUFFIX
+
 import torch.cpu as _cpu
 
 _cpu._is_avx512_supported = lambda: False
