@@ -465,7 +465,9 @@ def advise(args: argparse.Namespace) -> dict[str, Any]:
     advised = check_replayer(best)
     default = advised if best == start else check_replayer(start)
     attention = check_replayer.attention_bound(args.host_cache_gib)
-    infinite = infinite_bound_of(check, [advised, default], carry=not args.no_carry)
+    # every row the report prints, the attention bound's 16-token blocks included (over the
+    # advised and default rows alone it could come out below the attention bound)
+    infinite = infinite_bound_of(check, [advised, default, attention], carry=not args.no_carry)
     block = advised["block_size"]
     flags, env = serve_flags(best, block, args.kv_cache_gib, args.tp)
     replay_cmd = (f"vllm-hybrid-npu-lab hitrate --trace CHECK_PART --model {args.model} "

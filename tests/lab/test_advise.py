@@ -193,7 +193,8 @@ def test_advise_json_and_its_policy_replays_the_same(tmp_path, tiny_model_dir, c
         assert key in rep
     assert all(isinstance(f, str) for f in rep["flags"])
     assert rep["fit"]["requests"] == [1, 4] and rep["check"]["requests"] == [5, 8]
-    assert rep["infinite_bound"] >= max(rep["token_hit_rate"], rep["upstream_default"])
+    assert rep["infinite_bound"] >= max(rep["token_hit_rate"], rep["upstream_default"],
+                                        rep["attention_bound"])
     # the check part replayed with hitrate --policy <policy> gives the advised numbers
     check = write_trace(tmp_path / "check.jsonl", rows[4:])
     assert main(["hitrate", "--trace", str(check), "--model", str(tiny_model_dir),
