@@ -81,9 +81,9 @@ def exporter_outside_stack() -> str | None:
     ``VLLM_HYBRID_NPU_PREFILL_CHECKPOINTS`` not ``off``). vLLM 0.33.0: outside its row (0.33
     plans prefill checkpoints itself, FlashInfer only)."""
     from vllm_hybrid_npu.patches.gdn_prefill_checkpoint import PATCHES
-    from vllm_hybrid_npu.support import detect_stack, matrix_exclusion, unsupported_reason
+    from vllm_hybrid_npu.patches.registry import stack_skip_reason
+    from vllm_hybrid_npu.support import detect_stack, unsupported_reason
 
     stack = detect_stack()
     entry = next(p for p in PATCHES if p.name == "gdn-checkpoint-spec")
-    return (entry.stack_mismatch(stack) or unsupported_reason(stack)
-            or matrix_exclusion(stack, entry.name))
+    return unsupported_reason(stack) or stack_skip_reason(entry, stack)

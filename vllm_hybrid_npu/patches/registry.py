@@ -276,6 +276,13 @@ def _when_imported(module_name: str, callback: Callable[[], None]) -> bool:
 
 
 # --------------------------------------------------------------------------- public API
+def stack_skip_reason(patch: Patch, stack: Stack) -> str | None:
+    """Why :func:`apply_all` skips ``patch`` on ``stack`` for the stack alone (outside the
+    stack's support-matrix row, or not for its target / versions), or None. A stack with no
+    row at all is :func:`vllm_hybrid_npu.support.unsupported_reason`'s case."""
+    return matrix_exclusion(stack, patch.name) or patch.stack_mismatch(stack)
+
+
 def apply_all(patches: list[Patch], stack: Stack, unsupported: str | None = None) -> LoadReport:
     """Apply ``patches`` for ``stack`` (in order) and return this process's :data:`REPORT`.
 
@@ -296,7 +303,7 @@ def apply_all(patches: list[Patch], stack: Stack, unsupported: str | None = None
     if unsupported:
         return REPORT
     for patch in patches:
-        reason = matrix_exclusion(stack, patch.name) or patch.stack_mismatch(stack)
+        reason = stack_skip_reason(patch, stack)
         if reason is None and patch.wanted is not None:
             reason = patch.wanted(stack)
         if reason:
