@@ -213,17 +213,29 @@ def _checkpoint_states(llm, position, before):
     return out
 
 
-def test_exported_state_bytes_equal_split(tiny_model_dir, engine_args, exporter, rng):
-    """Last but one: it closes the module's engine to start vLLM's split in the same process."""
-    block = _block(exporter)
+@pytest.mark.parametrize("ssm_dtype", ["auto", "float32"])
+def test_exported_state_bytes_equal_split(tiny_model_dir, engine_args, exporter, rng, ssm_dtype):
+    """The SSM cache in the target's own dtype (``auto``: the model's bf16 on CUDA and on a CPU
+    without AVX-512-BF16, float32 with it) and in float32 (Qwen3.5's configs ask for it; on CUDA
+    the exporter then splits the FLA call, elsewhere it is the same path). Each case ends with its
+    engines closed (the module's own is closed by the first: run after the tests that use it)."""
+    extra = {} if ssm_dtype == "auto" else {"mamba_ssm_cache_dtype": ssm_dtype}
+    if ssm_dtype == "auto":
+        llm = exporter
+    else:
+        _close(exporter)
+        llm = _engine(tiny_model_dir("qwen3_next"), engine_args, "exporter", **extra)
+    block = _block(llm)
     prompts = [_prompt(rng, rng.randrange(2 * block + 64, 4 * block)) for _ in range(3)]
     got = []
-    for p in prompts:
-        before = _hashes(exporter)
-        _gen(exporter, [p])
-        got.append(_checkpoint_states(exporter, (len(p) - 1) // block * block, before))
-    _close(exporter)
-    split = _engine(tiny_model_dir("qwen3_next"), engine_args, "split")
+    try:
+        for p in prompts:
+            before = _hashes(llm)
+            _gen(llm, [p])
+            got.append(_checkpoint_states(llm, (len(p) - 1) // block * block, before))
+    finally:
+        _close(llm)
+    split = _engine(tiny_model_dir("qwen3_next"), engine_args, "split", **extra)
     try:
         assert _block(split) == block
         for n, p in enumerate(prompts):
@@ -232,9 +244,10 @@ def test_exported_state_bytes_equal_split(tiny_model_dir, engine_args, exporter,
             assert steps == 2, f"vLLM's split took {steps} steps for a {len(p)}-token prompt"
             ref = _checkpoint_states(split, (len(p) - 1) // block * block, before)
             for (name, conv, ssm), (name_s, conv_s, ssm_s) in zip(got[n], ref):
+                where = f"SSM cache {ssm_dtype}, prompt {n} ({len(p)} tokens), {name}"
                 assert name == name_s
-                assert torch_equal(ssm, ssm_s), f"prompt {n} ({len(p)} tokens), {name}: SSM state"
-                assert torch_equal(conv, conv_s), f"prompt {n} ({len(p)} tokens), {name}: conv"
+                assert torch_equal(ssm, ssm_s), f"{where}: SSM state"
+                assert torch_equal(conv, conv_s), f"{where}: conv"
     finally:
         _close(split)
 

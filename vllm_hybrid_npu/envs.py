@@ -89,11 +89,12 @@ register(EnvVar(
     read_by="`patches.gdn_prefill_checkpoint.mode` (every vLLM process)",
     effect="`auto`: Qwen GDN layers export the prompt's checkpoint state from inside the "
     "prefill through vLLM's prefill-checkpoint interface where a path exists (vLLM's CPU GDN "
-    "function; the Triton/FLA kernel on CUDA with `--gdn-prefill-backend triton`), so vLLM "
-    "drops its block-aligned split: cold prompts take the steps of caching off; the hybrid "
-    "block is rounded up to a multiple of 64. Not with speculative decoding, FlashInfer, or on "
-    "NPU (vLLM's split kept, logged) ([gdn-checkpoints.md](gdn-checkpoints.md)); `off`: "
-    "vLLM's split everywhere",
+    "function; the Triton/FLA kernel on CUDA with `--gdn-prefill-backend triton`; vllm-ascend "
+    "0.30.0rc2's fused CANN op, fla_npu's op and its chunk pipeline), so vLLM drops its "
+    "block-aligned split: cold prompts take the steps of caching off; the hybrid block is "
+    "rounded up to a multiple of 64. Not with speculative decoding, FlashInfer, PCP or on 310P "
+    "(vLLM's split kept, logged) ([gdn-checkpoints.md](gdn-checkpoints.md)); `off`: vLLM's "
+    "split everywhere",
 ))
 register(EnvVar(
     name="VLLM_HYBRID_NPU_CHECKPOINTS",

@@ -21,7 +21,6 @@ Mirrors what vLLM 0.30 does at engine start for a Qwen3-Next/Qwen3.5 hybrid, min
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import tempfile
 from dataclasses import dataclass
@@ -219,13 +218,11 @@ def build_setup(
     if not attention_only:
         backend = AttentionBackendEnum["FLASH_ATTN"].get_class()
         Platform._align_hybrid_block_size(vllm_config, backend)
-        if checkpoints:
-            from vllm_hybrid_npu.core.prefill_checkpoints import aligned_block_size
+        if checkpoints:  # the runtime's rounding (gdn-checkpoint-block-size), page padding redone
+            from vllm_hybrid_npu.core.prefill_checkpoints import round_hybrid_block
 
-            aligned = aligned_block_size(cache_config.block_size)
-            if aligned != cache_config.block_size:
-                cache_config.block_size = aligned
-                Platform._align_hybrid_block_size(vllm_config, backend)  # page padding
+            round_hybrid_block(cache_config,
+                               lambda: Platform._align_hybrid_block_size(vllm_config, backend))
     bs = cache_config.block_size
     if tune is not None:
         tune(vllm_config, bs)
@@ -262,12 +259,10 @@ def build_setup(
                 mamba_type=MambaAttentionBackendEnum.GDN_ATTN,
                 mamba_cache_mode=cache_config.mamba_cache_mode,
             )
-            if checkpoints:
-                from vllm_hybrid_npu.core.prefill_checkpoints import ALIGNMENT
+            if checkpoints:  # the runtime's declaration (gdn-checkpoint-spec)
+                from vllm_hybrid_npu.core.prefill_checkpoints import declare
 
-                spec = dataclasses.replace(
-                    spec, num_prefill_checkpoint_blocks=1, prefill_checkpoint_alignment=ALIGNMENT
-                )
+                spec = declare(spec)
             specs[f"model.layers.{i}.linear_attn"] = spec
             state_bytes += spec.page_size_bytes
             n_gdn += 1

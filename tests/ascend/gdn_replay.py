@@ -1,55 +1,71 @@
-"""Replay vllm-ascend 0.30.0rc2's GDN prefill forward on CPU, with the plugin's checkpoint export.
+"""Replay vllm-ascend 0.30.0rc2's GDN prefill forward on CPU, on each of its prefill paths, with the
+plugin's checkpoint export.
 
 Run as a subprocess (it installs import stubs and replaces module globals of vllm-ascend)::
 
-    python tests/ascend/gdn_replay.py --seed 123 --draws 3 --out result.json
-    python tests/ascend/gdn_replay.py --seed 123 --fla-fused --out result.json
+    python tests/ascend/gdn_replay.py --seed 123 --paths chunk,fused --draws 3 --out result.json
+    python tests/ascend/gdn_replay.py --seed 123 --paths fla-npu --draws 3 --out result.json
 
-What is vllm-ascend's real code: ``AscendGDNAttentionMetadataBuilder.build``
-(``vllm_ascend/ops/gdn_attn_builder.py``, the builder object made without ``__init__``),
-``AscendGatedDeltaNetAttention._forward_core`` (``vllm_ascend/ops/gdn.py``; installed as vLLM's
-``QwenGatedDeltaNetAttention._forward_core``, as ``patch_qwen3_5.py`` does: that module imports
-vLLM's Qwen3.5 / Qwen3-VL model files, which need torchvision, so its one assignment is done here),
-its prefill path choice (``_get_fla_gdn_prefill_op``, ``_probe_fused_chunk``, hardware profile
-A2), the chunk glue ``chunk_gated_delta_rule`` / ``chunk_gated_delta_rule_fwd``
-(``vllm_ascend/ops/triton/fla/chunk.py``) with its chunk metadata and empty-segment compaction;
-vLLM's ``CommonAttentionMetadata``, ``MambaSpec``, ``GDNAttentionMetadata``, Qwen's
-``rearrange_mixed_qkv``; and the plugin's registry (``apply_patches("npu", ...)``).
+What is vllm-ascend's real code: ``AscendGDNAttentionMetadataBuilder.build`` (and its host-metadata
+subclass, which vllm-ascend's backend picks where a fused prefill op runs), built without
+``__init__``; ``AscendGatedDeltaNetAttention._forward_core`` (``vllm_ascend/ops/gdn.py``; installed
+as vLLM's ``QwenGatedDeltaNetAttention._forward_core``, as ``patch_qwen3_5.py`` does) with its
+prefill path choice (``_get_fla_gdn_prefill_op``, ``_probe_fused_chunk``, hardware profile A2),
+``_chunk_gated_delta_rule_fused``, ``DeviceOperator.fla_gdn_prefill`` (A2) and the chunk glue
+``chunk_gated_delta_rule`` / ``chunk_gated_delta_rule_fwd`` (``ops/triton/fla/chunk.py``) with
+its chunk metadata (``_build_non_spec_chunked_prefill_metadata``) and empty-segment compaction;
+vLLM's ``CommonAttentionMetadata``, ``MambaSpec``, ``GDNAttentionMetadata``; and the plugin's
+registry (``apply_patches("npu", ...)``). One expression of ``_forward_core`` is changed: the
+fused CANN op is "NPU-only", so vllm-ascend skips it for CPU tensors (``query_non_spec.device.type
+!= "cpu"``); for the ``fused`` path that comparison is compiled as ``True`` (AST, same file name
+and line numbers), everything else of the function unchanged.
 
 What is replaced (kernels that need an NPU, or Triton, which vLLM disables on this CPU build), each
 by a torch reference of its contract, all computing in float32:
 
-* AscendC ops, registered under their own names and schemas (``csrc/torch_binding.cpp``) with
-  ``torch.library``: ``_C_ascend::chunk_gated_delta_rule_fwd_h_vllm`` (``h`` ``[B, HV, NT, K, V]``
-  in k's dtype = the state at each 64-token chunk start, ``v_new = u - w h``, ``final_state``
-  ``[N, HV, K, V]`` in the initial state's dtype; shapes as its meta function) and
-  ``_C_ascend::chunk_fwd_o_vllm``;
-* ``fla_npu.ops.ascendc``: ``causal_conv1d_fn`` (keeps the last ``width - 1`` input rows per
-  sequence), ``recurrent_gated_delta_rule`` (decode rows; state ``[HV, V, K]``);
-  ``chunk_gated_delta_rule_fwd`` only with ``--fla-fused`` (then it must make vllm-ascend choose
-  the fused path and the plugin declare nothing);
+* the fused CANN op ``torch_npu.npu_chunk_gated_delta_rule(q, k, v, *, beta, initial_state,
+  actual_seq_lengths, scale, g) -> (o, final_state)`` (torch-npu 2.10.0.post4's
+  ``_op_plugin_docs.py``: TND layout, q / k l2-normed by the caller, raw float32 ``g``, bf16
+  ``initial_state`` / ``final_state`` ``[N, HV, V, K]``, ``actual_seq_lengths`` per sequence);
+* ``fla_npu.ops.ascendc.chunk_gated_delta_rule_fwd`` (as ``DeviceOperator.fla_gdn_prefill`` calls
+  it: BNSD q / k / v, state ``[N, HV, K, V]``, output sequence-major), only in ``--paths fla-npu``
+  (then vllm-ascend chooses it), ``causal_conv1d_fn``, ``recurrent_gated_delta_rule``;
+* AscendC ops under their own names and schemas (``csrc/torch_binding.cpp``) with
+  ``torch.library``: ``_C_ascend::chunk_gated_delta_rule_fwd_h_vllm`` and ``chunk_fwd_o_vllm``;
 * Triton: ``chunk_local_cumsum``, ``chunk_scaled_dot_kkt_fwd``, ``solve_tril``,
-  ``recompute_w_u_fwd``, ``l2norm_fwd``, ``clear_ssm_states``, ``DeviceOperator.fused_gdn_gating``;
-* ``torch.npu.device`` (``input_guard``) a null context; ``torch_npu`` dtype constants read at
-  import by ``vllm_ascend/quantization/utils.py``; the PCP group a world of one.
+  ``recompute_w_u_fwd``, ``l2norm_fwd``, ``clear_ssm_states``, ``gather_ssm_states``,
+  ``scatter_ssm_states_``, ``fused_gdn_gating``; ``torch.npu.device`` a null context; torch_npu
+  dtype constants; the PCP group a world of one.
 
-The references are checked against a token-by-token gated delta rule (``reference_check``).
+The chunked references are checked against a token-by-token gated delta rule (``reference_check``).
 
-Per draw (random batch: one decode row, prefill rows with and without context, block 64 or 128),
-with the same initial caches: the one-pass step with the plugin's plan (vLLM's checkpoint rule
-via ``build_step_checkpoints``), the same step without the plan, and vLLM's split (a first step
-that stops every checkpointed request at its checkpoint; its running state is what the split
-caches there). Checked: the exported conv and SSM blocks equal the split's bytes; apart from the
-checkpoint blocks, the one-pass step with the plan leaves every byte and output as without it.
+Per path and SSM cache dtype (bf16, float32), per draw (one decode row and prefill rows with and
+without context, block 64 or 128, at least one checkpoint), from the same initial caches: the
+one-pass step with the plugin's plan, the same step without it, and vLLM's split (a first step
+stopping every checkpointed request at its checkpoint, then its second step over the rest after
+align mode's copy of the running state). Checked: the exported conv and SSM blocks equal the
+split's first step's bytes; the step's outputs equal the step without the plan on every token but
+the tails, and the split's second step on the tails; every cache byte equals the step without the
+plan but the checkpoint blocks (the split's) and the checkpointed rows' running blocks (the split's
+second step); a plan shifted by one chunk exports other bytes (control). A one-token tail is a
+decode in the split's second step (vllm-ascend's builder makes it one: the recurrent kernel) and a
+prefill row in the exporter's step (the chunk kernel), from the same state: its output and final
+state are compared with a tolerance, apart. The tails' share of the
+prefill tokens (the kernel work the split adds) and the prefill kernel calls with and without the
+plan are recorded (no time: the references are CPU code, not the NPU's kernels).
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import contextlib
+import dataclasses
+import inspect
 import json
 import random
 import sys
+import textwrap
 import traceback
 import types
 from pathlib import Path
@@ -63,6 +79,9 @@ CHUNK = 64
 NK, NV, DK, DV, WIDTH = 2, 4, 16, 16, 4  # GVA: two v heads per k head
 CONV_DIM = 2 * NK * DK + NV * DV
 PREFIX = "model.layers.0.linear_attn"
+PATHS = ("chunk", "fused", "fla-npu")
+#: the plugin's name of each vllm-ascend prefill path
+PLUGIN_PATH = {"chunk": "ascend-chunk", "fused": "ascend-fused", "fla-npu": "ascend-fla-npu"}
 
 
 # --------------------------------------------------------------------------- references
@@ -272,8 +291,99 @@ def clear_ssm_states_ref(states, has_initial_state):
     states[~has_initial_state.to(states.device)] = 0
 
 
+def _naive_rows(q, k, v, g, beta, states, bounds, scale):
+    """Token-by-token gated delta rule per sequence: q, k [T, NK, K] (l2-normed), v [T, HV, V],
+    g, beta [T, HV], states [N, HV, K, V] float32; returns o [T, HV, V], final [N, HV, K, V]."""
+    torch = _torch()
+    o = torch.zeros(q.shape[0], NV, v.shape[-1])
+    finals = []
+    for n, (s, e) in enumerate(zip(bounds[:-1], bounds[1:])):
+        out, S = naive_gdr(_kv_heads(q[s:e].float()), _kv_heads(k[s:e].float()), v[s:e].float(),
+                           g[s:e].float(), beta[s:e].float(), states[n], scale)
+        o[s:e] = out
+        finals.append(S)
+    return o, torch.stack(finals) if finals else states.new_zeros((0, *states.shape[1:]))
+
+
+def fused_cann_ref(query, key, value, *, beta, initial_state, actual_seq_lengths, scale, g):
+    """``torch_npu.npu_chunk_gated_delta_rule``: TND q, k [T, NK, K] (l2-normed by the caller),
+    v [T, HV, V], beta [T, HV] bf16, g [T, HV] float32, initial_state [N, HV, V, K] bf16,
+    actual_seq_lengths int32 [N]; returns o [T, HV, V] bf16 and final_state [N, HV, V, K] bf16."""
+    torch = _torch()
+    assert initial_state.dtype == torch.bfloat16 and g.dtype == torch.float32, "op contract"
+    assert query.dim() == 3 and actual_seq_lengths.dtype == torch.int32, "TND layout"
+    bounds = [0, *torch.cumsum(actual_seq_lengths, 0).tolist()]
+    assert bounds[-1] == query.shape[0], (bounds, query.shape)
+    o, final = _naive_rows(query, key, value, g, beta,
+                           initial_state.float().transpose(-1, -2), bounds, scale)
+    return o.to(torch.bfloat16), final.transpose(-1, -2).to(torch.bfloat16)
+
+
+def fla_npu_fwd_ref(q, k, v, g, beta, initial_state=None, output_final_state=False,
+                    chunk_size=None, cu_seqlens=None, chunk_indices=None, scale=None,
+                    layout=None, use_exp2=False, use_qk_l2norm_in_kernel=False,
+                    allow_neg_eigval=False, disable_recompute=False, state_v_first=True):
+    """fla_npu's ``chunk_gated_delta_rule_fwd`` as A2's ``fla_gdn_prefill`` calls it: q, k
+    [1, NK, T, K] and v [1, HV, T, V] (BNSD, q / k l2-normed), g, beta [1, T, HV], initial_state
+    [N, HV, K, V] (``state_v_first=False``), host cu_seqlens; returns the output sequence-major
+    [1, T, HV, V] (v's dtype) and the final state [N, HV, K, V] float32."""
+    torch = _torch()
+    assert layout == "BNSD" and chunk_size == CHUNK and not state_v_first, "call contract"
+    assert not use_qk_l2norm_in_kernel and not use_exp2 and output_final_state
+    bounds = list(cu_seqlens)
+    o, final = _naive_rows(q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1),
+                           g[0], beta[0], initial_state.float(), bounds, scale)
+    return o.unsqueeze(0).to(v.dtype), final, None
+
+
+def gather_ssm_states_ref(state, indices, has_initial_state, *, output_dtype=None):
+    out = state[indices].to(output_dtype or state.dtype)
+    out[~has_initial_state] = 0
+    return out
+
+
+def scatter_ssm_states_ref(state, indices, source):
+    state[indices] = source.to(state.dtype)
+
+
 # --------------------------------------------------------------------------- environment
-def setup(fla_fused: bool):
+CALLS = {"fused_cann": 0, "fla_npu": 0, "ascendc_fwd_h": 0}
+
+
+def _counting(name, fn):
+    def wrapper(*a, **k):
+        CALLS[name] += 1
+        return fn(*a, **k)
+
+    return wrapper
+
+
+def neutralize_cpu_guard(cls) -> None:
+    """Compile ``cls._forward_core`` from vllm-ascend's source with its one CPU guard of the fused
+    CANN path (``query_non_spec.device.type != "cpu"``) as ``True`` (same file, same lines)."""
+    fn = cls.__dict__["_forward_core"]
+    tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    found = []
+
+    class Guard(ast.NodeTransformer):
+        def visit_Compare(self, node):
+            if ast.unparse(node) == "query_non_spec.device.type != 'cpu'":
+                found.append(node.lineno)
+                return ast.copy_location(ast.Constant(True), node)
+            return self.generic_visit(node)
+
+    tree = Guard().visit(tree)
+    assert len(found) == 1, f"vllm-ascend's CPU guard of the fused path: {found} (changed?)"
+    ast.increment_lineno(tree, fn.__code__.co_firstlineno - 1)
+    namespace: dict = {}
+    exec(compile(ast.fix_missing_locations(tree), inspect.getsourcefile(fn), "exec"),
+         fn.__globals__, namespace)
+    new = namespace["_forward_core"]
+    new.__qualname__, new.__module__ = fn.__qualname__, fn.__module__
+    cls._forward_core = new
+
+
+def setup(fla_npu: bool):
     """Stubs, references and the plugin's registry; returns the imported vllm-ascend modules."""
     root = str(upstream.vllm_ascend_src(ASCEND))
     ascend_env.setup(root, "A2")
@@ -283,6 +393,7 @@ def setup(fla_fused: bool):
     # dtype constants vllm_ascend/quantization/utils.py reads at import (device_op imports it)
     for name in ("float4_e2m1fn_x2", "hifloat8", "float8_e8m0fnu"):
         setattr(torch_npu, name, torch.uint8)
+    torch_npu.npu_chunk_gated_delta_rule = _counting("fused_cann", fused_cann_ref)
     for name in ("fla_npu", "fla_npu.ops", "fla_npu.ops.ascendc"):
         mod = types.ModuleType(name)
         mod.__path__ = []
@@ -291,11 +402,8 @@ def setup(fla_fused: bool):
     asc.causal_conv1d_fn = causal_conv1d_fn_ref
     asc.causal_conv1d_update = causal_conv1d_update_ref
     asc.recurrent_gated_delta_rule = recurrent_gdr_ref
-    if fla_fused:
-        def chunk_gated_delta_rule_fwd(*a, **k):
-            raise AssertionError("fused FLA prefill stand-in: not executed by the replay")
-
-        asc.chunk_gated_delta_rule_fwd = chunk_gated_delta_rule_fwd
+    if fla_npu:
+        asc.chunk_gated_delta_rule_fwd = _counting("fla_npu", fla_npu_fwd_ref)
     lib = torch.library.Library("_C_ascend", "DEF")
     lib.define(
         "chunk_gated_delta_rule_fwd_h_vllm(Tensor k, Tensor w, Tensor u, Tensor? g=None, *, "
@@ -303,7 +411,7 @@ def setup(fla_fused: bool):
         "int? chunk_size=None, bool? save_new_value=True, int[]? cu_seqlens=None, "
         "int[]? chunk_indices=None, bool? use_exp2=False, bool? transpose_state_layout=False) -> "
         "(Tensor h_out, Tensor v_new_out, Tensor final_state_out)")
-    lib.impl("chunk_gated_delta_rule_fwd_h_vllm", fwd_h_ref, "CPU")
+    lib.impl("chunk_gated_delta_rule_fwd_h_vllm", _counting("ascendc_fwd_h", fwd_h_ref), "CPU")
     lib.define(
         "chunk_fwd_o_vllm(Tensor q, Tensor k, Tensor v, Tensor h, float scale, *, Tensor? g=None, "
         "Tensor? g_gamma=None, int[]? cu_seqlens=None, int[]? chunk_indices=None, "
@@ -314,10 +422,12 @@ def setup(fla_fused: bool):
 
     parallel_state._PCP = types.SimpleNamespace(world_size=1, rank_in_group=0)
 
-    from vllm_hybrid_npu.patches import apply_patches
+    from vllm_hybrid_npu.patches import apply_patches, registry
     from vllm_hybrid_npu.support import Stack
 
-    report = apply_patches("npu", Stack("npu", "0.30.0", ASCEND))
+    stack = Stack("npu", "0.30.0", ASCEND)
+    apply_patches("npu", stack)
+    import vllm_ascend.device.device_op as device_op
     import vllm_ascend.ops.gdn as gdn_mod
     import vllm_ascend.ops.gdn_attn_builder as builder_mod
     import vllm_ascend.ops.triton.fla.chunk as chunk_mod
@@ -325,6 +435,10 @@ def setup(fla_fused: bool):
         QwenGatedDeltaNetAttention,
     )
 
+    # the forward with the CPU guard neutralized, then the registry applied to it
+    registry.unapply_all()
+    neutralize_cpu_guard(gdn_mod.AscendGatedDeltaNetAttention)
+    report = apply_patches("npu", stack)
     # vllm_ascend/patch/worker/patch_qwen3_5.py (A2 branch):
     #   _GDN_PATCH_TARGET._forward_core = AscendGatedDeltaNetAttention._forward_core
     QwenGatedDeltaNetAttention._forward_core = gdn_mod.AscendGatedDeltaNetAttention._forward_core
@@ -334,10 +448,17 @@ def setup(fla_fused: bool):
                      ("l2norm_fwd", l2norm_ref)):
         assert hasattr(chunk_mod, name), name
         setattr(chunk_mod, name, fn)
-    for name, fn in (("l2norm_fwd", l2norm_ref), ("clear_ssm_states", clear_ssm_states_ref)):
+    for name, fn in (("l2norm_fwd", l2norm_ref), ("clear_ssm_states", clear_ssm_states_ref),
+                     ("gather_ssm_states", gather_ssm_states_ref),
+                     ("scatter_ssm_states_", scatter_ssm_states_ref)):
         assert hasattr(gdn_mod, name), name
         setattr(gdn_mod, name, fn)
-    gdn_mod.DeviceOperator = types.SimpleNamespace(fused_gdn_gating=fused_gdn_gating_ref)
+    device_op.l2norm_fwd = l2norm_ref
+
+    class ReplayOperator(gdn_mod.DeviceOperator):  # vllm-ascend's (A2), its Triton gating replaced
+        fused_gdn_gating = staticmethod(fused_gdn_gating_ref)
+
+    gdn_mod.DeviceOperator = ReplayOperator
     # input_guard (chunk.py) enters torch.npu.device(index); set after the imports (transformers
     # reads torch.npu.is_available() when it finds the attribute)
     torch.npu = types.SimpleNamespace(device=lambda index=None: contextlib.nullcontext(),
@@ -365,28 +486,41 @@ def make_layer(qwen_cls, gen):
     return layer
 
 
-def make_builder(builder_mod, block_size):
+def vllm_config(pcp=1, ssm="auto"):
+    """An engine configuration as the plugin reads it (a Qwen3-Next, align mode, bf16)."""
+    torch = _torch()
+    return types.SimpleNamespace(
+        cache_config=types.SimpleNamespace(enable_prefix_caching=True, mamba_cache_mode="align",
+                                           mamba_ssm_cache_dtype=ssm, prefix_match_unit=None),
+        model_config=types.SimpleNamespace(
+            dtype=torch.bfloat16, architecture="Qwen3NextForCausalLM",
+            hf_config=types.SimpleNamespace(architectures=["Qwen3NextForCausalLM"]),
+            hf_text_config=types.SimpleNamespace(linear_num_value_heads=NV)),
+        parallel_config=types.SimpleNamespace(tensor_parallel_size=1,
+                                              prefill_context_parallel_size=pcp),
+        speculative_config=None)
+
+
+def make_builder(builder_mod, block_size, ssm_dtype, host):
+    """vllm-ascend's builder as its fused backend picks it: the host-metadata one where a fused
+    prefill op runs (``AscendGDNFusedAttentionBackend.get_builder_cls``)."""
     import torch
     from vllm.v1.kv_cache_interface import MambaSpec
 
-    b = object.__new__(builder_mod.AscendGDNAttentionMetadataBuilder)
+    cls = (builder_mod.AscendGDNHostMetadataBuilder if host
+           else builder_mod.AscendGDNAttentionMetadataBuilder)
+    b = object.__new__(cls)
     b.kv_cache_spec = MambaSpec(
         block_size=block_size, shapes=((WIDTH - 1, CONV_DIM), (NV, DV, DK)),
-        dtypes=(torch.bfloat16, torch.bfloat16), mamba_cache_mode="align",
+        dtypes=(torch.bfloat16, ssm_dtype), mamba_cache_mode="align",
         num_prefill_checkpoint_blocks=1, prefill_checkpoint_alignment=CHUNK)
-    b.vllm_config = types.SimpleNamespace(
-        cache_config=types.SimpleNamespace(mamba_cache_mode="align", prefix_match_unit=None),
-        speculative_config=None,
-        model_config=types.SimpleNamespace(
-            hf_text_config=types.SimpleNamespace(linear_num_value_heads=NV)),
-        parallel_config=types.SimpleNamespace(tensor_parallel_size=1,
-                                              prefill_context_parallel_size=1))
+    b.vllm_config = vllm_config()
     b.use_full_cuda_graph, b.use_spec_decode, b.num_spec = False, False, 0
     b.decode_cudagraph_max_bs = 16
     return b
 
 
-def common_metadata(rows, block_size, tables):
+def common_metadata(rows, tables):
     """``rows``: (context, query_len) per request (decodes first)."""
     import torch
     from vllm.v1.attention.backend import CommonAttentionMetadata
@@ -403,39 +537,63 @@ def common_metadata(rows, block_size, tables):
         seq_lens_cpu_upper_bound=seq.clone())
 
 
-def run_step(layer, builder, rows, tables, inputs, caches, plan: bool, mutate=None):
-    """One step of ``rows`` over ``caches`` (cloned): ``(metadata, out, conv, ssm)``;
-    ``mutate(plan)`` alters the plan before the forward (the harness's control)."""
+def run_step(layer, builder, rows, tables, inputs, caches, plan=True, override=None):
+    """One step of ``rows`` over clones of ``caches``: ``(checkpoints, out, conv, ssm, calls)``
+    (``calls``: prefill kernel calls, by kind);
+    ``plan=False`` drops the plugin's plan, ``override(checkpoints)`` replaces it."""
     import torch
     import vllm.forward_context as fc
-    from vllm_hybrid_npu.patches.gdn_prefill_checkpoint import PLAN_ATTR
+    from vllm_hybrid_npu.patches.gdn_prefill_checkpoint import FIELD
 
-    block = builder.kv_cache_spec.block_size
-    m = common_metadata(rows, block, tables)
-    md = builder.build(0, m)
-    if not plan and hasattr(md, PLAN_ATTR):
-        delattr(md, PLAN_ATTR)
-    if mutate is not None:
-        mutate(getattr(md, PLAN_ATTR))
+    md = builder.build(0, common_metadata(rows, tables))
+    ck = getattr(md, FIELD, None)
+    if not plan or override is not None:
+        setattr(md, FIELD, None if not plan else override(ck))
     conv, ssm = caches[0].clone(), caches[1].clone()
     layer.kv_cache = (conv, ssm)
     mixed_qkv, b, a = inputs
     out = torch.zeros(mixed_qkv.shape[0], NV, DV, dtype=torch.bfloat16)
     fc._forward_context = types.SimpleNamespace(attn_metadata={PREFIX: md})
+    before = dict(CALLS)
     try:
         layer._forward_core(mixed_qkv, b, a, out)
     finally:
         fc._forward_context = None
-    return md, out, conv, ssm
+    return ck, out, conv, ssm, {k: CALLS[k] - before[k] for k in CALLS if CALLS[k] > before[k]}
 
 
-def draw(rng, gen, layer, builder_mod):
-    """One random batch: one-pass with and without the plan, and the split."""
+def shifted(ck, builder):
+    """The same checkpoint blocks with the checkpoints planned one chunk earlier (or at half the
+    offset), built as the plugin builds a plan: the control."""
     import torch
-    from vllm_hybrid_npu.patches.gdn_prefill_checkpoint import PLAN_ATTR
+    from vllm_hybrid_npu.core.prefill_checkpoints import plan_step
+    from vllm_hybrid_npu.ops import gdn_checkpoint as ops
+    from vllm_hybrid_npu.patches.vllm_ascend_gdn import _kernel_meta
+
+    p = ck.plan
+    lens = [1] * p.num_decodes + [e - s for s, e in zip(p.head_bounds, p.head_bounds[1:])]
+    for i, r in enumerate(p.rows):
+        lens[r] += p.tail_bounds[i + 1] - p.tail_bounds[i]
+    offsets, cols = [0] * len(lens), [-1] * len(lens)
+    table = torch.zeros(len(lens), max(p.cols) + 1, dtype=torch.int32)
+    for r, off, col, slot in zip(p.rows, p.offsets, p.cols, ck.slots.tolist()):
+        offsets[r], cols[r] = (off - CHUNK if off > CHUNK else off // 2), col
+        table[r, col] = slot
+    qsl = [0]
+    for n in lens:
+        qsl.append(qsl[-1] + n)
+    new = plan_step(qsl, offsets, cols, p.num_decodes)
+    return ops.build_metadata(new, table, lambda v, d: torch.tensor(v, dtype=d), ck.method,
+                              _kernel_meta(builder, torch.device("cpu")))
+
+
+def draw(rng, gen, layer, builder_mod, path, ssm_dtype):
+    """One random batch on ``path`` with an SSM cache of ``ssm_dtype``: the plan, no plan, the
+    split's two steps and the control; the checks of the module docstring."""
+    import torch
 
     block = rng.choice([64, 128])
-    builder = make_builder(builder_mod, block)
+    builder = make_builder(builder_mod, block, ssm_dtype, host=path != "chunk")
     while True:
         rows = [(rng.randint(1, 300), 1)]  # a decode row
         for _ in range(rng.randint(2, 3)):
@@ -447,17 +605,16 @@ def draw(rng, gen, layer, builder_mod):
             tables.append(list(range(nb, nb + cols)))
             nb += cols
         tables = torch.tensor(tables, dtype=torch.int32)
-        m = common_metadata(rows, block, tables)
-        md = builder.build(0, m)
-        plan = getattr(md, PLAN_ATTR, None)
-        if plan is not None:
+        from vllm_hybrid_npu.patches.gdn_prefill_checkpoint import FIELD
+
+        if getattr(builder.build(0, common_metadata(rows, tables)), FIELD, None) is not None:
             break
     t = sum(q for _, q in rows)
     mixed_qkv = torch.randn(t, CONV_DIM, generator=gen).to(torch.bfloat16)
     b = torch.randn(t, NV, generator=gen).to(torch.bfloat16)
     a = torch.randn(t, NV, generator=gen).to(torch.bfloat16)
-    conv0 = (torch.randn(nb, WIDTH - 1, CONV_DIM, generator=gen)).to(torch.bfloat16)
-    ssm0 = (torch.randn(nb, NV, DV, DK, generator=gen) * 0.1).to(torch.bfloat16)
+    conv0 = torch.randn(nb, WIDTH - 1, CONV_DIM, generator=gen).to(torch.bfloat16)
+    ssm0 = (torch.randn(nb, NV, DV, DK, generator=gen) * 0.1).to(ssm_dtype)
     # a request with context: vLLM's align-mode copy (preprocess_mamba) has put the state after
     # its context into the block its step reads, column (seq_len - 1) // block; the split's first
     # step reads column (checkpoint - 1) // block: both get that state
@@ -466,55 +623,75 @@ def draw(rng, gen, layer, builder_mod):
             src = tables[r, (ctx - 1) // block]
             conv0[tables[r, (ctx - 1) // block:]] = conv0[src].clone()
             ssm0[tables[r, (ctx - 1) // block:]] = ssm0[src].clone()
-    caches = (conv0, ssm0)
-    md, out_p, conv_p, ssm_p = run_step(layer, builder, rows, tables, (mixed_qkv, b, a), caches, True)
-    plan = getattr(md, PLAN_ATTR)
-    _, out_n, conv_n, ssm_n = run_step(layer, builder, rows, tables, (mixed_qkv, b, a), caches, False)
-    # the split's first step: every checkpointed request stops at its checkpoint
-    from vllm_hybrid_npu.patches.gdn_prefill_checkpoint import build_step_checkpoints  # noqa: F401
-
+    caches, inputs = (conv0, ssm0), (mixed_qkv, b, a)
+    _, out_n, conv_n, ssm_n, calls_n = run_step(layer, builder, rows, tables, inputs, caches, False)
+    ck, out_p, conv_p, ssm_p, calls_p = run_step(layer, builder, rows, tables, inputs, caches)
+    plan = ck.plan
     qsl = [0, *torch.tensor([q for _, q in rows]).cumsum(0).tolist()]
-    ck_rows = {}
-    slots = plan.slots.tolist()
-    for i, end in enumerate(plan.conv_end.tolist()):
-        row = max(r for r in range(len(rows)) if qsl[r] <= end - 1)
-        ck_rows[row] = (end - qsl[row], slots[i])
-    first_rows, keep = [], []
-    for r, (ctx, q) in enumerate(rows):
-        n = ck_rows[r][0] if r in ck_rows else q
-        first_rows.append((ctx, n))
-        keep.extend(range(qsl[r], qsl[r] + n))
-    idx = torch.tensor(keep)
-    _, _, conv_s, ssm_s = run_step(layer, builder, first_rows, tables,
-                                   (mixed_qkv[idx], b[idx], a[idx]), caches, False)
+    offset = dict(zip(plan.rows, plan.offsets))
+    # vLLM's split, first step: every checkpointed request stops at its checkpoint
+    first = [(c, offset.get(r, q)) for r, (c, q) in enumerate(rows)]
+    idx = torch.tensor([tok for r, (c, n) in enumerate(first) for tok in range(qsl[r], qsl[r] + n)])
+    _, _, conv_1, ssm_1, _ = run_step(layer, builder, first, tables,
+                                      tuple(x[idx] for x in inputs), caches, False)
+    # its second step: the rest, from the running state align mode copies into the row's block
+    conv_m, ssm_m = conv_1.clone(), ssm_1.clone()
+    second, tail_idx, finals, running = [], [], [], []
+    for r in plan.rows:
+        ctx, q = rows[r]
+        run_b = tables[r, (ctx + offset[r] - 1) // block]
+        fin_b = tables[r, (ctx + q - 1) // block]
+        conv_m[fin_b], ssm_m[fin_b] = conv_1[run_b], ssm_1[run_b]
+        second.append((ctx + offset[r], q - offset[r]))
+        tail_idx.extend(range(qsl[r] + offset[r], qsl[r + 1]))
+        running.append(run_b.item())
+        finals.append(fin_b.item())
+    tail_idx = torch.tensor(tail_idx)
+    _, out_2, conv_2, ssm_2, _ = run_step(layer, builder, second, tables[list(plan.rows)],
+                                          tuple(x[tail_idx] for x in inputs), (conv_m, ssm_m), False)
     checks = []
-    for r, (offset, slot) in sorted(ck_rows.items()):
-        ctx = rows[r][0]
-        running = tables[r, (ctx + offset - 1) // block].item()  # the split's running block
+    slots = ck.slots.tolist()
+    for i, r in enumerate(plan.rows):
+        slot, run_b = slots[i], running[i]
         checks.append({
-            "row": r, "context": ctx, "query_len": rows[r][1], "offset": offset,
-            "checkpoint_block": slot, "split_block": running,
-            "conv_equal": bool(torch.equal(conv_p[slot], conv_s[running])),
-            "ssm_equal": bool(torch.equal(ssm_p[slot], ssm_s[running])),
-            "ssm_max_diff": float((ssm_p[slot].float() - ssm_s[running].float()).abs().max()),
-            "block_differed_before": bool(not torch.equal(conv0[slot], conv_s[running])
-                                          and not torch.equal(ssm0[slot], ssm_s[running])),
+            "row": r, "context": rows[r][0], "query_len": rows[r][1], "offset": offset[r],
+            "checkpoint_block": slot, "split_block": run_b,
+            "conv_equal": bool(torch.equal(conv_p[slot], conv_1[run_b])),
+            "ssm_equal": bool(torch.equal(ssm_p[slot], ssm_1[run_b])),
+            "block_differed_before": bool(not torch.equal(conv0[slot], conv_1[run_b])
+                                          and not torch.equal(ssm0[slot], ssm_1[run_b])),
         })
-    # control: the chunk before the checkpoint's (what an off-by-one chunk index would export)
-    def shift(p):
-        p.chunk_index = (p.chunk_index - 1).clamp(min=0)
-
-    _, _, _, ssm_c = run_step(layer, builder, rows, tables, (mixed_qkv, b, a), caches, True, shift)
-    control_caught = all(not torch.equal(ssm_c[slot], ssm_s[tables[r, (rows[r][0] + o - 1) // block]])
-                         for r, (o, slot) in ck_rows.items())
-    others = torch.ones(conv_p.shape[0], dtype=torch.bool)
-    others[plan.slots] = False
+    want_out = out_n.clone()
+    want_out[tail_idx] = out_2
+    want_conv, want_ssm = conv_n.clone(), ssm_n.clone()
+    for slot, run_b, fin_b in zip(slots, running, finals):
+        want_conv[slot], want_ssm[slot] = conv_1[run_b], ssm_1[run_b]
+        want_conv[fin_b], want_ssm[fin_b] = conv_2[fin_b], ssm_2[fin_b]
+    # a one-token tail is a decode in the split's second step (vllm-ascend's builder:
+    # _treat_single_token_prefills_with_state_as_decodes): the recurrent kernel there, the chunk
+    # kernel in the exporter's step, from the same state; compared apart, with a tolerance
+    single, same = [], torch.ones(t, dtype=torch.bool)
+    for r, fin_b in zip(plan.rows, finals):
+        if rows[r][1] - offset[r] == 1:
+            tok = qsl[r + 1] - 1
+            same[tok] = False
+            single.append({"row": r, "output_diff": float((out_p[tok].float() - want_out[tok].float()).abs().max()),
+                           "output_scale": float(want_out[tok].float().abs().max()),
+                           "state_diff": float((ssm_p[fin_b].float() - want_ssm[fin_b].float()).abs().max()),
+                           "state_scale": float(want_ssm[fin_b].float().abs().max())})
+            want_out[tok], want_ssm[fin_b] = out_p[tok], ssm_p[fin_b]
+    _, _, _, ssm_c, _ = run_step(layer, builder, rows, tables, inputs, caches,
+                                  override=lambda c: shifted(c, builder))
     return {
         "block_size": block, "rows": rows, "tokens": t, "checkpoints": checks,
-        "untouched_equal": bool(torch.equal(conv_p[others], conv_n[others])
-                                and torch.equal(ssm_p[others], ssm_n[others])),
-        "outputs_equal": bool(torch.equal(out_p, out_n)),
-        "control_off_by_one_chunk_caught": control_caught,
+        "vllm_ascend_choice": sorted(calls_n), "kernel_calls": [calls_n, calls_p],
+        "single_token_tails": single,
+        "outputs_equal": bool(torch.equal(out_p, want_out)),
+        "caches_equal": bool(torch.equal(conv_p, want_conv) and torch.equal(ssm_p, want_ssm)),
+        "tail_max_diff_vs_no_plan": float((out_p[tail_idx].float() - out_n[tail_idx].float()).abs().max()),
+        "control_shifted_caught": all(not torch.equal(ssm_c[s], ssm_1[rb])
+                                      for s, rb in zip(slots, running)),
+        "tail_share": plan.num_tail_tokens / plan.num_prefill_tokens,
     }
 
 
@@ -551,29 +728,17 @@ def reference_check(gen):
 
 
 def path_checks(gdn_mod):
-    """The plugin's NPU path decision under each of vllm-ascend's prefill choices."""
-    import torch
+    """The plugin's NPU path decision under vllm-ascend's choices and configurations."""
     from vllm_hybrid_npu.patches import gdn_prefill_checkpoint as gpc
-    
-    def config(pcp=1, ssm="auto"):
-        return types.SimpleNamespace(
-            cache_config=types.SimpleNamespace(enable_prefix_caching=True,
-                                               mamba_cache_mode="align",
-                                               mamba_ssm_cache_dtype=ssm),
-            model_config=types.SimpleNamespace(
-                dtype=torch.bfloat16, architecture="Qwen3NextForCausalLM",
-                hf_config=types.SimpleNamespace(architectures=["Qwen3NextForCausalLM"])),
-            parallel_config=types.SimpleNamespace(prefill_context_parallel_size=pcp),
-            speculative_config=None)
 
     cls = gdn_mod.AscendGatedDeltaNetAttention
-    out = {"default": gpc.exporter_path(config(), "npu"),
-           "pcp2": gpc.exporter_path(config(pcp=2), "npu"),
-           "ssm_float32": gpc.exporter_path(config(ssm="float32"), "npu")}
+    out = {"default": gpc.exporter_path(vllm_config(), "npu"),
+           "pcp2": gpc.exporter_path(vllm_config(pcp=2), "npu"),
+           "ssm_float32": gpc.exporter_path(vllm_config(ssm="float32"), "npu")}
     saved = cls._fused_chunk_available
     cls._fused_chunk_available = True  # as if the smoke call of npu_chunk_gated_delta_rule passed
     try:
-        out["fused_cann_op"] = gpc.exporter_path(config(), "npu")
+        out["fused_probe_passed"] = gpc.exporter_path(vllm_config(), "npu")
     finally:
         cls._fused_chunk_available = saved
     return {k: list(v) for k, v in out.items()}
@@ -582,32 +747,42 @@ def path_checks(gdn_mod):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seed", type=int, required=True)
-    ap.add_argument("--draws", type=int, default=3)
-    ap.add_argument("--fla-fused", action="store_true",
-                    help="fla_npu has the fused prefill op: vllm-ascend chooses it, nothing exports")
+    ap.add_argument("--draws", type=int, default=3, help="draws per path and SSM cache dtype")
+    ap.add_argument("--paths", default="chunk,fused",
+                    help="comma-separated from chunk, fused, fla-npu (fla-npu alone: the stub "
+                         "package then has the fused op, which vllm-ascend prefers)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
-    result = {"seed": args.seed, "fla_fused": args.fla_fused, "error": None}
+    paths = args.paths.split(",")
+    result = {"seed": args.seed, "paths_run": paths, "error": None}
     try:
+        if not set(paths) <= set(PATHS) or ("fla-npu" in paths and len(paths) > 1):
+            raise ValueError(f"--paths {args.paths}: from {PATHS}, fla-npu alone")
         import torch
 
         torch.set_num_threads(1)
-        report, gdn_mod, builder_mod, qwen_cls = setup(args.fla_fused)
+        report, gdn_mod, builder_mod, qwen_cls = setup("fla-npu" in paths)
         result["applied"] = list(report.applied)
         result["skipped"] = dict(report.skipped)
         result["failed"] = dict(report.failed)
-        result["paths"] = path_checks(gdn_mod)
+        gen = torch.Generator().manual_seed(args.seed)
+        rng = random.Random(args.seed)
+        result["reference_check"] = reference_check(gen)
+        layer = make_layer(qwen_cls, gen)
         cls = gdn_mod.AscendGatedDeltaNetAttention
-        result["vllm_ascend_choice"] = {
-            "fla_fused_op": gdn_mod._get_fla_gdn_prefill_op() is not None,
-            "host_metadata_builder": bool(cls._supports_host_metadata_prefill()),
-        }
-        if not args.fla_fused:
-            gen = torch.Generator().manual_seed(args.seed)
-            rng = random.Random(args.seed)
-            result["reference_check"] = reference_check(gen)
-            layer = make_layer(qwen_cls, gen)
-            result["draws"] = [draw(rng, gen, layer, builder_mod) for _ in range(args.draws)]
+        result["runs"] = {}
+        for path in paths:
+            cls._fused_chunk_available = path == "fused"
+            from vllm_hybrid_npu.patches.gdn_prefill_checkpoint import exporter_path
+
+            result["runs"][path] = {
+                "plugin_path": list(exporter_path(vllm_config(), "npu")),
+                "draws": {str(dt).replace("torch.", ""): [draw(rng, gen, layer, builder_mod, path, dt)
+                                                          for _ in range(args.draws)]
+                          for dt in (torch.bfloat16, torch.float32)},
+            }
+        cls._fused_chunk_available = False
+        result["paths"] = path_checks(gdn_mod)
     except Exception:
         result["error"] = traceback.format_exc()
     Path(args.out).write_text(json.dumps(result, indent=1))

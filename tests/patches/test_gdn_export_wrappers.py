@@ -1,20 +1,21 @@
-"""The Triton/FLA path's export wrappers of :mod:`vllm_hybrid_npu.patches.gdn_prefill_checkpoint`,
-run on CPU tensors (their indexing is device-independent; the FLA kernels themselves are checked
-on CUDA by ``tests/ops/test_gdn_checkpoint_fla.py``).
+"""The exporter's layer and kernel wrappers (:mod:`vllm_hybrid_npu.patches.gdn_prefill_checkpoint`),
+run on CPU tensors around stand-in upstream functions (the FLA kernels themselves are checked on
+CUDA by ``tests/ops/test_gdn_checkpoint_fla.py``; vllm-ascend's by ``tests/ascend``).
 
-* ``_forward_core`` (wraps vLLM 0.30/0.32 ``QwenGatedDeltaNetAttention._forward_core``): the
-  conv state written into each checkpoint block is the ``width - 1`` input rows of the step's
-  ``mixed_qkv`` before the checkpoint, in vLLM's conv-state layout (dim-first or not), cast to
-  the cache dtype; no other block changes; the SSM target is handed to the FLA hook only during
-  upstream's call.
-* ``chunk_gated_delta_rule_fwd_h`` hook: the SSM state written is ``h[0, chunk_index]`` cast to
-  the cache dtype; no other block changes.
+* ``make_forward`` (wraps ``_forward_core``): the conv checkpoints are the ``width - 1`` input rows
+  before each checkpoint; upstream runs inside an export scope of the step's method and the
+  layer's SSM cache; a forward in which no kernel exported raises; without checkpoints it is
+  upstream's call alone;
+* the FLA ``h`` hook writes ``h[0, chunk_index]``; the FLA split wrapper (``forward_native``)
+  returns what one unsplit call returns and writes the heads' final states;
+* ``with_checkpoints``: the typed field on vLLM's GDN metadata, its other attributes kept.
 
 Random shapes, positions and slots per test (seed printed on failure).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import types
 
 import pytest
@@ -22,78 +23,141 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("vllm.forward_context")
 
+from vllm_hybrid_npu.core.prefill_checkpoints import plan_step  # noqa: E402
+from vllm_hybrid_npu.ops import gdn_checkpoint as ops  # noqa: E402
 from vllm_hybrid_npu.patches import gdn_prefill_checkpoint as mod  # noqa: E402
 
 PREFIX = "model.layers.3.linear_attn"
 
 
-def _plan(rng, tokens: int, width: int, blocks: int):
-    n = rng.randint(1, 4)
-    ends = sorted(rng.sample(range(width - 1, tokens + 1), n))
-    slots = rng.sample(range(blocks), n)
-    return mod.StepCheckpoints(
-        slots=torch.tensor(slots, dtype=torch.int64),
-        conv_end=torch.tensor(ends, dtype=torch.int64),
-        chunk_index=torch.tensor([rng.randrange(8) for _ in range(n)], dtype=torch.int64),
-    ), ends, slots
+def _metadata(rng, lens, min_offset, method="split"):
+    offsets = [rng.choice([0, rng.randint(min_offset, n - 1)]) for n in lens]
+    offsets[rng.randrange(len(lens))] = min_offset  # at least one checkpoint
+    qsl = [0]
+    for n in lens:
+        qsl.append(qsl[-1] + n)
+    plan = plan_step(qsl, offsets, [0] * len(lens), num_decodes=0)
+    table = torch.tensor([[b] for b in rng.sample(range(20), len(lens))], dtype=torch.int32)
+    return ops.build_metadata(plan, table, lambda v, d: torch.tensor(v, dtype=d), method), qsl
+
+
+def _context(monkeypatch, ck):
+    from vllm.v1.attention.backends.gdn_attn import GDNAttentionMetadata
+
+    md = mod.with_checkpoints(GDNAttentionMetadata(0, 0, 0, 0, 0, 0, 0), ck) if ck else None
+    monkeypatch.setattr("vllm.forward_context.get_forward_context",
+                        lambda: types.SimpleNamespace(attn_metadata={PREFIX: md}))
 
 
 @pytest.mark.parametrize("dim_first", [True, False])
-def test_forward_core_writes_the_conv_rows_before_each_checkpoint(monkeypatch, rng, seed, dim_first):
-    width, dim, blocks = rng.choice([2, 3, 4]), rng.randint(5, 40), rng.randint(6, 12)
-    tokens = rng.randint(width + 8, 300)
-    plan, ends, slots = _plan(rng, tokens, width, blocks)
-    cache_dtype = rng.choice([torch.float32, torch.bfloat16])
-    shape = (blocks, dim, width - 1) if dim_first else (blocks, width - 1, dim)
-    conv = torch.full(shape, float("nan"), dtype=cache_dtype)
-    ssm = torch.empty(blocks, 2, 3, 3)
-    mixed = torch.randn(tokens, dim, generator=torch.Generator().manual_seed(seed))
-    md = types.SimpleNamespace()
-    setattr(md, mod.PLAN_ATTR, plan)
-    monkeypatch.setattr("vllm.forward_context.get_forward_context",
-                        lambda: types.SimpleNamespace(attn_metadata={PREFIX: md}))
+def test_forward_writes_conv_rows_and_opens_the_scope(monkeypatch, rng, seed, dim_first):
+    width, dim = rng.choice([2, 3, 4]), rng.randint(5, 40)
+    ck, qsl = _metadata(rng, [rng.randint(width + 2, 90) for _ in range(rng.randint(1, 4))], width,
+                        method=rng.choice(["split", "h"]))
+    conv = torch.full((24, dim, width - 1) if dim_first else (24, width - 1, dim), float("nan"),
+                      dtype=rng.choice([torch.float32, torch.bfloat16]))
+    ssm = torch.empty(24, 2, 3, 3)
+    mixed = torch.randn(qsl[-1], dim, generator=torch.Generator().manual_seed(seed))
+    _context(monkeypatch, ck)
     monkeypatch.setattr("vllm.model_executor.layers.mamba.mamba_utils.is_conv_state_dim_first",
                         lambda: dim_first)
     seen = []
 
-    def upstream(self, mixed_qkv, b, a, out):
-        seen.append(mod._fla_export[-1])
+    def upstream(self, mixed_qkv, b, a, out, export=True):
+        scope = ops.current(ck.method)
+        seen.append(scope)
+        if export and scope is not None:
+            scope.exports += 1
         return "upstream-result"
 
-    layer = types.SimpleNamespace(prefix=PREFIX, kv_cache=[conv, ssm],
-                                  conv1d=types.SimpleNamespace(weight=torch.empty(dim, 1, width)))
-    wrapped = mod._make_forward_core(upstream, None)
-    for _ in range(2):  # a second layer of the same step reuses the plan's row index
-        assert wrapped(layer, mixed, None, None, None) == "upstream-result", f"seed={seed}"
-    assert not mod._fla_export, f"seed={seed}: the FLA hook's target outlived upstream's call"
-    assert seen[0][0] is ssm and seen[0][1] is plan.slots and seen[0][2] is plan.chunk_index
-    for end, slot in zip(ends, slots):
-        want = mixed[end - (width - 1):end].to(cache_dtype)
+    layer = types.SimpleNamespace(prefix=PREFIX, kv_cache=[conv, ssm], conv_kernel_size=width)
+    wrapped = mod.make_forward(upstream, None)
+    assert wrapped(layer, mixed, None, None, None) == "upstream-result", f"seed={seed}"
+    assert seen[0].ssm_cache is ssm and seen[0].metadata is ck and ops.current(ck.method) is None
+    for end, slot in zip(ck.plan.conv_end, ck.slots.tolist()):
         got = conv[slot].transpose(0, 1) if dim_first else conv[slot]
-        assert torch.equal(got, want), f"seed={seed} end={end} slot={slot}"
-    untouched = sorted(set(range(blocks)) - set(slots))
-    assert torch.isnan(conv[untouched].float()).all(), f"seed={seed}: a block other than a checkpoint's changed"
-    assert plan.conv_row_index(width) is plan.conv_row_index(width)
+        assert torch.equal(got, mixed[end - (width - 1):end].to(conv.dtype)), f"seed={seed}"
+    untouched = sorted(set(range(24)) - set(ck.slots.tolist()))
+    assert torch.isnan(conv[untouched].float()).all(), f"seed={seed}: another block changed"
+    silent = mod.make_forward(lambda *a: upstream(*a, export=False), None)
+    with pytest.raises(RuntimeError, match="0 kernel call"):
+        silent(layer, mixed, None, None, None)
+    _context(monkeypatch, None)
+    assert wrapped(layer, mixed, None, None, None) == "upstream-result" and seen[-1] is None
 
 
-def test_fwd_h_hook_writes_the_chunk_state(rng, seed):
-    blocks, chunks, heads, dv, dk = rng.randint(6, 12), rng.randint(2, 9), 3, 4, 5
-    gen = torch.Generator().manual_seed(seed)
-    h = torch.randn(1, chunks, heads, dv, dk, generator=gen).to(torch.bfloat16)
-    n = rng.randint(1, min(4, chunks))
-    slots = rng.sample(range(blocks), n)
-    chunk_index = rng.sample(range(chunks), n)
-    ssm_dtype = rng.choice([torch.float32, torch.bfloat16])
-    ssm = torch.full((blocks, heads, dv, dk), float("nan"), dtype=ssm_dtype)
-    upstream_out = (h, object(), object())
-    hook = mod._make_fwd_h(lambda *a, **k: upstream_out, None)
-    assert hook() is not None and not torch.isnan(ssm.float()).logical_not().any()  # no target: nothing
-    mod._fla_export.append((ssm, torch.tensor(slots), torch.tensor(chunk_index)))
-    try:
-        assert hook() == upstream_out
-    finally:
-        mod._fla_export.pop()
-    for s, c in zip(slots, chunk_index):
-        assert torch.equal(ssm[s], h[0, c].to(ssm_dtype)), f"seed={seed} slot={s} chunk={c}"
-    untouched = sorted(set(range(blocks)) - set(slots))
+def test_fla_h_hook_writes_the_chunk_state(rng, seed):
+    ck, _ = _metadata(rng, [rng.randint(70, 200) for _ in range(rng.randint(1, 3))], 64, "h")
+    chunks, heads, dv, dk = max(ck.plan.chunk_index) + 2, 3, 4, 5
+    h = torch.randn(1, chunks, heads, dv, dk, generator=torch.Generator().manual_seed(seed))
+    ssm = torch.full((20, heads, dv, dk), float("nan"), dtype=rng.choice([torch.float32, torch.bfloat16]))
+    out = (h.to(torch.bfloat16), object(), object())
+    hook = mod._make_fla_h(lambda *a, **k: out, None)
+    assert hook() == out and torch.isnan(ssm.float()).all()  # no scope: nothing written
+    with ops.exporting(ck, ssm, "split"):
+        hook()
+    assert torch.isnan(ssm.float()).all()  # a split scope is not the h hook's
+    with ops.exporting(ck, ssm, "h") as scope:
+        assert hook() == out
+    assert scope.exports == 1
+    for s, c in zip(ck.slots.tolist(), ck.plan.chunk_index):
+        assert torch.equal(ssm[s], out[0][0, c].to(ssm.dtype)), f"seed={seed} slot={s} chunk={c}"
+    untouched = sorted(set(range(20)) - set(ck.slots.tolist()))
     assert torch.isnan(ssm[untouched].float()).all(), f"seed={seed}"
+
+
+def _kernel(q, k, v, g, beta, state, cu):
+    # a token-by-token linear recurrence in float64 (exact under splitting)
+    S, o = state.double().clone(), torch.zeros(*v.shape, dtype=torch.float64)
+    cu = [int(c) for c in cu]
+    for n, (s, e) in enumerate(zip(cu, cu[1:])):
+        for t in range(s, e):
+            S[n] = S[n] * torch.exp(g[0, t].double())[:, None, None] + \
+                torch.einsum("hk,hv->hkv", k[0, t].double(), v[0, t].double() * beta[0, t].double()[:, None])
+            o[0, t] = torch.einsum("hk,hkv->hv", q[0, t].double(), S[n])
+    return o, S
+
+
+def test_fla_split_wrapper_equals_one_call(rng, seed):
+    ck, qsl = _metadata(rng, [rng.randint(3, 30) for _ in range(rng.randint(1, 4))], 1)
+    gen = torch.Generator().manual_seed(seed)
+    t, hd = qsl[-1], 2
+    q, k, v = (torch.randn(1, t, hd, 3, generator=gen) for _ in range(3))
+    g, beta = -torch.rand(1, t, hd, generator=gen), torch.rand(1, t, hd, generator=gen)
+    state0 = torch.randn(len(qsl) - 1, hd, 3, 3, generator=gen, dtype=torch.float64)
+    calls = []
+
+    def forward_native(self, q, k, v, g, beta, initial_state, output_final_state, cu_seqlens=None,
+                       chunk_indices=None, chunk_offsets=None, use_qk_l2norm_in_kernel=True,
+                       core_attn_out=None):
+        calls.append((cu_seqlens.tolist(), chunk_indices, chunk_offsets))
+        return _kernel(q, k, v, g, beta, initial_state, cu_seqlens)
+
+    ck.kernel_meta = {"head": ("ci-h", "co-h"), "tail": ("ci-t", "co-t")}
+    wrapped = mod._make_fla_split(forward_native, None)
+    ssm = torch.full((20, hd, 3, 3), float("nan"), dtype=torch.float64)
+    args = (q, k, v, g, beta, state0, True, torch.tensor(qsl), None, None, False)
+    with ops.exporting(ck, ssm, "split") as scope:
+        o, final = wrapped(None, *args)
+    o_ref, final_ref = _kernel(q, k, v, g, beta, state0, qsl)
+    assert torch.equal(o, o_ref) and torch.equal(final, final_ref), f"seed={seed}"
+    assert scope.exports == 1 and [c[1:] for c in calls] == [("ci-h", "co-h"), ("ci-t", "co-t")]
+    for i, (row, off) in enumerate(zip(ck.plan.rows, ck.plan.offsets)):
+        s = qsl[row]
+        _, alone = _kernel(*(x[:, s:s + off] for x in (q, k, v, g, beta)), state0[row:row + 1], [0, off])
+        assert torch.equal(ssm[ck.slots[i]], alone[0]), f"seed={seed} row={row}"
+    calls.clear()
+    assert torch.equal(wrapped(None, *args)[0], o_ref) and len(calls) == 1  # no scope: one call
+
+
+def test_with_checkpoints_is_a_typed_field():
+    from vllm.v1.attention.backends.gdn_attn import GDNAttentionMetadata
+
+    md = GDNAttentionMetadata(1, 2, 3, 4, 0, 0, 9, chunk_indices="ci")
+    md.non_spec_prefill_metadata = "vllm-ascend's"  # set outside the fields, as vllm-ascend does
+    out = mod.with_checkpoints(md, "ck")
+    assert isinstance(out, GDNAttentionMetadata) and out is not md
+    assert getattr(out, mod.FIELD) == "ck" and getattr(md, mod.FIELD, None) is None
+    assert out.num_prefills == 1 and out.num_actual_tokens == 9 and out.chunk_indices == "ci"
+    assert out.non_spec_prefill_metadata == "vllm-ascend's"
+    assert mod.FIELD in {f.name for f in dataclasses.fields(out)}

@@ -1,111 +1,37 @@
-"""Prefill checkpoints of GDN layers: which request of a step exports which state, where.
+"""GDN prefill checkpoints: which row of a step exports which state, and how its kernel call splits.
 
-Pure logic (no vLLM import at module load): the rule is vLLM's own. Since vLLM 0.30,
-``MambaSpec.num_prefill_checkpoint_blocks`` / ``prefill_checkpoint_alignment``
-(``vllm/v1/kv_cache_interface.py``) let a Mamba layer promise that it writes, from inside a
-prefill step, the state at the prompt's checkpoint position
-(``get_mamba_prefill_checkpoint_position``) into one extra block; the scheduler then drops its
-block-aligned split (``use_internal_checkpoint`` in ``Scheduler._mamba_block_aligned_split``) and
-the Mamba manager reserves that block (``MambaManager._needs_internal_checkpoint``). The rows,
-offsets and block-table columns here are computed exactly as vLLM 0.30's one exporting backend
-computes them (Kimi's KDA metadata builder, ``vllm/models/kimi_k3/nvidia/kda_metadata.py``), so the
-worker writes the block the manager reserved and nothing else.
+Pure logic (no vLLM or torch import). A Mamba layer whose ``MambaSpec`` declares
+``num_prefill_checkpoint_blocks = 1`` and a ``prefill_checkpoint_alignment`` (vLLM >= 0.30,
+``vllm/v1/kv_cache_interface.py``) writes, from inside a prefill step, the state at the prompt's
+checkpoint into the block at column ``cdiv(seq_len, block) - 2``; vLLM's scheduler then drops its
+block-aligned split. A backend must decline exactly where the scheduler and ``MambaManager``
+decline, or a reserved block is cached unwritten: :func:`checkpoint_offsets` is vLLM 0.30 / 0.32's
+rule, shaped as vLLM 0.33's ``compute_mamba_prefill_checkpoints`` (per row an offset and a column,
+``0`` / ``-1`` for none), and :func:`plan_step` turns those into a :class:`StepPlan`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
-#: Token alignment the GDN exporters declare (``prefill_checkpoint_alignment``): the chunk of
-#: vLLM's GDN chunked kernels (FLA ``chunk_gated_delta_rule``, ``chunk_gated_delta_rule_cpu``)
-#: and of vllm-ascend's ``chunk_gated_delta_rule_fwd_h``; a checkpoint offset that is a multiple
-#: of it falls on a chunk boundary of the step's own computation.
+#: ``prefill_checkpoint_alignment`` the GDN exporters declare, tokens: the chunk of vLLM's and
+#: vllm-ascend's GDN chunk kernels (a checkpoint on a chunk boundary, after >= width - 1 rows).
 ALIGNMENT = 64
 
 
-@dataclasses.dataclass(frozen=True)
-class Checkpoint:
-    """One request's prefill checkpoint in a step.
-
-    Attributes:
-        row: the request's row in the step's batch (vLLM orders decodes first).
-        query_start: tokens of the request computed before this step.
-        query_len: tokens of the request in this step.
-        offset: tokens from the step's first token of the request to the checkpoint
-            (a positive multiple of the alignment, ``< query_len``).
-        column: block-table column the state is written to (``cdiv(seq_len, block) - 2``).
-        position: the checkpoint position, tokens of the request (``query_start + offset``).
-    """
-
-    row: int
-    query_start: int
-    query_len: int
-    offset: int
-    column: int
-    position: int
-
-
-def plan_checkpoints(
-    query_start_loc: Sequence[int],
-    seq_lens: Sequence[int],
-    first_row: int,
-    block_size: int,
-    hash_block_size: int,
-    alignment: int,
-    drop_eagle_block: bool,
-    position_fn: Callable[[int, int, bool], int],
-    valid_fn: Callable[..., bool],
-) -> list[Checkpoint]:
-    """The step's checkpoints, one per request whose checkpoint vLLM lets the backend export.
-
-    Args:
-        query_start_loc: int [R + 1] token offsets of the rows in the step (host values).
-        seq_lens: int [R] tokens of each request after this step (host values; exact for
-            prefill rows).
-        first_row: the first row that can be a prefill (rows before it are decodes).
-        block_size: the GDN KV-cache group's block size, tokens.
-        hash_block_size: the prefix-match unit, tokens (``--prefix-match-unit``, else the block).
-        alignment: the declared ``prefill_checkpoint_alignment``, tokens.
-        drop_eagle_block: speculative decoding with EAGLE's block drop.
-        position_fn: vLLM's ``get_mamba_prefill_checkpoint_position(num_tokens,
-            hash_block_size, drop_eagle_block)``.
-        valid_fn: vLLM's ``is_mamba_prefill_checkpoint_valid(query_start=, query_end=,
-            checkpoint_position=, hash_block_size=, mamba_block_size=, checkpoint_alignment=)``.
-
-    Returns:
-        The checkpoints, by row.
-    """
-    out: list[Checkpoint] = []
-    for row in range(first_row, len(seq_lens)):
-        query_len = int(query_start_loc[row + 1]) - int(query_start_loc[row])
-        if query_len <= 1:
-            continue
-        seq_len = int(seq_lens[row])
-        start = seq_len - query_len
-        position = position_fn(seq_len, hash_block_size, drop_eagle_block)
-        if not valid_fn(
-            query_start=start,
-            query_end=seq_len,
-            checkpoint_position=position,
-            hash_block_size=hash_block_size,
-            mamba_block_size=block_size,
-            checkpoint_alignment=alignment,
-        ):
-            continue
-        column = -(-seq_len // block_size) - 2
-        out.append(Checkpoint(row, start, query_len, position - start, column, position))
-    return out
+def declare(spec: Any) -> Any:
+    """``spec`` (a GDN ``MambaSpec``) with one prefill checkpoint block at :data:`ALIGNMENT`:
+    the declaration the runtime's ``get_kv_cache_spec`` entry makes and the lab replays."""
+    return dataclasses.replace(
+        spec, num_prefill_checkpoint_blocks=1, prefill_checkpoint_alignment=ALIGNMENT
+    )
 
 
 def aligned_block_size(block_size: int, alignment: int = ALIGNMENT) -> int:
-    """The smallest multiple of ``alignment`` at or above ``block_size`` (tokens).
-
-    vLLM 0.30 aligns the hybrid block only to the attention kernel's block (Qwen3.5-35B-A3B at
-    tp 1 with FlashAttention's 16-token kernel blocks: 1,056 = 16.5 x 64); a checkpoint on a block
-    boundary is then on the 64-token grid of every other block only. vLLM 0.33's
-    ``Platform._align_hybrid_block_size`` takes the lcm with the checkpoint alignment (1,056 ->
-    1,088); this is the same rule for kernel blocks that divide ``alignment`` (16, 32, 64).
+    """The smallest multiple of ``alignment`` at or above ``block_size`` (tokens): vLLM 0.33's
+    ``Platform._align_hybrid_block_size`` rule (lcm with the checkpoint alignment, 1,056 -> 1,088)
+    for kernel blocks that divide ``alignment``; vLLM 0.30 aligns to the kernel block only.
 
     Raises:
         ValueError: a non-positive size.
@@ -113,3 +39,150 @@ def aligned_block_size(block_size: int, alignment: int = ALIGNMENT) -> int:
     if block_size <= 0 or alignment <= 0:
         raise ValueError(f"block size {block_size} and alignment {alignment} must be positive")
     return -(-block_size // alignment) * alignment
+
+
+def round_hybrid_block(cache_config: Any, realign: Callable[[], None]) -> tuple[int, int] | None:
+    """Round ``cache_config.block_size`` up to the checkpoint grid, then ``realign()`` (vLLM's
+    ``Platform._align_hybrid_block_size`` again, for the page padding of the new block).
+
+    Returns ``(old, new)`` block sizes in tokens when it changed, else None.
+    """
+    block = cache_config.block_size
+    if not block or block % ALIGNMENT == 0:
+        return None
+    cache_config.block_size = aligned_block_size(block)
+    realign()
+    return block, cache_config.block_size
+
+
+def checkpoint_offsets(
+    seq_lens: Sequence[int],
+    query_lens: Sequence[int],
+    *,
+    hash_block_size: int,
+    block_size: int,
+    alignment: int,
+    drop_eagle_block: bool,
+    position_fn: Callable[[int, int, bool], int],
+    valid_fn: Callable[..., bool],
+) -> tuple[list[int], list[int]]:
+    """Per-row checkpoint offset and block-table column, as vLLM 0.30 / 0.32 place them, from
+    each row's tokens after this step (``seq_lens``, exact for prefill rows) and in it
+    (``query_lens``), the prefix-match unit, the group's block and the declared alignment (tokens),
+    EAGLE's block drop, and vLLM's ``get_mamba_prefill_checkpoint_position`` (``position_fn``) and
+    ``is_mamba_prefill_checkpoint_valid`` (``valid_fn``). Returns ``(offsets, cols)``: tokens from
+    the row's first token in the step to its checkpoint and the column its state is written to;
+    ``0`` / ``-1`` for none (always for 1-token rows)."""
+    offsets, cols = [], []
+    for seq_len, query_len in zip(seq_lens, query_lens):
+        start = seq_len - query_len
+        position = position_fn(seq_len, hash_block_size, drop_eagle_block)
+        ok = query_len > 1 and valid_fn(
+            query_start=start, query_end=seq_len, checkpoint_position=position,
+            hash_block_size=hash_block_size, mamba_block_size=block_size,
+            checkpoint_alignment=alignment,
+        )
+        offsets.append(position - start if ok else 0)
+        cols.append(-(-seq_len // block_size) - 2 if ok else -1)
+    return offsets, cols
+
+
+@dataclasses.dataclass(frozen=True)
+class StepPlan:
+    """The prefill checkpoints of one step for one GDN KV-cache group (host values, tokens).
+
+    Per checkpoint (ascending batch row): ``rows`` its batch row, ``offsets`` tokens from the row's
+    first token in the step (> 0), ``cols`` its block-table column, ``conv_end`` its batch token
+    index (the conv state is the ``width - 1`` input rows before it), ``chunk_index`` its chunk
+    among the prefill rows' 64-token chunks (in a chunk kernel's per-chunk states ``h``),
+    ``ckpt_seq`` its row's index among the prefill rows.
+
+    The split of the prefill rows (token indices relative to the first prefill token, batch index
+    ``prefill_start``, after ``num_decodes`` decode rows): ``head_spans`` / ``head_bounds`` (spans,
+    cu_seqlens [P + 1]) of the first kernel call, every prefill row with each checkpointed row cut
+    at its checkpoint; ``tail_spans`` / ``tail_bounds`` of the second, the checkpointed rows' rest.
+    """
+
+    rows: tuple[int, ...]
+    offsets: tuple[int, ...]
+    cols: tuple[int, ...]
+    conv_end: tuple[int, ...]
+    chunk_index: tuple[int, ...]
+    num_decodes: int
+    prefill_start: int
+    head_bounds: tuple[int, ...]
+    head_spans: tuple[tuple[int, int], ...]
+    tail_bounds: tuple[int, ...]
+    tail_spans: tuple[tuple[int, int], ...]
+    ckpt_seq: tuple[int, ...]
+    num_prefill_tokens: int
+
+    @property
+    def tails_are_suffix(self) -> bool:
+        """One tail, ending the step's prefill tokens: the two calls take slices, no gather."""
+        return len(self.tail_spans) == 1 and self.tail_spans[0][1] == self.num_prefill_tokens
+
+    @property
+    def num_tail_tokens(self) -> int:
+        """Tokens of the second kernel call (the work the split adds to the step)."""
+        return self.tail_bounds[-1]
+
+    def token_index(self, part: str) -> list[int]:
+        """Prefill-relative token indices of the ``"head"`` or ``"tail"`` call, in call order."""
+        return [t for s, e in (self.head_spans if part == "head" else self.tail_spans)
+                for t in range(s, e)]
+
+
+def plan_step(
+    query_start_loc: Sequence[int],
+    offsets: Sequence[int],
+    cols: Sequence[int],
+    num_decodes: int,
+    chunk: int = ALIGNMENT,
+) -> StepPlan | None:
+    """The step's :class:`StepPlan` (or None without checkpoints) from the rows' batch token
+    offsets ``query_start_loc`` (int [R + 1], host), the per-row ``offsets`` and ``cols`` of
+    :func:`checkpoint_offsets` (or vLLM 0.33's ``compute_mamba_prefill_checkpoints``), the leading
+    decode rows and the chunk kernel's ``chunk`` (tokens, for :attr:`StepPlan.chunk_index`).
+
+    Raises:
+        ValueError: a checkpoint on a decode row, or an offset outside ``(0, query_len)``.
+    """
+    if not any(offsets):
+        return None
+    base = int(query_start_loc[num_decodes])
+    rows, offs, ckcols, conv_end, chunk_index, ckpt_seq = [], [], [], [], [], []
+    head_bounds, head_spans, tail_bounds, tail_spans = [0], [], [0], []
+    chunks_before = 0
+    for row in range(len(offsets)):
+        off = int(offsets[row])
+        start, end = int(query_start_loc[row]), int(query_start_loc[row + 1])
+        if row < num_decodes:
+            if off:
+                raise ValueError(f"row {row} is a decode row and cannot have a checkpoint")
+            continue
+        seq = row - num_decodes
+        s, e = start - base, end - base
+        cut = e
+        if off:
+            if not 0 < off < end - start:
+                raise ValueError(f"row {row}: checkpoint offset {off} outside (0, {end - start})")
+            cut = s + off
+            rows.append(row)
+            offs.append(off)
+            ckcols.append(int(cols[row]))
+            conv_end.append(start + off)
+            chunk_index.append(chunks_before + off // chunk)
+            ckpt_seq.append(seq)
+            tail_spans.append((cut, e))
+            tail_bounds.append(tail_bounds[-1] + e - cut)
+        head_spans.append((s, cut))
+        head_bounds.append(head_bounds[-1] + cut - s)
+        chunks_before += -(-(e - s) // chunk)
+    return StepPlan(
+        rows=tuple(rows), offsets=tuple(offs), cols=tuple(ckcols), conv_end=tuple(conv_end),
+        chunk_index=tuple(chunk_index), num_decodes=num_decodes, prefill_start=base,
+        head_bounds=tuple(head_bounds), head_spans=tuple(head_spans),
+        tail_bounds=tuple(tail_bounds), tail_spans=tuple(tail_spans), ckpt_seq=tuple(ckpt_seq),
+        num_prefill_tokens=int(query_start_loc[len(offsets)]) - base,
+    )

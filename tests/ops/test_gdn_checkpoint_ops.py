@@ -1,0 +1,153 @@
+"""``vllm_hybrid_npu.ops.gdn_checkpoint``: the split kernel call, the state writes, the scope.
+
+:func:`run_split` is run around a reference chunk kernel (a token-by-token gated delta rule over
+cu_seqlens, float64 arithmetic): with a float64 cache the split is the same sequence of float64
+operations as one unsplit call, so outputs and final states are **equal**, and each checkpoint
+equals the final state of the row's head run alone; with a bf16 cache the checkpoint is that state
+rounded to bf16 and the tail's outputs equal a run of the tail alone from the rounded state (what
+vLLM's split computes in its next step). Random batches (rows, lengths, checkpoints; the suffix
+layout and the gathered one), seed printed on failure. The writes are checked on poisoned caches.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from vllm_hybrid_npu.core.prefill_checkpoints import plan_step  # noqa: E402
+from vllm_hybrid_npu.ops import gdn_checkpoint as ops  # noqa: E402
+
+H, K, V = 2, 3, 4
+
+
+def kernel(q, k, v, g, beta, state, cu):
+    """Reference: o [1, T, H, V], final [N, H, K, V] float64 from state [N, H, K, V]."""
+    S = state.double().clone()
+    o = torch.zeros(1, q.shape[1], H, V, dtype=torch.float64)
+    cu = [int(c) for c in cu]
+    for n, (s, e) in enumerate(zip(cu, cu[1:])):
+        for t in range(s, e):
+            kt, qt = k[0, t].double(), q[0, t].double()
+            S[n] = S[n] * torch.exp(g[0, t].double())[:, None, None]
+            err = v[0, t].double() - torch.einsum("hk,hkv->hv", kt, S[n])
+            S[n] = S[n] + torch.einsum("hk,hv->hkv", kt, err * beta[0, t].double()[:, None])
+            o[0, t] = torch.einsum("hk,hkv->hv", qt, S[n])
+    return o, S
+
+
+def _batch(rng, gen, suffix):
+    rows = rng.randint(1, 4)
+    lens = [rng.randint(2, 40) for _ in range(rows)]
+    offsets = [0] * rows
+    ck = [rows - 1] if suffix else rng.sample(range(rows), rng.randint(1, rows))
+    for r in ck:
+        offsets[r] = rng.randint(1, lens[r] - 1)
+    qsl = [0]
+    for n in lens:
+        qsl.append(qsl[-1] + n)
+    plan = plan_step(qsl, offsets, [r for r in range(rows)], num_decodes=0)
+    t = qsl[-1]
+    inputs = (torch.randn(1, t, H, K, generator=gen), torch.randn(1, t, H, K, generator=gen) * 0.3,
+              torch.randn(1, t, H, V, generator=gen), -torch.rand(1, t, H, generator=gen) * 0.2,
+              torch.rand(1, t, H, generator=gen))
+    return plan, qsl, inputs
+
+
+def _metadata(plan, blocks):
+    table = torch.arange(blocks, dtype=torch.int32).view(1, -1).expand(len(plan.head_spans), -1)
+    table = table + 100 * torch.arange(len(plan.head_spans), dtype=torch.int32)[:, None]
+    return ops.build_metadata(plan, table, lambda v, d: torch.tensor(v, dtype=d))
+
+
+def _run(md):
+    bounds = {"head": md.plan.head_bounds, "tail": md.plan.tail_bounds}
+    return lambda inputs, state, part: kernel(*inputs, state, bounds[part])
+
+
+@pytest.mark.parametrize("suffix", [True, False])
+def test_split_equals_one_call_in_float64(rng, torch_gen, seed, suffix):
+    for _ in range(4):
+        plan, qsl, inputs = _batch(rng, torch_gen, suffix)
+        md = _metadata(plan, 8)
+        assert md.plan.tails_are_suffix or not suffix
+        state0 = torch.randn(len(qsl) - 1, H, K, V, generator=torch_gen, dtype=torch.float64)
+        o, final, ckpt = ops.run_split(_run(md), md, inputs, state0, torch.float64)
+        o_ref, final_ref = kernel(*inputs, state0, qsl)
+        where = f"seed={seed} qsl={qsl} offsets={plan.offsets} rows={plan.rows}"
+        assert torch.equal(o, o_ref) and torch.equal(final, final_ref), where
+        for i, row in enumerate(plan.rows):
+            s = qsl[row]
+            head = tuple(x[:, s:s + plan.offsets[i]] for x in inputs)
+            _, alone = kernel(*head, state0[row:row + 1], [0, plan.offsets[i]])
+            assert torch.equal(ckpt[i], alone[0]), where
+
+
+def test_split_with_a_bf16_cache_is_vllms_split(rng, torch_gen, seed):
+    plan, qsl, inputs = _batch(rng, torch_gen, suffix=rng.random() < 0.5)
+    md = _metadata(plan, 8)
+    state0 = (torch.randn(len(qsl) - 1, H, K, V, generator=torch_gen) * 0.5).to(torch.bfloat16)
+    o, final, ckpt = ops.run_split(_run(md), md, inputs, state0, torch.bfloat16)
+    o_ref, final_ref = kernel(*inputs, state0, qsl)
+    assert ckpt.dtype == torch.bfloat16
+    where = f"seed={seed} qsl={qsl} offsets={plan.offsets}"
+    for i, row in enumerate(plan.rows):
+        s, cut, e = qsl[row], qsl[row] + plan.offsets[i], qsl[row + 1]
+        head = tuple(x[:, s:cut] for x in inputs)
+        o_head, alone = kernel(*head, state0[row:row + 1], [0, cut - s])
+        stored = alone.to(torch.bfloat16)  # what vLLM's split caches at the checkpoint
+        assert torch.equal(ckpt[i], stored[0]), where
+        o_tail, fin = kernel(*(x[:, cut:e] for x in inputs), stored, [0, e - cut])
+        assert torch.equal(o[:, s:cut], o_head) and torch.equal(o[:, cut:e], o_tail), where
+        assert torch.equal(final[row], fin[0]), where
+    for row in set(range(len(qsl) - 1)) - set(plan.rows):
+        assert torch.equal(o[:, qsl[row]:qsl[row + 1]], o_ref[:, qsl[row]:qsl[row + 1]]), where
+        assert torch.equal(final[row], final_ref[row]), where
+
+
+@pytest.mark.parametrize("dim_first", [True, False])
+def test_writes_touch_only_the_checkpoint_blocks(rng, torch_gen, seed, dim_first):
+    width, dim, blocks = rng.choice([2, 3, 4]), rng.randint(3, 20), rng.randint(8, 12)
+    rows = rng.randint(1, 4)
+    lens = [rng.randint(width + 2, 40) for _ in range(rows)]
+    offsets = [rng.choice([0, rng.randint(width, n - 1)]) for n in lens]
+    offsets[rng.randrange(rows)] = width  # at least one checkpoint, the closest vLLM allows
+    qsl = [0]
+    for n in lens:
+        qsl.append(qsl[-1] + n)
+    plan = plan_step(qsl, offsets, [0] * rows, num_decodes=0)
+    # one distinct block per row (column 0 of its table row)
+    table = torch.tensor([[b] for b in rng.sample(range(blocks), rows)], dtype=torch.int32)
+    md = ops.build_metadata(plan, table, lambda v, d: torch.tensor(v, dtype=d))
+    mixed = torch.randn(qsl[-1], dim, generator=torch_gen)
+    dtype = rng.choice([torch.float32, torch.bfloat16])
+    conv = torch.full((blocks, dim, width - 1) if dim_first else (blocks, width - 1, dim),
+                      float("nan"), dtype=dtype)
+    ops.write_conv(conv, mixed, md, width, dim_first)
+    slots = md.slots.tolist()
+    assert slots == [table[r, 0].item() for r in plan.rows]
+    for end, slot in zip(plan.conv_end, slots):
+        got = conv[slot].transpose(0, 1) if dim_first else conv[slot]
+        assert torch.equal(got, mixed[end - width + 1:end].to(dtype)), f"seed={seed}"
+    assert md.conv_rows(width) is md.conv_rows(width)
+    ssm = torch.full((blocks, H, V, K), float("nan"), dtype=dtype)
+    states = torch.randn(len(slots), H, V, K, generator=torch_gen, dtype=torch.float64)
+    ops.write_ssm(ssm, states, md.slots)
+    for i, slot in enumerate(slots):
+        assert torch.equal(ssm[slot], states[i].to(dtype)), f"seed={seed}"
+    untouched = sorted(set(range(blocks)) - set(slots))
+    assert torch.isnan(conv[untouched].float()).all() and torch.isnan(ssm[untouched].float()).all()
+    h = torch.randn(9, H, V, K, generator=torch_gen)
+    md.chunk_index = torch.tensor([rng.randrange(9) for _ in slots])
+    assert torch.equal(ops.h_states(h, md, 0), h[md.chunk_index])
+
+
+def test_scope():
+    md = object()
+    assert ops.current("split") is None
+    with ops.exporting(md, "cache", "h") as scope:
+        assert ops.current("h") is scope and ops.current("split") is None
+    assert ops.current("h") is None
+    with pytest.raises(ValueError, match="method"):
+        with ops.exporting(md, "cache", "other"):
+            pass

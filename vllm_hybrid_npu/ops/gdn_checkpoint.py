@@ -1,0 +1,185 @@
+"""GDN prefill checkpoints on the device: one export for every backend (torch only, no vLLM).
+
+:class:`CheckpointMetadata` is a step's :class:`~vllm_hybrid_npu.core.prefill_checkpoints.StepPlan`
+on the caches' device, built once per step and GDN KV-cache group by the metadata builder (uploads
+through the caller's ``to_device``, from pinned memory; nothing here syncs the host). A layer's
+forward opens an :func:`exporting` scope; its backend's chunk-kernel wrapper finds it with
+:func:`current` and obtains the checkpoint states by one of two methods:
+
+* **split** (:func:`run_split`): the heads and unsplit rows in one kernel call, the tails in a
+  second from the heads' final states; the checkpoint is the head's final state in the cache
+  dtype (the bytes vLLM's split stores) and the tails start from what the split's next step reads
+  back. Exact in every cache dtype; for kernels that return only final states.
+* **h** (:func:`h_states`): a kernel's state at every chunk start, taken at the checkpoint's chunk;
+  no extra kernel work, exact where ``h``'s dtype is the cache's.
+
+:func:`write_conv` and :func:`write_ssm` are the state writes every backend shares.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+from typing import Any, Callable, Iterator
+
+import torch
+
+from vllm_hybrid_npu.core.prefill_checkpoints import StepPlan
+
+#: Profiler range prefix of the export (``benchmarks/cuda_serving.py`` sums their GPU time).
+PROFILE_RANGE = "vllm_hybrid_npu.export"
+#: ``to_device(values, dtype) -> tensor``: an asynchronous upload from pinned host memory.
+ToDevice = Callable[[list, torch.dtype], torch.Tensor]
+#: ``kernel_meta(bounds_host, bounds_device) -> backend chunk metadata`` of one cu_seqlens
+#: (int32 [k + 1] on the host and on the device), for the split's two calls.
+KernelMeta = Callable[[torch.Tensor, torch.Tensor], Any]
+
+
+@dataclasses.dataclass
+class CheckpointMetadata:
+    """A step's prefill checkpoints for one GDN KV-cache group, on the caches' device.
+
+    Attributes:
+        plan: the host plan; ``method``: ``"split"`` or ``"h"``.
+        slots: int64 [n] the checkpoint blocks; ``chunk_index``: int64 [n] their chunks in ``h``;
+            ``ckpt_seq``: int64 [n] their rows among the prefill rows.
+        head_index, tail_index: int64 prefill-relative token indices of the split's two calls
+            (None when the tails are a suffix: slices then); ``head_bounds``, ``tail_bounds``:
+            their int32 cu_seqlens; ``kernel_meta``: ``{"head": .., "tail": ..}`` the backend's
+            chunk metadata of each (empty where it needs none).
+    """
+
+    plan: StepPlan
+    slots: torch.Tensor
+    chunk_index: torch.Tensor
+    ckpt_seq: torch.Tensor
+    head_index: torch.Tensor | None
+    tail_index: torch.Tensor | None
+    head_bounds: torch.Tensor
+    tail_bounds: torch.Tensor
+    kernel_meta: dict[str, Any]
+    to_device: ToDevice
+    method: str = "split"
+    _memo: dict = dataclasses.field(default_factory=dict, repr=False)
+
+    def conv_rows(self, width: int) -> torch.Tensor:
+        """int64 [n * (width - 1)] batch indices of the ``width - 1`` input rows before each
+        checkpoint, checkpoint-major; uploaded once per step, shared by the group's layers."""
+        return self.memo(f"conv-{width}", lambda: self.to_device(
+            [e + d for e in self.plan.conv_end for d in range(1 - width, 0)], torch.int64))
+
+    def memo(self, key: str, make: Callable[[], Any]) -> Any:
+        """``make()`` once per step and ``key`` (structures every layer of the group shares)."""
+        if key not in self._memo:
+            self._memo[key] = make()
+        return self._memo[key]
+
+
+def build_metadata(plan: StepPlan, block_table: torch.Tensor, to_device: ToDevice,
+                   method: str = "split", kernel_meta: KernelMeta | None = None) -> CheckpointMetadata:
+    """The device side of ``plan``: ``block_table`` (int32 [R, columns], the group's, on the device)
+    gives the checkpoint blocks, gathered on the device; ``kernel_meta`` the split's chunk metadata
+    (None: the backend needs none, or the method is h)."""
+    bounds = {part: (torch.tensor(v, dtype=torch.int32), to_device(list(v), torch.int32))
+              for part, v in (("head", plan.head_bounds), ("tail", plan.tail_bounds))}
+    index = {part: None if plan.tails_are_suffix else to_device(plan.token_index(part), torch.int64)
+             for part in ("head", "tail")}
+    rows, cols = to_device(list(plan.rows), torch.int64), to_device(list(plan.cols), torch.int64)
+    return CheckpointMetadata(
+        plan=plan, slots=block_table[rows, cols].to(torch.int64),
+        chunk_index=to_device(list(plan.chunk_index), torch.int64),
+        ckpt_seq=to_device(list(plan.ckpt_seq), torch.int64),
+        head_index=index["head"], tail_index=index["tail"],
+        head_bounds=bounds["head"][1], tail_bounds=bounds["tail"][1],
+        kernel_meta={} if kernel_meta is None else {p: kernel_meta(*b) for p, b in bounds.items()},
+        to_device=to_device, method=method)
+
+
+def write_conv(conv_cache: torch.Tensor, mixed_qkv: torch.Tensor, md: CheckpointMetadata,
+               width: int, dim_first: bool) -> None:
+    """Each checkpoint's conv state: the ``width - 1`` rows of ``mixed_qkv`` (the step's
+    pre-convolution input [T, D]) before it, into its block of ``conv_cache`` ([blocks, D,
+    width - 1] when ``dim_first``, else [blocks, width - 1, D]) in the cache dtype."""
+    with torch.profiler.record_function(PROFILE_RANGE + ".conv"):
+        rows = mixed_qkv.index_select(0, md.conv_rows(width))
+        rows = rows.view(md.slots.numel(), width - 1, -1).to(conv_cache.dtype)
+        conv_cache.index_copy_(0, md.slots, rows.transpose(1, 2) if dim_first else rows)
+
+
+def write_ssm(ssm_cache: torch.Tensor, states: torch.Tensor, slots: torch.Tensor) -> None:
+    """``states`` ([n, *block shape], the cache's layout) into blocks ``slots`` of ``ssm_cache``
+    ([blocks, *block shape]), in the cache dtype."""
+    with torch.profiler.record_function(PROFILE_RANGE + ".ssm"):
+        ssm_cache.index_copy_(0, slots, states.to(ssm_cache.dtype))
+
+
+def h_states(h: torch.Tensor, md: CheckpointMetadata, chunk_dim: int) -> torch.Tensor:
+    """The per-chunk states ``h`` (batch dimension dropped) at the checkpoints' chunks."""
+    return h.index_select(chunk_dim, md.chunk_index)
+
+
+def run_split(run: Callable[[tuple, torch.Tensor, str], tuple[torch.Tensor, torch.Tensor]],
+              md: CheckpointMetadata, inputs: tuple[torch.Tensor, ...],
+              initial_state: torch.Tensor, cache_dtype: torch.dtype):
+    """A chunk kernel over the prefill rows, split at the checkpoints: ``run(inputs,
+    initial_state, part) -> (o, final_state)`` is the backend's kernel on ``inputs`` ([1, T, ...]:
+    q, k, v, g, beta) laid out by the cu_seqlens of ``part`` (``"head"`` / ``"tail"``) from
+    ``initial_state`` ([P, ...] per prefill row, the kernel's layout and dtype). Returns ``o``
+    [1, T, ...] and ``final_state`` [P, ...] as one unsplit call returns them, and the checkpoint
+    states [n, ...] (kernel layout) in ``cache_dtype``, the SSM cache's."""
+    plan = md.plan
+    if plan.tails_are_suffix:
+        cut = plan.head_bounds[-1]
+        heads, tails = tuple(x[:, :cut] for x in inputs), tuple(x[:, cut:] for x in inputs)
+    else:
+        heads = tuple(x.index_select(1, md.head_index) for x in inputs)
+        tails = tuple(x.index_select(1, md.tail_index) for x in inputs)
+    o_head, final = run(heads, initial_state, "head")
+    ckpt = final.index_select(0, md.ckpt_seq).to(cache_dtype)
+    o_tail, tail_final = run(tails, ckpt.to(initial_state.dtype), "tail")  # as read back
+    if plan.tails_are_suffix:
+        o = torch.cat([o_head, o_tail], dim=1)
+    else:
+        o = o_head.new_empty((o_head.shape[0], plan.num_prefill_tokens, *o_head.shape[2:]))
+        o.index_copy_(1, md.head_index, o_head)
+        o.index_copy_(1, md.tail_index, o_tail)
+    return o, final.index_copy(0, md.ckpt_seq, tail_final.to(final.dtype)), ckpt
+
+
+@dataclasses.dataclass
+class ExportScope:
+    """One GDN layer's forward with checkpoints: the step's ``metadata``, the layer's
+    ``ssm_cache`` [blocks, ...], the ``method``, and ``exports`` (kernel calls that exported)."""
+
+    metadata: CheckpointMetadata
+    ssm_cache: torch.Tensor
+    method: str
+    exports: int = 0
+
+
+_SCOPE: contextvars.ContextVar[ExportScope | None] = contextvars.ContextVar(
+    "vllm_hybrid_npu_gdn_export", default=None)
+
+
+@contextlib.contextmanager
+def exporting(md: CheckpointMetadata, ssm_cache: torch.Tensor, method: str) -> Iterator[ExportScope]:
+    """The scope of one layer's forward that exports checkpoints (see :func:`current`).
+
+    Raises:
+        ValueError: ``method`` is not ``split`` or ``h``.
+    """
+    if method not in ("split", "h"):
+        raise ValueError(f"GDN checkpoint export method {method!r}: expected 'split' or 'h'")
+    scope = ExportScope(md, ssm_cache, method)
+    token = _SCOPE.set(scope)
+    try:
+        yield scope
+    finally:
+        _SCOPE.reset(token)
+
+
+def current(method: str) -> ExportScope | None:
+    """The open scope if it exports by ``method``, else None (the kernel runs unchanged)."""
+    scope = _SCOPE.get()
+    return scope if scope is not None and scope.method == method else None
