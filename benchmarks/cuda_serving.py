@@ -20,7 +20,12 @@ other on one GPU:
   checkpoint state from inside the prefill, no split (``--gdn-prefill-backend triton`` on CUDA);
 * ``flashinfer``: align mode with vLLM's FlashInfer GDN prefill backend (plugin default; skipped,
   with the reason, where ``flashinfer`` is not importable);
-* ``upstream`` (not in the default set): align mode, plugin not loaded.
+* ``upstream`` (not in the default set): align mode, plugin not loaded;
+* ``off-plugin`` and ``off-b1088`` (not in the default set; issue 30's decomposition of the gap
+  between ``off`` and ``exporter``): caching off with the plugin loaded, and the same at
+  ``--block-size`` ``--off-block-size`` (default 1,088, the exporter's block for
+  Qwen3.5-35B-A3B on an H100), so ``off -> off-plugin -> off-b1088 -> exporter`` changes one
+  thing at a time (plugin, block, then align mode with the export).
 
 Workload per prompt length (``--lengths``, default 2048,8192,32768), token ids drawn from the
 workload seed and the length only (every row sees the same prompts; printed and stored):
@@ -28,6 +33,9 @@ workload seed and the length only (every row sees the same prompts; printed and 
 1. cold: ``--cold`` fresh prompts, one at a time, ``max_tokens=1``: TTFT, engine steps to the
    first token, prefill tokens/s (prompt / TTFT);
 2. repeated: each cold prompt again, one at a time: the hit TTFT, its steps, cached tokens;
+   then the floor: for each repeat that hit, a fresh prompt of the tokens it computed (prompt
+   less cached: 576 at 8,192 tokens and block 1,088, 128 at 32,768) and no context, one at a
+   time (``floor_ttft_ms``: what a hit costs at least on this engine, beside ``hit_ttft_ms``);
 3. multi-turn: ``--sessions`` sessions one at a time; turn 2 carries turn 1 plus its answer
    (``--answer-len`` tokens) plus ``--user-len`` new tokens;
 4. concurrent: ``--clients`` clients submitted together, sharing a system prompt of half the
@@ -35,6 +43,12 @@ workload seed and the length only (every row sees the same prompts; printed and 
    ``--answer-len`` tokens, then their second turns together (hits in a mixed batch): TTFT
    p50/p90, inter-token gaps (ITL), decode tokens/s over the decode phase only
    (:func:`decode_rate`);
+``--phases`` picks phases (``cold,repeat,floor,turns,conc``; e.g. ``conc`` alone with
+``--clients 16`` for decode ITL). ``--step-profile N``: per engine step and phase (schedule,
+inputs, attention metadata, forward, sample, scheduler update, output processing) host time
+(no profiler) and GPU time (profiler ranges) of a cold prompt, its repeat and decode steps, in
+the unit's ``step_profile`` (:func:`step_profile`).
+
 5. (CUDA) a short pass under ``torch.profiler``: GPU time per engine step of the state-copy
    kernels (:data:`COPY_KERNEL_PATTERNS`) and of the exporter (ranges named
    :data:`EXPORT_RANGE_PREFIX`, where the runtime marks them);
@@ -60,6 +74,12 @@ Process hygiene (a timed-out call must not poison the next): every row runs in a
 process group with ``PR_SET_PDEATHSIG``; the parent kills each group on every exit path
 (return, exception, SIGTERM/SIGINT/SIGHUP from ``timeout``); before a row starts, free GPU
 memory is checked and what holds it named (``nvidia-smi``); the parent never touches CUDA.
+
+The protocol of record (issue 30, docs/cuda.md runbook): one row per device call with ``--call
+N`` and its own ``--out``, rows alternated, every row first in its call, at least four calls per
+row after the compile calls; ``benchmarks/pool.py`` pools the per-call JSONs (pooled medians, each
+call's beside them) and refuses compile calls. Each unit records its call, position, machine and
+GPU (name, UUID, PCI bus id, driver) and the engine's budget, block and compile time.
 
 Calls: a run spans several device calls (600 s each). ``--call-budget`` (seconds from start)
 bounds this call: a row starts only with ``--min-row-s`` left, a worker skips a length it

@@ -201,6 +201,63 @@ def markdown(doc: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+#: the step-profile phases in table order (benchmarks/cuda_serving.py ``STEP_PHASES``)
+PROFILE_PHASES = ("schedule", "prepare_inputs", "metadata_build", "forward", "execute_model", "sample",
+                  "update_from_output", "output_processing")
+
+
+def profile_rows(units: list[dict], run: str = "cold", compile_calls: set[int] = frozenset()) -> list[dict]:
+    """The step-profile decomposition (``--step-profile`` units): per (row, prompt length) and
+    phase, the median over the pooled calls of host and GPU ms per step of ``run`` (``cold``,
+    ``repeat`` or ``decode_step``), the step wall (no profiler) and the GPU kernel time. Compile
+    calls (first call of a row on its machine, or ``compile_calls``) are left out, as in
+    :func:`pool`; a row whose every call compiled keeps them (marked ``compile_only``)."""
+    first: dict[tuple[str, str], int] = {}
+    for u in sorted(units, key=lambda u: u["call"]):
+        first.setdefault((u["machine"], u["row"]), u["call"])
+    groups: dict[tuple[str, int], list[dict]] = {}
+    for u in units:
+        if (u["unit"].get("step_profile") or {}).get(run) is not None:
+            groups.setdefault((u["row"], u["prompt_tokens"]), []).append(u)
+    out = []
+    for (row, length), us in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        warm = [u for u in us if u["call"] not in compile_calls and first[(u["machine"], u["row"])] != u["call"]]
+        use = warm or us
+        profs = [u["unit"]["step_profile"][run] for u in use]
+        phases = profs[0].get("phases", profs[0]) if run != "decode_step" else profs[0]
+        r = {"row": row, "prompt_tokens": length, "calls": [u["call"] for u in use], "compile_only": not warm,
+             "step_wall_ms": median([sum(p.get("step_wall_ms") or [0]) / max(len(p.get("step_wall_ms") or []), 1)
+                                     for p in profs]) if run != "decode_step" else None,
+             "gpu_kernel_ms": median([p.get("gpu_kernel_ms") for p in profs]) if run != "decode_step" else None,
+             "phases": {}}
+        for ph in PROFILE_PHASES:
+            cells = [(p.get("phases", p) if run != "decode_step" else p).get(ph) for p in profs]
+            cells = [c for c in cells if c]
+            if cells:
+                r["phases"][ph] = {"host_ms": median([c.get("host_ms") for c in cells]),
+                                   "gpu_ms": median([c.get("gpu_ms") for c in cells])}
+        out.append(r)
+    return out
+
+
+def profile_markdown(rows: list[dict], run: str) -> str:
+    """A table of :func:`profile_rows`: one line per row, ``host / GPU`` ms per step per phase."""
+    head = "| row | prompt | calls | step wall ms | GPU kernels ms | " + " | ".join(PROFILE_PHASES) + " |"
+    lines = [f"Step profile, run `{run}`, ms per executed step (host, no profiler / GPU, profiler):", "",
+             head, "|---" * (5 + len(PROFILE_PHASES)) + "|"]
+
+    def f(x, fmt="{:.2f}"):
+        return "-" if x is None else fmt.format(x)
+
+    for r in rows:
+        cells = [f"{f(r['phases'][p]['host_ms'])} / {f(r['phases'][p]['gpu_ms'])}" if p in r["phases"] else "-"
+                 for p in PROFILE_PHASES]
+        calls = ", ".join(map(str, r["calls"])) + (" (compile only)" if r["compile_only"] else "")
+        lines.append(f"| {r['row']} | {r['prompt_tokens']:,} | {calls} | {f(r['step_wall_ms'])} | "
+                     f"{f(r['gpu_kernel_ms'])} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="pool", description=__doc__.splitlines()[0])
     p.add_argument("files", nargs="+", help="per-call JSONs of benchmarks/cuda_serving.py")
@@ -211,21 +268,30 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--allow-not-first", action="store_true",
                    help="pool units that were not first in their call (still flagged)")
     p.add_argument("--min-calls", type=int, default=MIN_CALLS)
+    p.add_argument("--profile", action="store_true",
+                   help="also the step-profile decomposition (units run with --step-profile): "
+                        "cold, repeat and decode_step tables, into the JSON's step_profile and the "
+                        "markdown")
     args = p.parse_args(argv)
     try:
         compile_calls = {int(x) for x in args.compile_calls.split(",") if x.strip()}
     except ValueError:
         p.error(f"--compile-calls {args.compile_calls!r}: comma list of integers")
     try:
-        doc = pool(read_units([Path(f) for f in args.files]), compile_calls, args.allow_not_first,
-                   args.min_calls, args.device)
+        units = read_units([Path(f) for f in args.files])
+        doc = pool(units, compile_calls, args.allow_not_first, args.min_calls, args.device)
     except ValueError as exc:
         p.error(str(exc))
+    profiles = {}
+    if args.profile:
+        mine = [u for u in units if u["device"] == doc["device"]]
+        profiles = {run: profile_rows(mine, run, compile_calls) for run in ("cold", "repeat", "decode_step")}
+        doc["step_profile"] = profiles
     doc = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
            "command": "python -m benchmarks.pool " + " ".join(sys.argv[1:] if argv is None else argv),
            **doc}
     Path(args.out).write_text(json.dumps(doc, indent=1))
-    table = markdown(doc)
+    table = markdown(doc) + "".join("\n" + profile_markdown(rows, run) for run, rows in profiles.items())
     if args.markdown:
         Path(args.markdown).write_text(table)
     print(table)

@@ -73,3 +73,30 @@ def test_rows_land_in_the_json_and_resume_keeps_them(tmp_path, tiny_model_dir, s
     stdout, again = _bench(out, model, seed, "off,vllm-align,exporter,flashinfer", "--resume")
     assert "keeping units ['exporter@1200', 'off@1200', 'vllm-align@1200']" in stdout, stdout
     assert again["units"] == doc["units"]
+
+
+def test_step_profile_lands_per_phase_in_the_json(tmp_path, tiny_model_dir, seed, e2e_target_name):
+    """``--step-profile``: host (and on CUDA GPU) time per engine step of each phase, for a cold
+    prompt, its repeat and the decode steps, in the unit's ``step_profile`` (issue 30, item 2)."""
+    model = str(tiny_model_dir("qwen3_next"))
+    out = tmp_path / "prof.json"
+    _, doc = _bench(out, model, seed, "exporter", "--step-profile", "3", "--phases", "cold,repeat,floor")
+    prof = doc["units"]["exporter@1200"]["step_profile"]
+    # the CPU runner's own methods (vLLM 0.30's V1-style CPUModelRunner); the V2 GPU runner's elsewhere
+    want = {"schedule", "execute_model", "prepare_inputs", "metadata_build", "sample", "update_from_output",
+            "output_processing"} | ({"forward"} if e2e_target_name == "cpu" else set())
+    assert want <= set(prof["phases_found"]), prof["phases_found"]
+    cold, rep, dec = prof["cold"], prof["repeat"], prof["decode"]
+    assert cold["cached"] == 0 and rep["cached"] > 0 and cold["steps"] == 1 == rep["steps"]
+    assert dec["steps"] == rep["steps"] + 16  # 17 tokens: the hit's step, then 16 decode steps
+    for run in (cold, rep, dec):
+        ph = run["phases"]
+        assert want <= set(ph), sorted(ph)
+        assert all(ph[p]["host_ms"] >= 0 and ph[p]["calls"] > 0 for p in want)
+        # execute_model's inclusive time holds the phases timed inside it
+        inner = sum(ph[p]["host_ms"] for p in ("prepare_inputs", "metadata_build", "forward") if p in ph)
+        assert ph["execute_model"]["host_incl_ms"] >= inner - 1e-6
+        assert (run["gpu_kernel_ms"] is None) == (e2e_target_name == "cpu")
+        assert all((ph[p]["gpu_ms"] is None) == (e2e_target_name == "cpu") for p in want)
+    assert set(prof["decode_step"]) >= want
+    assert prof["decode_step"]["schedule"]["calls"] >= 1

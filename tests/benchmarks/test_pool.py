@@ -125,3 +125,34 @@ def test_a_call_without_a_number_is_refused(tmp_path):
     path.write_text(json.dumps({"units": {"off@8192": u}}))
     with pytest.raises(ValueError, match="--call N"):
         pool.read_units([path])
+
+
+def _prof(host_sched, gpu_fwd, wall):
+    phases = {"schedule": {"host_ms": host_sched, "gpu_ms": 0.0, "calls": 1.0},
+              "forward": {"host_ms": 5.0, "gpu_ms": gpu_fwd, "calls": 1.0}}
+    run = {"steps": 1, "step_wall_ms": [wall], "gpu_kernel_ms": gpu_fwd, "phases": phases}
+    return {"cold": run, "repeat": run, "decode": run, "decode_step": phases}
+
+
+def test_step_profile_decomposition_pools_warm_calls(tmp_path):
+    files = []
+    # row a: call 1 compiles (left out), calls 3 and 5: schedule host 0.2 / 0.4 -> median 0.3
+    for call, sched, gpu, wall in ((1, 9.0, 9.0, 99.0), (3, 0.2, 30.0, 40.0), (5, 0.4, 32.0, 42.0)):
+        u = _unit("off-plugin", call, 1, [1], [1], [], [1], [1])
+        u["step_profile"] = _prof(sched, gpu, wall)
+        files.append(_write(tmp_path, [u], f"a{call}"))
+    # row b: one call only (compile only: kept, marked)
+    u = _unit("off-b1088", 2, 1, [1], [1], [], [1], [1])
+    u["step_profile"] = _prof(0.7, 31.0, 41.0)
+    files.append(_write(tmp_path, [u], "b2"))
+    units = pool.read_units(files)
+    rows = {r["row"]: r for r in pool.profile_rows(units, "cold")}
+    a, b = rows["off-plugin"], rows["off-b1088"]
+    assert a["calls"] == [3, 5] and not a["compile_only"]
+    assert a["phases"]["schedule"]["host_ms"] == pytest.approx(0.3)
+    assert a["phases"]["forward"]["gpu_ms"] == pytest.approx(31.0) and a["step_wall_ms"] == pytest.approx(41.0)
+    assert b["compile_only"] and b["calls"] == [2]
+    dec = {r["row"]: r for r in pool.profile_rows(units, "decode_step")}
+    assert dec["off-plugin"]["phases"]["schedule"]["host_ms"] == pytest.approx(0.3)
+    md = pool.profile_markdown(list(rows.values()), "cold")
+    assert "| off-plugin | 8,192 | 3, 5 | 41.00 | 31.00 | 0.30 / 0.00 |" in md and "(compile only)" in md
