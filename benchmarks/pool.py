@@ -14,7 +14,8 @@ writes
   calls' positions and numbers;
 * ``calls[]``: every unit read, with its call, machine, position and whether it was pooled;
 * ``flags[]``: what breaks the protocol: a unit not first in its call (not pooled unless
-  ``--allow-not-first``), a row with fewer than ``--min-calls`` pooled calls;
+  ``--allow-not-first``), a row with fewer than ``--min-calls`` pooled calls, two consecutive
+  pooled calls of one machine running the same row (rows not alternated);
 * ``excluded[]``: units not pooled and why: compile calls (the first call of a row on a machine,
   where vLLM compiles and captures CUDA graphs; ``--compile-calls`` names more), units not first
   in their call.
@@ -142,6 +143,16 @@ def pool(units: list[dict], compile_calls: set[int] = frozenset(), allow_not_fir
                              "reason": why})
             continue
         pooled.setdefault((u["row"], u["prompt_tokens"]), []).append(u)
+    # rows alternated: two consecutive pooled calls of one machine running the same row
+    by_call: dict[tuple[str, int], set[str]] = {}
+    for c in calls:
+        if c["pooled"]:
+            by_call.setdefault((c["machine"], c["call"]), set()).add(c["row"])
+    seq = sorted(by_call)
+    for (m1, c1), (m2, c2) in zip(seq, seq[1:]):
+        if m1 == m2 and by_call[(m1, c1)] == by_call[(m2, c2)]:
+            flags.append({"row": ",".join(sorted(by_call[(m2, c2)])), "prompt_tokens": None, "call": c2,
+                          "flag": f"same row as call {c1} before it (protocol: rows alternated)"})
     rows = []
     for (row, length), us in pooled.items():
         per_call, samples = [], {k: [] for k in CALL_FIELDS[2:]}
@@ -194,7 +205,8 @@ def markdown(doc: dict) -> str:
                      f"{f(r['hit_ttft_ms'])} | {f(r['floor_ttft_ms'])} | {f(hf, '{:.2f}')} | "
                      f"{f(r['itl_ms'], '{:.2f}')} ({pi}) | {f(itl_off, '{:.3f}')} | {calls} |")
     for fl in doc["flags"]:
-        lines.append(f"\nFlag: {fl['row']} @{fl['prompt_tokens']}, call {fl['call']}: {fl['flag']}")
+        at = f" @{fl['prompt_tokens']}" if fl["prompt_tokens"] else ""
+        lines.append(f"\nFlag: {fl['row']}{at}, call {fl['call']}: {fl['flag']}")
     ex = sorted({(e["call"], e["row"], e["reason"]) for e in doc["excluded"]})
     if ex:
         lines.append("\nNot pooled: " + "; ".join(f"call {c} {r} ({why})" for c, r, why in ex))

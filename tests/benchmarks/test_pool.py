@@ -156,3 +156,14 @@ def test_step_profile_decomposition_pools_warm_calls(tmp_path):
     assert dec["off-plugin"]["phases"]["schedule"]["host_ms"] == pytest.approx(0.3)
     md = pool.profile_markdown(list(rows.values()), "cold")
     assert "| off-plugin | 8,192 | 3, 5 | 41.00 | 31.00 | 0.30 / 0.00 |" in md and "(compile only)" in md
+
+
+def test_rows_not_alternated_are_flagged(tmp_path):
+    files = _protocol(tmp_path)
+    # call 12 runs exporter right after call 10 (exporter; 11 is missing): not alternated
+    files.append(_write(tmp_path, [_unit("exporter", 12, 1, [40], [20], [10], [3], [1])], "c12"))
+    doc = pool.pool(pool.read_units(files))
+    flags = [f for f in doc["flags"] if "alternated" in f["flag"]]
+    assert flags == [{"row": "exporter", "prompt_tokens": None, "call": 12,
+                      "flag": "same row as call 10 before it (protocol: rows alternated)"}]
+    assert not [f for f in pool.pool(pool.read_units(_protocol(tmp_path)))["flags"] if "alternated" in f["flag"]]
