@@ -123,7 +123,8 @@ class Decision:
     message: str
 
 
-def decide(budget: int, block: int, defaulted: bool, long_prefill_threshold: int = 0) -> Decision:
+def decide(budget: int, block: int, defaulted: bool, long_prefill_threshold: int = 0,
+           owner: str = "yours") -> Decision:
     """Round the token budget up to a multiple of the hybrid block where that saves a step.
 
     Args:
@@ -135,6 +136,8 @@ def decide(budget: int, block: int, defaulted: bool, long_prefill_threshold: int
         long_prefill_threshold: vLLM's ``long_prefill_token_threshold`` (0: off); a positive
             threshold below the rounded budget caps each long prefill's chunk anyway, so the
             budget is kept.
+        owner: whose budget an ``"advise"`` message names (``"yours"``, or vLLM's default that
+            could not be raised at start-up).
 
     Raises:
         ValueError: a non-positive budget or block.
@@ -156,7 +159,7 @@ def decide(budget: int, block: int, defaulted: bool, long_prefill_threshold: int
                         f"{long_prefill_threshold} caps each prefill chunk below {target}")
     if not defaulted:
         return Decision("advise", budget, budget, block,
-                        f"--max-num-batched-tokens {budget} (yours) kept; "
+                        f"--max-num-batched-tokens {budget} ({owner}) kept; "
                         f"--max-num-batched-tokens {target} would save a step: {why}")
     return Decision("raise", budget, target, block,
                     f"max_num_batched_tokens {budget} (vLLM's default) -> {target} "

@@ -229,10 +229,21 @@ def plan_token_budget(vllm_config: Any, target: str) -> token_budget.Decision | 
 
 
 def check_token_budget(vllm_config: Any, target: str) -> int | None:
-    """Once the hybrid block is final (engine core, ``VllmConfig.validate_block_size``, before
-    the scheduler is built): correct a raised budget whose predicted block missed, or advise on
-    a budget the user set. Returns the scheduler's budget (tokens) where it was changed, else
-    None. Nothing for engines without the exporter."""
+    """Once the hybrid block is final (engine core, after vLLM's
+    ``VllmConfig.validate_block_size``, before the scheduler is built): correct a raised budget
+    whose predicted block missed (:func:`vllm_hybrid_npu.core.token_budget.check_budget`:
+    ``scheduler_config.max_num_scheduled_tokens`` set to the real block's multiple within
+    ``max_num_batched_tokens``, or a WARNING naming the budget to set), or log once per budget
+    and block the budget that would save the step for a budget left as it is (yours, or vLLM's
+    default where the block could not be predicted). Nothing for engines without the exporter.
+
+    Args:
+        vllm_config: the engine core's ``VllmConfig`` (``cache_config.block_size`` final).
+        target: ``cpu`` or ``cuda``.
+
+    Returns:
+        the scheduler's budget (tokens) where it was changed, else None.
+    """
     sched = vllm_config.scheduler_config
     block = vllm_config.cache_config.block_size
     scheduled = sched.max_num_scheduled_tokens or sched.max_num_batched_tokens
@@ -252,8 +263,10 @@ def check_token_budget(vllm_config: Any, target: str) -> int | None:
         return None
     if not block or scheduled % block == 0 or not _exporter_applies(vllm_config, target):
         return None
+    default = getattr(vllm_config.model_config, DEFAULT_MARK, None)
+    owner = "vLLM's default, not raised at start-up" if default == scheduled else "yours"
     decision = token_budget.decide(scheduled, block, defaulted=False,
-                                   long_prefill_threshold=sched.long_prefill_token_threshold)
+                                   long_prefill_threshold=sched.long_prefill_token_threshold, owner=owner)
     if decision.action == "advise" and (scheduled, block) not in _advised:
         _advised.add((scheduled, block))
         logger.info("vllm-hybrid-npu: %s", decision.message)
