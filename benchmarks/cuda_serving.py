@@ -20,7 +20,12 @@ other on one GPU:
   checkpoint state from inside the prefill, no split (``--gdn-prefill-backend triton`` on CUDA);
 * ``flashinfer``: align mode with vLLM's FlashInfer GDN prefill backend (plugin default; skipped,
   with the reason, where ``flashinfer`` is not importable);
-* ``upstream`` (not in the default set): align mode, plugin not loaded.
+* ``upstream`` (not in the default set): align mode, plugin not loaded;
+* ``off-plugin`` and ``off-b1088`` (not in the default set; issue 30's decomposition of the gap
+  between ``off`` and ``exporter``): caching off with the plugin loaded, and the same at
+  ``--block-size`` ``--off-block-size`` (default 1,088, the exporter's block for
+  Qwen3.5-35B-A3B on an H100), so ``off -> off-plugin -> off-b1088 -> exporter`` changes one
+  thing at a time (plugin, block, then align mode with the export).
 
 Workload per prompt length (``--lengths``, default 2048,8192,32768), token ids drawn from the
 workload seed and the length only (every row sees the same prompts; printed and stored):
@@ -28,6 +33,9 @@ workload seed and the length only (every row sees the same prompts; printed and 
 1. cold: ``--cold`` fresh prompts, one at a time, ``max_tokens=1``: TTFT, engine steps to the
    first token, prefill tokens/s (prompt / TTFT);
 2. repeated: each cold prompt again, one at a time: the hit TTFT, its steps, cached tokens;
+   then the floor: for each repeat that hit, a fresh prompt of the tokens it computed (prompt
+   less cached: 576 at 8,192 tokens and block 1,088, 128 at 32,768) and no context, one at a
+   time (``floor_ttft_ms``: what a hit costs at least on this engine, beside ``hit_ttft_ms``);
 3. multi-turn: ``--sessions`` sessions one at a time; turn 2 carries turn 1 plus its answer
    (``--answer-len`` tokens) plus ``--user-len`` new tokens;
 4. concurrent: ``--clients`` clients submitted together, sharing a system prompt of half the
@@ -35,6 +43,12 @@ workload seed and the length only (every row sees the same prompts; printed and 
    ``--answer-len`` tokens, then their second turns together (hits in a mixed batch): TTFT
    p50/p90, inter-token gaps (ITL), decode tokens/s over the decode phase only
    (:func:`decode_rate`);
+``--phases`` picks phases (``cold,repeat,floor,turns,conc``; e.g. ``conc`` alone with
+``--clients 16`` for decode ITL). ``--step-profile N``: per engine step and phase (schedule,
+inputs, attention metadata, forward, sample, scheduler update, output processing) host time
+(no profiler) and GPU time (profiler ranges) of a cold prompt, its repeat and decode steps, in
+the unit's ``step_profile`` (:func:`step_profile`).
+
 5. (CUDA) a short pass under ``torch.profiler``: GPU time per engine step of the state-copy
    kernels (:data:`COPY_KERNEL_PATTERNS`) and of the exporter (ranges named
    :data:`EXPORT_RANGE_PREFIX`, where the runtime marks them);
@@ -60,6 +74,12 @@ Process hygiene (a timed-out call must not poison the next): every row runs in a
 process group with ``PR_SET_PDEATHSIG``; the parent kills each group on every exit path
 (return, exception, SIGTERM/SIGINT/SIGHUP from ``timeout``); before a row starts, free GPU
 memory is checked and what holds it named (``nvidia-smi``); the parent never touches CUDA.
+
+The protocol of record (issue 30, docs/cuda.md runbook): one row per device call with ``--call
+N`` and its own ``--out``, rows alternated, every row first in its call, at least four calls per
+row after the compile calls; ``benchmarks/pool.py`` pools the per-call JSONs (pooled medians, each
+call's beside them) and refuses compile calls. Each unit records its call, position, machine and
+GPU (name, UUID, PCI bus id, driver) and the engine's budget, block and compile time.
 
 Calls: a run spans several device calls (600 s each). ``--call-budget`` (seconds from start)
 bounds this call: a row starts only with ``--min-row-s`` left, a worker skips a length it
@@ -97,6 +117,12 @@ ROWS: dict[str, dict] = {
     "flashinfer": {"caching": True, "plugin": True, "env": {}, "gdn_backend": "flashinfer",
                    "needs": "flashinfer"},
     "upstream": {"caching": True, "plugin": False, "env": {}, "gdn_backend": "triton"},
+    # issue 30's decomposition of the 8k gap (not in the default set): caching off with the
+    # plugin loaded, then also at the exporter's block (1,088 for Qwen3.5-35B-A3B on an H100:
+    # --off-block-size), so off -> off-plugin -> off-b1088 -> exporter adds one difference each
+    "off-plugin": {"caching": False, "plugin": True, "env": {}, "gdn_backend": "triton"},
+    "off-b1088": {"caching": False, "plugin": True, "env": {}, "gdn_backend": "triton",
+                  "block_size": "off_block_size"},
 }
 DEFAULT_ROWS = "off,vllm-align,exporter,flashinfer"
 
@@ -187,6 +213,43 @@ def estimate_seconds(done: dict[int, float], length: int, first_s: float) -> flo
         return first_s
     ref = max(done)
     return 1.3 * done[ref] * max(1.0, length / ref)
+
+
+class CallBudget:
+    """The wall-clock budget of one device call (seconds), with the clock injected so that the
+    decisions can be tested without waiting (``clock`` returns seconds, default ``time.time``).
+
+    The decisions, in order of a call: a row starts only with ``min_row_s`` left
+    (:meth:`row_pending`); its worker runs a prompt length only when its estimate
+    (:func:`estimate_seconds`) fits what is left (:meth:`length_deferred`); the parent waits for
+    the worker until ``margin_s`` before the deadline (:meth:`wait_s`) and then kills its group.
+    """
+
+    def __init__(self, deadline: float, clock=time.time):
+        self.deadline = deadline
+        self.clock = clock
+
+    def left(self) -> float:
+        """Seconds left (may be negative)."""
+        return self.deadline - self.clock()
+
+    def row_pending(self, min_row_s: float) -> str | None:
+        """Why a row may not start now (``--min-row-s``), or None."""
+        left = self.left()
+        if left < min_row_s:
+            return f"{left:.0f} s left of --call-budget; --resume runs it"
+        return None
+
+    def length_deferred(self, done: dict[int, float], length: int, first_s: float) -> str | None:
+        """Why a worker defers ``length`` (tokens) to the next call, or None to run it."""
+        left, est = self.left(), estimate_seconds(done, length, first_s)
+        if est > left:
+            return f"estimated {est:.0f} s, {left:.0f} s left in this call"
+        return None
+
+    def wait_s(self, margin_s: float = 5.0) -> float:
+        """How long the parent waits for a row's worker (at least 1 s)."""
+        return max(self.left() - margin_s, 1.0)
 
 
 def parse_compute_apps(text: str) -> list[dict]:
@@ -365,10 +428,12 @@ def _worker(args) -> int:
         kw["kv_cache_memory_bytes"] = args.kv_cache_bytes
     if args.max_batched_tokens:
         kw["max_num_batched_tokens"] = args.max_batched_tokens
+    if spec.get("block_size"):
+        kw["block_size"] = getattr(args, spec["block_size"])
     if cuda:
         kw["gdn_prefill_backend"] = spec["gdn_backend"]
     load_format = args.load_format or ("auto" if has_weights(Path(args.model_dir)) else "dummy")
-    deadline = args.deadline or float("inf")
+    budget = CallBudget(args.deadline or float("inf"))
     t0 = time.perf_counter()
     llm = LLM(model=args.model_dir, load_format=load_format, gpu_memory_utilization=args.gpu_mem,
               max_model_len=args.max_len, max_num_seqs=max(args.clients, 8),
@@ -381,17 +446,19 @@ def _worker(args) -> int:
     head = {"kind": "engine", "row": args.worker, "load_s": load_s, "block_size": block,
             "load_format": load_format, "cuda": cuda,
             "max_num_batched_tokens": cfg.scheduler_config.max_num_batched_tokens,
+            "max_num_scheduled_tokens": getattr(drv.core.scheduler, "max_num_scheduled_tokens", None),
+            "mamba_cache_mode": cfg.cache_config.mamba_cache_mode,
+            "compile_s": getattr(cfg.compilation_config, "compilation_time", None),
             "runner": type(drv.core.model_executor.driver_worker.worker.model_runner).__module__}
     print("BENCH engine " + json.dumps(head), flush=True)
     _emit(args.result_file, head)
     done: dict[int, float] = {}
     for length in sorted(int(x) for x in args.lengths.split(",")):
-        left = deadline - time.time()
-        est = estimate_seconds(done, length, args.first_length_s)
-        if est > left:
+        why = budget.length_deferred(done, length, args.first_length_s)
+        if why:
             _emit(args.result_file, {"kind": "deferred", "row": args.worker, "prompt_tokens": length,
-                                     "reason": f"estimated {est:.0f} s, {left:.0f} s left in this call"})
-            print(f"BENCH deferred {length}: estimated {est:.0f} s, {left:.0f} s left", flush=True)
+                                     "reason": why})
+            print(f"BENCH deferred {length}: {why}", flush=True)
             break
         t = time.perf_counter()
         res = _measure_length(args, drv, length, block, vocab, cuda, torch)
@@ -412,41 +479,67 @@ def _emit(path: str, obj: dict) -> None:
         f.write(json.dumps(obj) + "\n")
 
 
+#: the phases of a length (``--phases``): cold prompts, their repeats, the floor prompts (a
+#: cold prompt of the repeat's computed tokens, no context), two-turn sessions, the concurrent
+#: clients (two turns each)
+PHASES = ("cold", "repeat", "floor", "turns", "conc")
+
+
+def floor_lengths(prompt_lens: list[int], cached: list[int | None]) -> list[int]:
+    """Prompt lengths (tokens) of the floor unit: for each repeat that hit (``cached`` > 0), the
+    tokens it computed (``prompt - cached``): a prompt of that many tokens and no context costs
+    what a hit costs at least on this engine (tokenization, scheduling, a step of that many
+    tokens), without attention over the cached context. 8,192 tokens at block 1,088: 576;
+    32,768: 128. Repeats that missed give none (caching off)."""
+    return [n - c for n, c in zip(prompt_lens, cached) if c and n - c > 0]
+
+
 def _measure_length(args, drv: Driver, length: int, block: int, vocab: int, cuda: bool, torch) -> dict:
     """Warm-up then the timed phases at one prompt length (module docstring, 1-6)."""
     answer, user = args.answer_len, args.user_len
     shared = shared_prefix_len(length, block)
+    phases = getattr(args, "phases", None) or PHASES
+    phases = set(phases.split(",") if isinstance(phases, str) else phases)
 
     def workload(stream: str, n_cold: int, n_sessions: int, clients: int, timed: bool) -> dict:
         draw = _draw(args.seed, length, stream)
         colds = [draw(length, vocab) for _ in range(n_cold)]
-        out = {"cold": [], "repeat": [], "turn1": [], "turn2": []}
-        for p in colds:
-            out["cold"] += drv.run([p], 1)
-        for p in colds:
-            out["repeat"] += drv.run([p], 1)
-        for _ in range(n_sessions):
+        out = {"cold": [], "repeat": [], "floor": [], "turn1": [], "turn2": []}
+        if phases & {"cold", "repeat", "floor"}:
+            for p in colds:
+                out["cold"] += drv.run([p], 1)
+        if phases & {"repeat", "floor"}:
+            for p in colds:
+                out["repeat"] += drv.run([p], 1)
+        if "floor" in phases:
+            floor_draw = _draw(args.seed, length, stream + ":floor")
+            for n in floor_lengths([r["prompt_len"] for r in out["repeat"]],
+                                   [r["cached"] for r in out["repeat"]]):
+                out["floor"] += drv.run([floor_draw(n, vocab)], 1)
+        for _ in range(n_sessions if "turns" in phases else 0):
             p1 = draw(length, vocab)
             r1 = drv.run([p1], answer)
             p2 = p1 + r1[0]["tokens"] + draw(user, vocab)
             out["turn1"] += r1
             out["turn2"] += drv.run([p2], answer)
-        system = draw(shared, vocab)
-        firsts = [system + draw(length - shared, vocab) for _ in range(clients)]
-        c1 = drv.run(firsts, answer)
-        seconds = [p + r["tokens"] + draw(user, vocab) for p, r in zip(firsts, c1)]
-        out["conc1"] = c1
-        out["conc2"] = drv.run(seconds, answer)
-        if not timed:  # a mixed batch: prefills arriving while others decode
-            out["mixed"] = drv.run([system + draw(length - shared, vocab) for _ in range(clients)],
-                                   answer, stagger_steps=2)
+        out["conc1"], out["conc2"] = [], []
+        if "conc" in phases and clients:
+            system = draw(shared, vocab)
+            firsts = [system + draw(length - shared, vocab) for _ in range(clients)]
+            c1 = drv.run(firsts, answer)
+            seconds = [p + r["tokens"] + draw(user, vocab) for p, r in zip(firsts, c1)]
+            out["conc1"] = c1
+            out["conc2"] = drv.run(seconds, answer)
+            if not timed:  # a mixed batch: prefills arriving while others decode
+                out["mixed"] = drv.run([system + draw(length - shared, vocab) for _ in range(clients)],
+                                       answer, stagger_steps=2)
         return out
 
     t = time.perf_counter()
     workload("warm", 1, 1, args.clients, timed=False)
     warm_s = time.perf_counter() - t
     w = workload("timed", args.cold, args.sessions, args.clients, timed=True)
-    res = {"warmup_s": warm_s, "shared_prefix": shared, "samples": {}}
+    res = {"warmup_s": warm_s, "shared_prefix": shared, "phases": sorted(phases), "samples": {}}
     for phase, recs in w.items():
         res["samples"][phase] = {
             "ttft_ms": [round(r["ttft_ms"], 3) for r in recs],
@@ -457,8 +550,8 @@ def _measure_length(args, drv: Driver, length: int, block: int, vocab: int, cuda
             "tokens": [r["tokens"] for r in recs] if phase in ("turn1", "turn2") else None,
         }
     if args.step_profile:
-        step_profile(drv, draw_prompts=_draw(args.seed, length, "stepprof"), length=length, vocab=vocab,
-                     rows=args.step_profile, torch=torch)
+        res["step_profile"] = step_profile(drv, draw_prompts=_draw(args.seed, length, "stepprof"),
+                                           length=length, vocab=vocab, rows=args.step_profile, torch=torch)
     if not cuda:
         res.update(copy_us_per_step=None, export_us_per_step=None, syncs_per_step=None,
                    gpu_note="no CUDA device: state-copy, export and host-sync columns not measured")
@@ -510,45 +603,200 @@ def _measure_length(args, drv: Driver, length: int, block: int, vocab: int, cuda
 #: tokens generated by :func:`step_profile`'s decode phase
 DECODE_PROFILE_TOKENS = 17
 
+#: the phases of an engine step the step profile times: (phase, owner, candidate method names;
+#: the first one the owner has is wrapped). ``runner`` is the worker's model runner (vLLM 0.30's
+#: V2 GPU runner: ``prepare_inputs`` / ``prepare_attn`` / ``sample_tokens``; the CPU runner and
+#: the V1 GPU runner: ``_prepare_inputs`` / ``_build_attention_metadata`` / ``_model_forward``),
+#: ``scheduler`` the engine core's, ``output_processor`` the ``LLMEngine``'s.
+STEP_PHASES = (
+    ("schedule", "scheduler", ("schedule",)),
+    ("execute_model", "runner", ("execute_model",)),
+    ("prepare_inputs", "runner", ("prepare_inputs", "_prepare_inputs")),
+    ("metadata_build", "runner", ("prepare_attn", "_build_attention_metadata")),
+    ("forward", "runner", ("_model_forward",)),
+    ("sample", "runner", ("sample_tokens",)),
+    ("update_from_output", "scheduler", ("update_from_output",)),
+    ("output_processing", "output_processor", ("process_outputs",)),
+)
+#: phases timed inside another (their time is not the outer phase's own)
+PHASE_CHILDREN = {"execute_model": ("prepare_inputs", "metadata_build", "forward")}
+#: profiler ranges opened around each timed phase (their device time is the phase's GPU time)
+PHASE_RANGE_PREFIX = "bench.phase."
 
-def step_profile(drv: Driver, draw_prompts, length: int, vocab: int, rows: int, torch) -> None:
-    """Print (to the row's log) where one cold prompt's, its repeat's and a third run's engine
-    steps go (the third hits again and then decodes :data:`DECODE_PROFILE_TOKENS` tokens: its
-    step walls after the first are decode steps): the wall time of each ``engine.step()`` call,
-    the GPU kernel time summed over the run, and the top ``rows`` operators by device time and
-    by host (self CPU) time, from torch's profiler.
 
-    For diagnosis only (issue 19: the exporter's cold TTFT against caching off); nothing here
-    enters the JSON's rows.
+class PhaseTimer:
+    """Host time (``time.perf_counter``, no device sync) of each :data:`STEP_PHASES` phase while
+    installed, inclusive and exclusive of the phases called inside it, and a profiler range
+    ``bench.phase.<phase>`` around each call (under ``torch.profiler`` its device time is the
+    GPU time of the kernels the phase launched). Installed on the instances (bound methods
+    shadowed), removed by :meth:`uninstall`; for the step profile only."""
+
+    def __init__(self, owners: dict, record_function=None, clock=time.perf_counter):
+        self.owners, self.record_function, self.clock = owners, record_function, clock
+        self.host: dict[str, list[float]] = {}  # phase -> [inclusive s, exclusive s, calls]
+        self.found: dict[str, str] = {}  # phase -> "owner.method"
+        self._stack: list[float] = []
+        self._installed: list[tuple[object, str]] = []
+
+    def install(self) -> "PhaseTimer":
+        for phase, owner_name, names in STEP_PHASES:
+            owner = self.owners.get(owner_name)
+            name = next((n for n in names if owner is not None and hasattr(owner, n)), None)
+            if name is None:
+                continue
+            self.found[phase] = f"{owner_name}.{name}"
+            setattr(owner, name, self._wrap(phase, getattr(owner, name)))
+            self._installed.append((owner, name))
+        return self
+
+    def uninstall(self) -> None:
+        for owner, name in reversed(self._installed):
+            with contextlib.suppress(AttributeError):
+                delattr(owner, name)
+        self._installed = []
+
+    def reset(self) -> None:
+        self.host = {}
+
+    def _wrap(self, phase: str, fn):
+        def timed(*args, **kwargs):
+            ctx = self.record_function(PHASE_RANGE_PREFIX + phase) if self.record_function else contextlib.nullcontext()
+            self._stack.append(0.0)
+            t0 = self.clock()
+            try:
+                with ctx:
+                    return fn(*args, **kwargs)
+            finally:
+                dt = self.clock() - t0
+                inner = self._stack.pop()
+                rec = self.host.setdefault(phase, [0.0, 0.0, 0])
+                rec[0] += dt
+                rec[1] += dt - inner
+                rec[2] += 1
+                if self._stack:
+                    self._stack[-1] += dt
+
+        return timed
+
+
+def phase_table(host: dict[str, list[float]], gpu_us: dict[str, float] | None, steps: int) -> dict:
+    """Per-step times of the phases of a run: ``{phase: {"host_ms", "host_incl_ms", "gpu_ms",
+    "calls"}}`` per executed engine step (``steps`` >= 1). ``host``: :attr:`PhaseTimer.host`;
+    ``gpu_us``: device microseconds per profiler range (inclusive, as torch sums a range's
+    kernels), or None without a GPU (``gpu_ms`` None). The GPU time of a phase with
+    :data:`PHASE_CHILDREN` is its own (children subtracted), like ``host_ms``. Where the runner
+    has no forward method of its own (vLLM's V2 runner calls ``self.model`` inline),
+    ``execute_model``'s own time is the forward plus the request-state updates."""
+    steps = max(int(steps), 1)
+    out = {}
+    for phase, (incl, excl, calls) in host.items():
+        gpu = None
+        if gpu_us is not None:
+            own = gpu_us.get(phase, 0.0) - sum(gpu_us.get(c, 0.0) for c in PHASE_CHILDREN.get(phase, ()))
+            gpu = own / 1e3 / steps
+        out[phase] = {"host_ms": 1e3 * excl / steps, "host_incl_ms": 1e3 * incl / steps,
+                      "gpu_ms": gpu, "calls": calls / steps}
+    return out
+
+
+def subtract_phases(a: dict, b: dict, steps: int) -> dict:
+    """Per-step phase times of the steps in run ``a`` that are not in run ``b``: ``(a * a_steps
+    - b * b_steps) / steps`` for tables of :func:`phase_table` that carry ``"steps"``. The decode
+    run (a hit, then decode steps) minus the repeat run (the same hit alone) gives the decode
+    steps."""
+    out = {}
+    for phase, ra in a["phases"].items():
+        rb = b["phases"].get(phase, {})
+        row = {}
+        for k in ("host_ms", "host_incl_ms", "gpu_ms", "calls"):
+            va, vb = ra.get(k), rb.get(k, 0.0)
+            row[k] = None if va is None else (va * a["steps"] - (vb or 0.0) * b["steps"]) / max(steps, 1)
+        out[phase] = row
+    return out
+
+
+def step_profile(drv: Driver, draw_prompts, length: int, vocab: int, rows: int, torch) -> dict:
+    """Where the engine steps of a cold prompt, its repeat and a decode run go, per phase of a
+    step (:data:`STEP_PHASES`: schedule, input preparation, attention metadata build, forward,
+    sample, scheduler update, output processing), host and GPU time per executed step.
+
+    Two passes per run, on different prompts of ``length`` tokens: host times without the
+    profiler (prompt A), GPU times under ``torch.profiler`` (prompt B; host times there are
+    inflated by the profiler and only printed). Runs: ``cold`` (a fresh prompt, ``max_tokens``
+    1), ``repeat`` (the same again: a hit), ``decode`` (again, then
+    :data:`DECODE_PROFILE_TOKENS` tokens); ``decode_step`` is ``decode`` less ``repeat`` per
+    decode step (:func:`subtract_phases`). Also per run: TTFT, cached tokens, steps, the wall
+    time of each ``engine.step()`` and the GPU kernel time; the top ``rows`` profiler operators
+    by device and by host time go to the row's log.
+
+    Returns:
+        ``{"cold" | "repeat" | "decode": {"ttft_ms", "cached", "steps", "step_wall_ms": [..],
+        "gpu_kernel_ms", "phases": {...}}, "decode_step": {...}, "phases_found": {...}}``
+        (times per executed step; GPU columns None without CUDA).
     """
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import ProfilerActivity, profile, record_function
 
-    prompt = draw_prompts(length, vocab)
     cuda = torch.cuda.is_available()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    for phase, max_tokens in (("cold", 1), ("repeat", 1), ("decode", DECODE_PROFILE_TOKENS)):
-        drv.step_walls.clear()
-        with profile(activities=activities) as prof:
-            t = time.perf_counter()
-            rec = drv.run([prompt], max_tokens)[0]
-            if cuda:
-                torch.cuda.synchronize()
-            wall = time.perf_counter() - t
-        avg = prof.key_averages()
-        # kernels only (an operator's self device time repeats its kernels' time)
-        dev = sum((getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0.0))
-                  for e in prof.events() if str(getattr(e, "device_type", "")).endswith("CUDA"))
-        walls = ", ".join(f"{1e3 * w:.2f}ms/{n}" for w, n in drv.step_walls)
-        print(f"STEPPROF {phase} @{length}: ttft {rec['ttft_ms']:.2f} ms, cached {rec['cached']}, "
-              f"steps to first {rec['steps_to_first']}, run wall {1e3 * wall:.2f} ms, "
-              f"GPU kernel time {dev / 1e3:.2f} ms; engine.step() calls (wall/executed): {walls}",
-              flush=True)
-        for key in ("self_device_time_total", "self_cpu_time_total"):
-            try:
-                print(f"STEPPROF {phase} top by {key}:\n" + avg.table(sort_by=key, row_limit=rows),
-                      flush=True)
-            except Exception as exc:  # noqa: BLE001  (older torch names the column self_cuda_time_total)
-                print(f"STEPPROF {phase} table by {key}: {exc!r}", flush=True)
+    worker = drv.core.model_executor.driver_worker.worker
+    owners = {"scheduler": drv.core.scheduler, "runner": worker.model_runner,
+              "output_processor": drv.engine.output_processor}
+    timer = PhaseTimer(owners, record_function).install()
+    prompts = {"host": draw_prompts(length, vocab), "gpu": draw_prompts(length, vocab)}
+    out: dict = {"phases_found": dict(timer.found)}
+    try:
+        for run, max_tokens in (("cold", 1), ("repeat", 1), ("decode", DECODE_PROFILE_TOKENS)):
+            entry: dict = {}
+            for kind in ("host", "gpu"):
+                drv.step_walls.clear()
+                timer.reset()
+                s0 = drv.steps
+                ctx = profile(activities=activities) if kind == "gpu" else contextlib.nullcontext()
+                with ctx as prof:
+                    t = time.perf_counter()
+                    rec = drv.run([prompts[kind]], max_tokens)[0]
+                    if cuda:
+                        torch.cuda.synchronize()
+                    wall = time.perf_counter() - t
+                steps = max(drv.steps - s0, 1)
+                if kind == "host":
+                    entry.update(ttft_ms=rec["ttft_ms"], cached=rec["cached"], steps=steps,
+                                 steps_to_first=rec["steps_to_first"], run_wall_ms=1e3 * wall,
+                                 step_wall_ms=[round(1e3 * w, 3) for w, n in drv.step_walls if n])
+                    host = {k: list(v) for k, v in timer.host.items()}
+                    continue
+                avg = prof.key_averages()
+                gpu_us = None
+                if cuda:
+                    gpu_us = {e.key[len(PHASE_RANGE_PREFIX):]: (getattr(e, "device_time_total", None)
+                                                                or getattr(e, "cuda_time_total", 0.0))
+                              for e in avg if e.key.startswith(PHASE_RANGE_PREFIX)}
+                # kernels only (an operator's self device time repeats its kernels' time)
+                dev = sum((getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0.0))
+                          for e in prof.events() if str(getattr(e, "device_type", "")).endswith("CUDA"))
+                entry["gpu_kernel_ms"] = dev / 1e3 / steps if cuda else None
+                entry["phases"] = phase_table(host, None, entry["steps"])
+                gpu_table = phase_table(timer.host, gpu_us, steps) if cuda else {}
+                for phase, row in entry["phases"].items():
+                    row["gpu_ms"] = gpu_table.get(phase, {}).get("gpu_ms")
+                walls = ", ".join(f"{w:.2f}" for w in entry["step_wall_ms"])
+                print(f"STEPPROF {run} @{length}: ttft {entry['ttft_ms']:.2f} ms, cached {entry['cached']}, "
+                      f"steps {entry['steps']}, step walls (ms, no profiler): {walls}; GPU kernel "
+                      f"time per step {entry['gpu_kernel_ms']} ms; phases per step: "
+                      + json.dumps({k: {c: (round(v, 3) if isinstance(v, float) else v) for c, v in r.items()}
+                                    for k, r in entry["phases"].items()}), flush=True)
+                for key in ("self_device_time_total", "self_cpu_time_total"):
+                    try:
+                        print(f"STEPPROF {run} top by {key}:\n" + avg.table(sort_by=key, row_limit=rows),
+                              flush=True)
+                    except Exception as exc:  # noqa: BLE001  (older torch: self_cuda_time_total)
+                        print(f"STEPPROF {run} table by {key}: {exc!r}", flush=True)
+            out[run] = entry
+    finally:
+        timer.uninstall()
+    dec, rep = out["decode"], out["repeat"]
+    out["decode_step"] = subtract_phases(dec, rep, dec["steps"] - rep["steps"])
+    return out
 
 
 def _fake_worker(args, mode: str) -> int:
@@ -577,6 +825,8 @@ def _fake_worker(args, mode: str) -> int:
             "unit_s": 0.1, "warmup_s": 0.1, "samples": {
                 "cold": ph(cold, [1 if args.worker != "vllm-align" else 2] * 4, [0] * 4),
                 "repeat": ph(hit, [1] * 4, [length - 64 if caching else 0] * 4),
+                "floor": {**ph([0.15 * base] * 4 if caching else [], [1] * (4 if caching else 0),
+                               [0] * (4 if caching else 0)), "prompt_len": [64] * (4 if caching else 0)},
                 "turn1": ph(cold[:2], [1, 1], [0, 0], times[:2]),
                 "turn2": ph(hit[:2], [1, 1], [length if caching else 0] * 2, times[:2]),
                 "conc1": ph(cold, [1] * 4, [0] * 4, times), "conc2": ph(hit, [1] * 4, [0] * 4, times)},
@@ -596,45 +846,58 @@ def _nan(x):
     return None if x is None or (isinstance(x, float) and math.isnan(x)) else x
 
 
+_EMPTY_PHASE = {"ttft_ms": [], "steps_to_first": [], "cached": [], "prompt_len": [], "token_times": None}
+
+
 def summarize_unit(u: dict) -> dict:
-    """One row of the JSON's ``rows`` from a unit's samples (medians are p50)."""
-    s = u["samples"]
-    conc = token_stats([t for t in s["conc1"]["token_times"] or [] if t])
-    single = token_stats([t for t in s["turn1"]["token_times"] or [] if t])
-    dec = decode_rate([t for t in s["conc1"]["token_times"] or [] if t])
-    cold = s["cold"]["ttft_ms"]
+    """One row of the JSON's ``rows`` from a unit's samples (medians are p50; phases a unit did
+    not run, ``--phases``, give None)."""
+    s = {k: v for k, v in u["samples"].items() if v}
+
+    def ph(name: str) -> dict:
+        return s.get(name) or _EMPTY_PHASE
+
+    conc = token_stats([t for t in ph("conc1")["token_times"] or [] if t])
+    single = token_stats([t for t in ph("turn1")["token_times"] or [] if t])
+    dec = decode_rate([t for t in ph("conc1")["token_times"] or [] if t])
+    cold = ph("cold")["ttft_ms"]
     prompt = u["prompt_tokens"]
     hit_phases = ("repeat", "turn2", "conc2")
+    hit, floor = percentile(ph("repeat")["ttft_ms"], 50), percentile(ph("floor")["ttft_ms"], 50)
     return {k: _nan(v) for k, v in {
         "row": u["row"], "prompt_tokens": prompt, "block_size": u.get("block_size"),
         "cold_ttft_ms": percentile(cold, 50), "cold_ttft_p90_ms": percentile(cold, 90),
-        "hit_ttft_ms": percentile(s["repeat"]["ttft_ms"], 50),
-        "hit_ttft_p90_ms": percentile(s["repeat"]["ttft_ms"], 90),
-        "turn2_ttft_ms": percentile(s["turn2"]["ttft_ms"], 50),
-        "conc_ttft_ms": percentile(s["conc1"]["ttft_ms"], 50),
-        "conc_ttft_p90_ms": percentile(s["conc1"]["ttft_ms"], 90),
-        "conc_hit_ttft_ms": percentile(s["conc2"]["ttft_ms"], 50),
-        "conc_hit_ttft_p90_ms": percentile(s["conc2"]["ttft_ms"], 90),
-        "steps_per_cold_prompt": percentile(s["cold"]["steps_to_first"], 50),
-        "steps_per_hit": percentile(s["repeat"]["steps_to_first"], 50),
+        "hit_ttft_ms": hit,
+        "hit_ttft_p90_ms": percentile(ph("repeat")["ttft_ms"], 90),
+        "floor_ttft_ms": floor,
+        "floor_tokens": percentile(ph("floor")["prompt_len"], 50),
+        "hit_vs_floor": hit / floor if hit == hit and floor == floor and floor else None,
+        "turn2_ttft_ms": percentile(ph("turn2")["ttft_ms"], 50),
+        "conc_ttft_ms": percentile(ph("conc1")["ttft_ms"], 50),
+        "conc_ttft_p90_ms": percentile(ph("conc1")["ttft_ms"], 90),
+        "conc_hit_ttft_ms": percentile(ph("conc2")["ttft_ms"], 50),
+        "conc_hit_ttft_p90_ms": percentile(ph("conc2")["ttft_ms"], 90),
+        "clients": len(ph("conc1")["ttft_ms"]),
+        "steps_per_cold_prompt": percentile(ph("cold")["steps_to_first"], 50),
+        "steps_per_hit": percentile(ph("repeat")["steps_to_first"], 50),
         "itl_ms": conc["itl_ms"], "itl_p90_ms": conc["itl_p90_ms"], "max_gap_ms": conc["max_gap_ms"],
         "stalls": conc["stalls"] + single["stalls"], "stall_ms": conc["stall_ms"] + single["stall_ms"],
         "single_itl_ms": single["itl_ms"],
         "decode_tok_s": dec["decode_tok_s"],
         "prefill_tok_s": percentile([prompt / (t / 1e3) for t in cold if t and t > 0], 50),
-        "hit_rate": _frac(sum((s[p]["cached"] for p in hit_phases), []),
-                          sum((s[p]["prompt_len"] for p in hit_phases), [])),
-        "repeat_cached_frac": _frac(s["repeat"]["cached"], s["repeat"]["prompt_len"]),
-        "conc_hit_cached_frac": _frac(s["conc2"]["cached"], s["conc2"]["prompt_len"]),
+        "hit_rate": _frac(sum((ph(p)["cached"] for p in hit_phases), []),
+                          sum((ph(p)["prompt_len"] for p in hit_phases), [])),
+        "repeat_cached_frac": _frac(ph("repeat")["cached"], ph("repeat")["prompt_len"]),
+        "conc_hit_cached_frac": _frac(ph("conc2")["cached"], ph("conc2")["prompt_len"]),
         "copy_us_per_step": u.get("copy_us_per_step"),
         "export_us_per_step": u.get("export_us_per_step"),
         "syncs_per_step": u.get("syncs_per_step"),
         "warmup_s": u.get("warmup_s"), "unit_s": u.get("unit_s"),
-        "position": u.get("position"),
+        "position": u.get("position"), "call": u.get("call"),
     }.items()}
 
 
-RATIO_COLS = ("cold_ttft_ms", "hit_ttft_ms", "turn2_ttft_ms", "conc_ttft_ms", "itl_ms",
+RATIO_COLS = ("cold_ttft_ms", "hit_ttft_ms", "floor_ttft_ms", "turn2_ttft_ms", "conc_ttft_ms", "itl_ms",
               "decode_tok_s", "prefill_tok_s")
 
 
@@ -728,6 +991,7 @@ def table(rows: list[dict]) -> str:
     cols = [("prompt_tokens", "prompt", "{:.0f}"), ("cold_ttft_ms", "cold TTFT ms", "{:.1f}"),
             ("cold_ttft_p90_ms", "p90", "{:.1f}"), ("cold_ttft_vs_off", "/off", "{:.3f}"),
             ("steps_per_cold_prompt", "steps cold", "{:.0f}"), ("hit_ttft_ms", "hit TTFT ms", "{:.1f}"),
+            ("floor_ttft_ms", "floor ms", "{:.1f}"), ("hit_vs_floor", "hit/floor", "{:.2f}"),
             ("turn2_ttft_ms", "turn-2 ms", "{:.1f}"), ("conc_ttft_ms", "conc TTFT ms", "{:.1f}"),
             ("conc_ttft_p90_ms", "p90", "{:.1f}"), ("hit_rate", "hit rate", "{:.2f}"),
             ("itl_ms", "ITL ms", "{:.2f}"), ("itl_vs_off", "/off", "{:.3f}"), ("stalls", "stalls", "{:.0f}"),
@@ -756,15 +1020,35 @@ def _run(cmd: list[str], timeout: float = 20) -> str | None:
         return None
 
 
-def gpu_info() -> dict | None:
-    """First GPU's name, UUID, driver, total and free MiB (``nvidia-smi``; the parent never
-    initialises CUDA), or None without one."""
-    out = _run(["nvidia-smi", "--query-gpu=name,uuid,driver_version,memory.total,memory.free",
-                "--format=csv,noheader,nounits"])
-    if not out or not out.strip():
+#: ``nvidia-smi --query-gpu=`` fields of :func:`gpu_info`, in order
+GPU_QUERY = ("name", "uuid", "pci.bus_id", "driver_version", "memory.total", "memory.free")
+
+
+def parse_gpu_query(text: str) -> dict | None:
+    """The first GPU of ``nvidia-smi --query-gpu=<GPU_QUERY> --format=csv,noheader,nounits``:
+    ``{"name", "uuid", "pci_bus_id", "driver", "total_mib", "free_mib"}``, or None for no line."""
+    lines = [ln for ln in (text or "").strip().splitlines() if ln.strip()]
+    if not lines:
         return None
-    name, uuid, driver, total, free = [p.strip() for p in out.strip().splitlines()[0].split(",")][:5]
-    return {"name": name, "uuid": uuid, "driver": driver, "total_mib": float(total), "free_mib": float(free)}
+    name, uuid, bus, driver, total, free = [p.strip() for p in lines[0].split(",")][:6]
+    return {"name": name, "uuid": uuid, "pci_bus_id": bus, "driver": driver,
+            "total_mib": float(total), "free_mib": float(free)}
+
+
+def gpu_info() -> dict | None:
+    """First GPU's name, UUID, PCI bus id, driver, total and free MiB (``nvidia-smi``; the
+    parent never initialises CUDA), or None without one."""
+    return parse_gpu_query(_run(["nvidia-smi", f"--query-gpu={','.join(GPU_QUERY)}",
+                                 "--format=csv,noheader,nounits"]) or "")
+
+
+def cpu_model() -> str | None:
+    """The host CPU's model name (``/proc/cpuinfo``), or None."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return None
 
 
 def gpu_holders() -> list[dict]:
@@ -784,7 +1068,8 @@ def machine_identity() -> dict:
     boot = Path("/proc/sys/kernel/random/boot_id")
     g = gpu_info()
     return {"host": socket.gethostname(), "boot_id": boot.read_text().strip() if boot.exists() else None,
-            "device": g["name"] if g else "cpu", "gpu_uuid": g["uuid"] if g else None}
+            "device": g["name"] if g else "cpu", "gpu_uuid": g["uuid"] if g else None,
+            "gpu_pci_bus_id": g["pci_bus_id"] if g else None, "driver": g["driver"] if g else None}
 
 
 def check_gpu_memory(fraction: float, wait_s: float = 30) -> str | None:
@@ -864,7 +1149,7 @@ def _group_alive(pgid: int) -> bool:
 #: arguments that define the workload and the engine; ``--resume`` requires them unchanged
 RESUME_KEYS = ("model_dir", "arch", "layers", "load_format", "cold", "sessions", "clients",
                "answer_len", "user_len", "max_len", "max_batched_tokens", "gpu_mem",
-               "kv_cache_bytes", "eager")
+               "kv_cache_bytes", "eager", "phases", "off_block_size")
 
 
 def resumable_units(previous: dict, seed: int, args: dict, identity: dict) -> dict[str, dict]:
@@ -941,8 +1226,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--first-length-s", type=float, default=120,
                    help="a worker's estimate of its first length (warm-up + measurement), engine loaded")
     p.add_argument("--step-profile", type=int, default=0, metavar="ROWS",
-                   help="diagnosis: print per-step wall times and the top ROWS profiler operators "
-                        "of one cold prompt and its repeat to the row's log")
+                   help="diagnosis: host and GPU time per engine step and phase (schedule, inputs, "
+                        "attention metadata, forward, sample, output processing) of a cold prompt, "
+                        "its repeat and a decode run, into the unit's step_profile; the top ROWS "
+                        "profiler operators go to the row's log")
+    p.add_argument("--phases", default=",".join(PHASES),
+                   help=f"phases measured per length, comma list of {', '.join(PHASES)} "
+                        "(repeat and floor run the cold prompts first)")
+    p.add_argument("--off-block-size", type=int, default=1088,
+                   help="--block-size of the off-b1088 row (caching off at the exporter's block)")
+    p.add_argument("--call", type=int, default=None,
+                   help="number of this device call in the session (recorded; benchmarks/pool.py "
+                        "orders and labels calls by it)")
     p.add_argument("--out", default="cuda_serving.json")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--result-file", help=argparse.SUPPRESS)
@@ -963,13 +1258,16 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.worker:
         return _worker(args)
-    started = time.time()
-    deadline = started + args.call_budget
+    budget = CallBudget(time.time() + args.call_budget)
     rows = [r.strip() for r in args.rows.split(",") if r.strip()]
     bad = [r for r in rows if r not in ROWS]
     if bad:
         p.error(f"--rows: unknown {bad}; choose from {', '.join(ROWS)}")
     lengths = sorted(int(x) for x in args.lengths.split(","))
+    phases = [x.strip() for x in args.phases.split(",") if x.strip()]
+    if not phases or set(phases) - set(PHASES):
+        p.error(f"--phases: {args.phases!r}: choose from {', '.join(PHASES)}")
+    args.phases = ",".join(phases)
     identity = machine_identity()
     out = Path(args.out)
     units: dict[str, dict] = {}
@@ -1005,11 +1303,10 @@ def main(argv: list[str] | None = None) -> int:
                     status[unit_key(row, n)] = {"status": "skipped", "reason": why}
                 print(f"row {row}: skipped: {why}", flush=True)
                 continue
-            left = deadline - time.time()
-            if left < args.min_row_s:
+            why = budget.row_pending(args.min_row_s)
+            if why:
                 for n in todo:
-                    status[unit_key(row, n)] = {"status": "pending",
-                                                "reason": f"{left:.0f} s left of --call-budget; --resume runs it"}
+                    status[unit_key(row, n)] = {"status": "pending", "reason": why}
                 continue
             why = check_gpu_memory(args.gpu_mem)
             if why:
@@ -1018,7 +1315,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"row {row}: not started: {why}", flush=True)
                 continue
             started += 1
-            _run_row(args, row, todo, deadline, groups, units, status, timing, position=started)
+            _run_row(args, row, todo, budget, groups, units, status, timing, position=started)
             _write_doc(args, identity, units, status, timing)
     except _Terminated as exc:
         print(f"harness: {exc}: killing the row's process group", flush=True)
@@ -1042,14 +1339,14 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _run_row(args, row, todo, deadline, groups, units, status, timing, position: int = 1) -> None:
+def _run_row(args, row, todo, budget: CallBudget, groups, units, status, timing, position: int = 1) -> None:
     out = Path(args.out)
     log = out.with_name(f"{out.stem}.{row}.log")
     res_file = out.with_name(f"{out.stem}.{row}.jsonl")
     res_file.unlink(missing_ok=True)
     margin = 20.0
     cmd = [sys.executable, "-m", "benchmarks.cuda_serving", "--worker", row, "--result-file", str(res_file),
-           "--deadline", str(deadline - margin), "--lengths", ",".join(map(str, todo)), "--seed", str(args.seed)]
+           "--deadline", str(budget.deadline - margin), "--lengths", ",".join(map(str, todo)), "--seed", str(args.seed)]
     for k in RESUME_KEYS + ("first_length_s", "step_profile"):
         v = getattr(args, k)
         if v is None or v is False:
@@ -1064,7 +1361,7 @@ def _run_row(args, row, todo, deadline, groups, units, status, timing, position:
         proc = groups.start(cmd, env=row_env(row), stdout=f, stderr=subprocess.STDOUT, cwd=Path(__file__).resolve().parents[1])
         print(f"row {row}: pid {proc.pid} (own process group), lengths {todo}, log {log}", flush=True)
         try:
-            rc = proc.wait(timeout=max(deadline - time.time() - 5, 1))
+            rc = proc.wait(timeout=budget.wait_s(5.0))
         except subprocess.TimeoutExpired:
             rc = None
         finally:
@@ -1078,7 +1375,9 @@ def _run_row(args, row, todo, deadline, groups, units, status, timing, position:
     tail = log.read_text(errors="replace")[-1500:] if log.exists() else ""
     for g in got:
         if g.get("kind") == "unit":
-            units[unit_key(row, g["prompt_tokens"])] = {**g, "position": position}
+            units[unit_key(row, g["prompt_tokens"])] = {
+                **g, "position": position, "call": args.call, "identity": machine_identity(),
+                "engine": engine, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
         elif g.get("kind") == "deferred":
             status[unit_key(row, g["prompt_tokens"])] = {"status": "pending", "reason": g["reason"]}
     for n in todo:
@@ -1101,10 +1400,11 @@ def _write_doc(args, identity: dict, units: dict, status: dict, timing: dict) ->
     rows = build_rows(units, {k: v for k, v in status.items() if k not in units})
     g = gpu_info()
     doc = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "seed": args.seed,
-           "device": identity["device"], "driver": g and g["driver"], "identity": identity,
+           "call": args.call, "device": identity["device"], "driver": g and g["driver"],
+           "gpu": g, "cpu": cpu_model(), "identity": identity,
            "versions": _versions(),
            "args": {k: v for k, v in vars(args).items()
-                    if k not in ("worker", "resume", "result_file", "deadline")},
+                    if k not in ("worker", "resume", "result_file", "deadline", "call")},
            "rows": rows, "targets": targets(rows, units), "timing": timing, "units": units}
     tmp = Path(args.out).with_suffix(".tmp")
     tmp.write_text(json.dumps(doc, indent=1))

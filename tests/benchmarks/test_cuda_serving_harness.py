@@ -287,3 +287,184 @@ def test_call_budget_kills_a_hung_row_and_exits_in_time(tmp_path):
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
+
+
+# ---------------------------------------------------------------- call budget (fake clock; issue 30 item 6)
+
+
+class _Clock:
+    def __init__(self, t):
+        self.t = t
+
+    def __call__(self):
+        return self.t
+
+
+def test_call_budget_decisions_on_a_fake_clock(rng):
+    """The budget logic without waiting: a row starts only with --min-row-s left, a length runs
+    only when its estimate fits, the parent waits until the margin before the deadline."""
+    start = rng.uniform(1e6, 2e6)
+    clock = _Clock(start)
+    budget = cs.CallBudget(start + 540, clock)
+    assert budget.row_pending(150) is None
+    clock.t = start + 400  # 140 s left
+    why = budget.row_pending(150)
+    assert why and "140 s left" in why and "--resume" in why
+    # a worker: first length estimated at --first-length-s, later ones from the longest done
+    clock.t = start + 300
+    assert budget.length_deferred({}, 8192, 120) is None  # 120 <= 240
+    assert budget.length_deferred({}, 8192, 241) is not None
+    done = {8192: 60.0}
+    est = 1.3 * 60.0 * 4  # 32,768 tokens: x4 the length
+    clock.t = start + 540 - est + 1  # one second short
+    why = budget.length_deferred(done, 32768, 120)
+    assert why and f"estimated {est:.0f} s" in why
+    clock.t = start + 540 - est - 1
+    assert budget.length_deferred(done, 32768, 120) is None
+    clock.t = start + 530
+    assert budget.wait_s(5.0) == pytest.approx(5.0)
+    clock.t = start + 600  # past the deadline: still at least a second to collect the worker
+    assert budget.wait_s(5.0) == 1.0
+
+
+# ---------------------------------------------------------------- floor unit, phases, identity (issue 30)
+
+
+def test_floor_lengths_are_the_repeats_computed_tokens():
+    # 8,192 tokens at block 1,088: 7,616 cached, 576 computed; 32,768: 32,640 cached, 128
+    assert cs.floor_lengths([8192, 32768], [7616, 32640]) == [576, 128]
+    assert cs.floor_lengths([8192, 8192], [0, None]) == []  # caching off: no floor
+
+
+class _FloorDriver(_FakeDriver):
+    """A repeat hits all but the prompt's last 100 tokens."""
+
+    def run(self, prompts, max_tokens, stagger_steps=0):
+        recs = super().run(prompts, max_tokens, stagger_steps)
+        seen = {tuple(c["prompts"][0]) for c in self.calls[:-1]}
+        for rec, p in zip(recs, prompts):
+            rec["cached"] = len(p) - 100 if tuple(p) in seen else 0
+        return recs
+
+
+def test_floor_phase_runs_prompts_of_the_computed_tokens_without_context(rng):
+    args = SimpleNamespace(answer_len=4, user_len=8, seed=rng.randrange(1 << 30), cold=3, sessions=0, clients=0,
+                           step_profile=0, phases="cold,repeat,floor")
+    drv = _FloorDriver()
+    res = cs._measure_length(args, drv, 1200, 384, 5000, cuda=False, torch=None)
+    floor = res["samples"]["floor"]
+    assert floor["prompt_len"] == [100, 100, 100]
+    prompts = [tuple(c["prompts"][0]) for c in drv.calls]
+    floors = [c["prompts"][0] for c in drv.calls if len(c["prompts"][0]) == 100]
+    # fresh tokens: no floor prompt is a prefix of (or equal to) any earlier prompt
+    assert floors and all(tuple(f) not in {p[:100] for p in prompts if len(p) != 100} for f in floors)
+    assert not res["samples"]["conc1"]["ttft_ms"] and not res["samples"]["turn1"]["ttft_ms"]
+    row = cs.summarize_unit({"row": "exporter", "prompt_tokens": 1200, **res})
+    assert row["floor_tokens"] == 100 and row["floor_ttft_ms"] == 1.0 and row["itl_ms"] is None
+
+
+def test_concurrent_phase_alone_with_16_clients(rng):
+    args = SimpleNamespace(answer_len=4, user_len=8, seed=rng.randrange(1 << 30), cold=5, sessions=2, clients=16,
+                           step_profile=0, phases="conc")
+    drv = _FakeDriver()
+    res = cs._measure_length(args, drv, 1200, 384, 5000, cuda=False, torch=None)
+    assert len(res["samples"]["conc1"]["ttft_ms"]) == 16 and len(res["samples"]["conc2"]["ttft_ms"]) == 16
+    assert not res["samples"]["cold"]["ttft_ms"]
+    row = cs.summarize_unit({"row": "off", "prompt_tokens": 1200, **res})
+    assert row["clients"] == 16 and row["itl_ms"] == pytest.approx(1.0) and row["cold_ttft_ms"] is None
+
+
+def test_decomposition_rows_differ_from_off_in_one_setting_each(monkeypatch):
+    monkeypatch.delenv("VLLM_HYBRID_NPU_PATCHES", raising=False)
+    off, plugin, block = cs.ROWS["off"], cs.ROWS["off-plugin"], cs.ROWS["off-b1088"]
+    assert not off["caching"] and not plugin["caching"] and not block["caching"]
+    assert cs.row_env("off")["VLLM_HYBRID_NPU_PATCHES"] == "none"
+    assert "VLLM_HYBRID_NPU_PATCHES" not in cs.row_env("off-plugin")
+    assert block["block_size"] == "off_block_size" and "block_size" not in plugin
+    p = __import__("argparse").ArgumentParser()
+    cs.add_arguments(p)
+    assert p.parse_args([]).off_block_size == 1088
+
+
+def test_gpu_query_parsed_with_bus_id_and_driver():
+    g = cs.parse_gpu_query("NVIDIA H100 80GB HBM3, GPU-3f0c, 00000000:19:00.0, 580.159.04, 81559, 80000\n")
+    assert g == {"name": "NVIDIA H100 80GB HBM3", "uuid": "GPU-3f0c", "pci_bus_id": "00000000:19:00.0",
+                 "driver": "580.159.04", "total_mib": 81559.0, "free_mib": 80000.0}
+    assert cs.parse_gpu_query("") is None
+
+
+class _Runner:
+    def __init__(self, clock):
+        self.clock = clock
+
+    def execute_model(self, n):
+        self.clock.t += 1.0
+        self._prepare_inputs()
+        self._build_attention_metadata()
+        self._model_forward()
+        return n
+
+    def _prepare_inputs(self):
+        self.clock.t += 0.25
+
+    def _build_attention_metadata(self):
+        self.clock.t += 0.5
+
+    def _model_forward(self):
+        self.clock.t += 4.0
+
+    def sample_tokens(self):
+        self.clock.t += 0.125
+
+
+def test_phase_timer_separates_nested_phases_on_a_fake_clock():
+    clock = _Clock(0.0)
+    runner = _Runner(clock)
+    timer = cs.PhaseTimer({"runner": runner}, clock=clock).install()
+    assert timer.found["metadata_build"] == "runner._build_attention_metadata"
+    for _ in range(2):
+        runner.execute_model(1)
+        runner.sample_tokens()
+    t = cs.phase_table(timer.host, None, steps=2)
+    assert t["execute_model"]["host_ms"] == pytest.approx(1000.0)  # own time only
+    assert t["execute_model"]["host_incl_ms"] == pytest.approx(5750.0)
+    assert t["metadata_build"]["host_ms"] == pytest.approx(500.0) and t["forward"]["host_ms"] == pytest.approx(4000.0)
+    assert t["sample"]["host_ms"] == pytest.approx(125.0) and t["sample"]["gpu_ms"] is None
+    # GPU: range times are inclusive; execute_model's own is the rest
+    g = cs.phase_table(timer.host, {"execute_model": 9000.0, "prepare_inputs": 1000.0, "metadata_build": 2000.0,
+                                    "forward": 5000.0, "sample": 400.0}, steps=2)
+    assert g["execute_model"]["gpu_ms"] == pytest.approx(0.5) and g["forward"]["gpu_ms"] == pytest.approx(2.5)
+    timer.uninstall()
+    clock.t = 0.0
+    runner.execute_model(1)
+    assert "execute_model" not in vars(runner) and timer.host["execute_model"][2] == 2
+
+
+def test_decode_steps_are_the_decode_run_less_the_repeat():
+    rep = {"steps": 1, "phases": {"schedule": {"host_ms": 3.0, "host_incl_ms": 3.0, "gpu_ms": None, "calls": 1.0}}}
+    dec = {"steps": 17, "phases": {"schedule": {"host_ms": 1.0, "host_incl_ms": 1.0, "gpu_ms": None, "calls": 1.0}}}
+    got = cs.subtract_phases(dec, rep, 16)
+    assert got["schedule"]["host_ms"] == pytest.approx((17 * 1.0 - 3.0) / 16)
+    assert got["schedule"]["gpu_ms"] is None and got["schedule"]["calls"] == pytest.approx(1.0)
+
+
+def test_calls_are_recorded_and_pool(tmp_path):
+    """One row per call with --call: each unit carries its call, position and machine; pool.py
+    leaves the first call of each row out (compile) and pools the rest."""
+    from benchmarks import pool
+
+    files = []
+    for n, row in enumerate(["off", "exporter", "off", "exporter", "off", "exporter"], start=1):
+        (tmp_path / f"c{n}").mkdir()
+        p = _harness(tmp_path / f"c{n}", "result", "--rows", row, "--lengths", "8192", "--call", str(n))
+        assert p.returncode == 0, p.stdout + p.stderr
+        files.append(tmp_path / f"c{n}" / "b.json")
+    doc = json.loads(files[0].read_text())
+    u = doc["units"]["off@8192"]
+    assert u["call"] == 1 and u["position"] == 1 and u["identity"]["boot_id"] and doc["call"] == 1
+    assert "cpu" in doc and "gpu" in doc
+    pooled = pool.pool(pool.read_units(files), min_calls=2)
+    rows = {r["row"]: r for r in pooled["rows"]}
+    assert rows["off"]["call"] == [3, 5] and rows["exporter"]["call"] == [4, 6]
+    assert rows["exporter"]["cold_ttft_vs_off"] == pytest.approx(1.01, rel=0.05)
+    assert rows["exporter"]["floor_ttft_ms"] is not None and rows["off"]["floor_ttft_ms"] is None

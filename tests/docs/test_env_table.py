@@ -57,6 +57,11 @@ def _readers():
 
         return mode()
 
+    def token_budget():
+        from vllm_hybrid_npu.patches.vllm_config import token_budget_mode
+
+        return token_budget_mode()
+
     def copy_impl():
         from vllm_hybrid_npu.ops import memcpy
 
@@ -82,6 +87,7 @@ def _readers():
     return {"VLLM_HYBRID_NPU_PATCHES": (patches, True), "VLLM_HYBRID_NPU_CHECKPOINTS": (checkpoints, False),
             "VLLM_HYBRID_NPU_PREFILL_CHECKPOINTS": (prefill_checkpoints, True),
             "VLLM_HYBRID_NPU_COPY_KERNEL": (copy_kernel, True),
+            "VLLM_HYBRID_NPU_TOKEN_BUDGET": (token_budget, True),
             "VLLM_HYBRID_NPU_COPY_IMPL": (copy_impl, False), "VLLM_HYBRID_NPU_TARGET": (target, False)}
 
 

@@ -1,0 +1,314 @@
+"""Pool the per-call JSONs of ``benchmarks/cuda_serving.py`` into the table of record (issue 30).
+
+The protocol that can't flatter (docs/cuda.md, runbook): one row per device call, every row first
+in its call, rows alternated, at least four calls per row after the compile calls, all calls on
+one GPU model. Each call writes its own JSON (``--out``, ``--call N``); this tool reads them and
+writes
+
+* ``rows[]``: one object per (row, prompt length) with exactly ``row, prompt_tokens,
+  cold_ttft_ms, cold_ttft_vs_off, hit_ttft_ms, floor_ttft_ms, itl_ms, steps_per_cold_prompt,
+  position, call`` and ``per_call`` (each pooled call's own medians). The ms columns are medians
+  of all the calls' samples pooled (cold prompts, repeats, floor prompts; ITL over the single
+  inter-token gaps of the concurrent clients' first turns); ``cold_ttft_vs_off`` is the pooled
+  cold TTFT over the ``off`` row's at the same length; ``position`` and ``call`` list the pooled
+  calls' positions and numbers;
+* ``calls[]``: every unit read, with its call, machine, position and whether it was pooled;
+* ``flags[]``: what breaks the protocol: a unit not first in its call (not pooled unless
+  ``--allow-not-first``), a row with fewer than ``--min-calls`` pooled calls, two consecutive
+  pooled calls of one machine running the same row (rows not alternated);
+* ``excluded[]``: units not pooled and why: compile calls (the first call of a row on a machine,
+  where vLLM compiles and captures CUDA graphs; ``--compile-calls`` names more), units not first
+  in their call.
+
+Several GPU models in the inputs are refused (``--device`` picks one); several machines of one
+model are pooled and listed (``machines``). ``--markdown`` writes the table for
+docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+#: the fields of a pooled row, in order (``per_call`` follows)
+ROW_FIELDS = ("row", "prompt_tokens", "cold_ttft_ms", "cold_ttft_vs_off", "hit_ttft_ms",
+              "floor_ttft_ms", "itl_ms", "steps_per_cold_prompt", "position", "call")
+#: the per-call medians beside the pooled ones
+CALL_FIELDS = ("call", "position", "cold_ttft_ms", "hit_ttft_ms", "floor_ttft_ms", "itl_ms",
+               "steps_per_cold_prompt")
+MIN_CALLS = 4
+
+
+def median(xs) -> float | None:
+    """Median of the non-None values (mean of the middle two for an even count); None if empty."""
+    v = sorted(x for x in xs if x is not None and not (isinstance(x, float) and math.isnan(x)))
+    if not v:
+        return None
+    mid = len(v) // 2
+    return float(v[mid]) if len(v) % 2 else (v[mid - 1] + v[mid]) / 2.0
+
+
+def _phase(unit: dict, name: str) -> dict:
+    return (unit.get("samples") or {}).get(name) or {}
+
+
+def _gaps_ms(unit: dict) -> list[float]:
+    """Single inter-token gaps (ms) of the concurrent clients' first turns (``conc1``)."""
+    times = _phase(unit, "conc1").get("token_times") or []
+    return [1e3 * (b - a) for ts in times if ts for a, b in zip(ts, ts[1:])]
+
+
+def unit_samples(unit: dict) -> dict[str, list[float]]:
+    """The samples a unit contributes to each pooled column."""
+    return {"cold_ttft_ms": list(_phase(unit, "cold").get("ttft_ms") or []),
+            "hit_ttft_ms": list(_phase(unit, "repeat").get("ttft_ms") or []),
+            "floor_ttft_ms": list(_phase(unit, "floor").get("ttft_ms") or []),
+            "itl_ms": _gaps_ms(unit),
+            "steps_per_cold_prompt": list(_phase(unit, "cold").get("steps_to_first") or [])}
+
+
+def _machine(ident: dict | None) -> str:
+    ident = ident or {}
+    return f"{ident.get('host')}/{ident.get('boot_id')}/{ident.get('gpu_uuid')}"
+
+
+def read_units(paths: list[Path]) -> list[dict]:
+    """Every unit of every file, flattened: ``{"file", "row", "prompt_tokens", "call",
+    "position", "device", "machine", "compile_s", "unit"}``. A unit's own ``call`` and
+    ``identity`` (written by the harness since issue 30) win over its file's.
+
+    Raises:
+        ValueError: a file without units, or a unit with no call number (``--call`` was not
+            given to the harness), naming the file.
+    """
+    out = []
+    for path in paths:
+        doc = json.loads(Path(path).read_text())
+        if not doc.get("units"):
+            raise ValueError(f"{path}: no units (not a benchmarks/cuda_serving.py JSON, or nothing measured)")
+        for key, u in doc["units"].items():
+            call = u.get("call", doc.get("call"))
+            if call is None:
+                raise ValueError(f"{path}: unit {key} has no call number: run the harness with --call N")
+            ident = u.get("identity") or doc.get("identity") or {}
+            out.append({"file": str(path), "row": u["row"], "prompt_tokens": int(u["prompt_tokens"]),
+                        "call": int(call), "position": u.get("position"),
+                        "device": ident.get("device") or doc.get("device"), "machine": _machine(ident),
+                        "compile_s": (u.get("engine") or {}).get("compile_s"), "unit": u})
+    return out
+
+
+def pool(units: list[dict], compile_calls: set[int] = frozenset(), allow_not_first: bool = False,
+         min_calls: int = MIN_CALLS, device: str | None = None) -> dict:
+    """Pool units (:func:`read_units`) by the protocol; see the module docstring.
+
+    Raises:
+        ValueError: the units come from more than one GPU model and ``device`` names none of
+            them, or ``device`` matches no unit.
+    """
+    devices = sorted({u["device"] for u in units})
+    if device is not None:
+        units = [u for u in units if u["device"] == device]
+        if not units:
+            raise ValueError(f"--device {device!r}: no unit from it (found {devices})")
+    elif len(devices) > 1:
+        raise ValueError(f"units from several GPU models {devices}: pool one at a time (--device)")
+    units = sorted(units, key=lambda u: (u["call"], u["position"] or 0))
+    first_call: dict[tuple[str, str], int] = {}
+    for u in units:
+        first_call.setdefault((u["machine"], u["row"]), u["call"])
+    calls, excluded, flags = [], [], []
+    pooled: dict[tuple[str, int], list[dict]] = {}
+    for u in units:
+        why = None
+        if u["call"] in compile_calls:
+            why = "compile call (--compile-calls)"
+        elif first_call[(u["machine"], u["row"])] == u["call"]:
+            why = "compile call (first call of this row on its machine)"
+        not_first = u["position"] != 1
+        if not_first:
+            flags.append({"row": u["row"], "prompt_tokens": u["prompt_tokens"], "call": u["call"],
+                          "flag": f"not first in its call (position {u['position']})"})
+            if why is None and not allow_not_first:
+                why = f"not first in its call (position {u['position']})"
+        calls.append({"call": u["call"], "row": u["row"], "prompt_tokens": u["prompt_tokens"],
+                      "file": u["file"], "machine": u["machine"], "position": u["position"],
+                      "compile_s": u["compile_s"], "pooled": why is None})
+        if why:
+            excluded.append({"row": u["row"], "prompt_tokens": u["prompt_tokens"], "call": u["call"],
+                             "reason": why})
+            continue
+        pooled.setdefault((u["row"], u["prompt_tokens"]), []).append(u)
+    # rows alternated: two consecutive pooled calls of one machine running the same row
+    by_call: dict[tuple[str, int], set[str]] = {}
+    for c in calls:
+        if c["pooled"]:
+            by_call.setdefault((c["machine"], c["call"]), set()).add(c["row"])
+    seq = sorted(by_call)
+    for (m1, c1), (m2, c2) in zip(seq, seq[1:]):
+        if m1 == m2 and by_call[(m1, c1)] == by_call[(m2, c2)]:
+            flags.append({"row": ",".join(sorted(by_call[(m2, c2)])), "prompt_tokens": None, "call": c2,
+                          "flag": f"same row as call {c1} before it (protocol: rows alternated)"})
+    rows = []
+    for (row, length), us in pooled.items():
+        per_call, samples = [], {k: [] for k in CALL_FIELDS[2:]}
+        for u in us:
+            s = unit_samples(u["unit"])
+            for k in samples:
+                samples[k] += s[k]
+            per_call.append({"call": u["call"], "position": u["position"],
+                             **{k: median(s[k]) for k in CALL_FIELDS[2:]}})
+        r = {"row": row, "prompt_tokens": length, "cold_ttft_ms": median(samples["cold_ttft_ms"]),
+             "cold_ttft_vs_off": None, "hit_ttft_ms": median(samples["hit_ttft_ms"]),
+             "floor_ttft_ms": median(samples["floor_ttft_ms"]), "itl_ms": median(samples["itl_ms"]),
+             "steps_per_cold_prompt": median(samples["steps_per_cold_prompt"]),
+             "position": [u["position"] for u in us], "call": [u["call"] for u in us],
+             "per_call": per_call}
+        rows.append(r)
+        if len(us) < min_calls:
+            flags.append({"row": row, "prompt_tokens": length, "call": r["call"],
+                          "flag": f"{len(us)} calls pooled (protocol: at least {min_calls})"})
+    off = {r["prompt_tokens"]: r for r in rows if r["row"] == "off"}
+    for r in rows:
+        ref = off.get(r["prompt_tokens"])
+        if ref and ref["cold_ttft_ms"] and r["cold_ttft_ms"] is not None:
+            r["cold_ttft_vs_off"] = r["cold_ttft_ms"] / ref["cold_ttft_ms"]
+    rows.sort(key=lambda r: (r["prompt_tokens"], r["row"] != "off", r["row"]))
+    return {"device": units[0]["device"] if units else device,
+            "machines": sorted({u["machine"] for u in units}), "rows": rows, "calls": calls,
+            "excluded": excluded, "flags": flags}
+
+
+def markdown(doc: dict) -> str:
+    """The pooled table (docs/benchmarks.md): pooled medians with each call's median beside."""
+
+    def f(x, fmt="{:.1f}"):
+        return "-" if x is None else fmt.format(x)
+
+    off = {r["prompt_tokens"]: r for r in doc["rows"] if r["row"] == "off"}
+    lines = ["| row | prompt | cold TTFT ms, pooled (per call) | / off | steps | hit TTFT ms | "
+             "floor ms | hit / floor | ITL ms (per call) | ITL / off | calls (positions) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in doc["rows"]:
+        pc = ", ".join(f(c["cold_ttft_ms"]) for c in r["per_call"])
+        pi = ", ".join(f(c["itl_ms"], "{:.2f}") for c in r["per_call"])
+        ref = off.get(r["prompt_tokens"])
+        itl_off = (r["itl_ms"] / ref["itl_ms"]) if ref and ref["itl_ms"] and r["itl_ms"] is not None else None
+        hf = (r["hit_ttft_ms"] / r["floor_ttft_ms"]) if r["hit_ttft_ms"] and r["floor_ttft_ms"] else None
+        calls = ", ".join(f"{c} ({p})" for c, p in zip(r["call"], r["position"]))
+        lines.append(f"| {r['row']} | {r['prompt_tokens']:,} | {f(r['cold_ttft_ms'])} ({pc}) | "
+                     f"{f(r['cold_ttft_vs_off'], '{:.3f}')} | {f(r['steps_per_cold_prompt'], '{:.0f}')} | "
+                     f"{f(r['hit_ttft_ms'])} | {f(r['floor_ttft_ms'])} | {f(hf, '{:.2f}')} | "
+                     f"{f(r['itl_ms'], '{:.2f}')} ({pi}) | {f(itl_off, '{:.3f}')} | {calls} |")
+    for fl in doc["flags"]:
+        at = f" @{fl['prompt_tokens']}" if fl["prompt_tokens"] else ""
+        lines.append(f"\nFlag: {fl['row']}{at}, call {fl['call']}: {fl['flag']}")
+    ex = sorted({(e["call"], e["row"], e["reason"]) for e in doc["excluded"]})
+    if ex:
+        lines.append("\nNot pooled: " + "; ".join(f"call {c} {r} ({why})" for c, r, why in ex))
+    return "\n".join(lines) + "\n"
+
+
+#: the step-profile phases in table order (benchmarks/cuda_serving.py ``STEP_PHASES``)
+PROFILE_PHASES = ("schedule", "prepare_inputs", "metadata_build", "forward", "execute_model", "sample",
+                  "update_from_output", "output_processing")
+
+
+def profile_rows(units: list[dict], run: str = "cold", compile_calls: set[int] = frozenset()) -> list[dict]:
+    """The step-profile decomposition (``--step-profile`` units): per (row, prompt length) and
+    phase, the median over the pooled calls of host and GPU ms per step of ``run`` (``cold``,
+    ``repeat`` or ``decode_step``), the step wall (no profiler) and the GPU kernel time. Compile
+    calls (first call of a row on its machine, or ``compile_calls``) are left out, as in
+    :func:`pool`; a row whose every call compiled keeps them (marked ``compile_only``)."""
+    first: dict[tuple[str, str], int] = {}
+    for u in sorted(units, key=lambda u: u["call"]):
+        first.setdefault((u["machine"], u["row"]), u["call"])
+    groups: dict[tuple[str, int], list[dict]] = {}
+    for u in units:
+        if (u["unit"].get("step_profile") or {}).get(run) is not None:
+            groups.setdefault((u["row"], u["prompt_tokens"]), []).append(u)
+    out = []
+    for (row, length), us in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        warm = [u for u in us if u["call"] not in compile_calls and first[(u["machine"], u["row"])] != u["call"]]
+        use = warm or us
+        profs = [u["unit"]["step_profile"][run] for u in use]
+        phases = profs[0].get("phases", profs[0]) if run != "decode_step" else profs[0]
+        r = {"row": row, "prompt_tokens": length, "calls": [u["call"] for u in use], "compile_only": not warm,
+             "step_wall_ms": median([sum(p.get("step_wall_ms") or [0]) / max(len(p.get("step_wall_ms") or []), 1)
+                                     for p in profs]) if run != "decode_step" else None,
+             "gpu_kernel_ms": median([p.get("gpu_kernel_ms") for p in profs]) if run != "decode_step" else None,
+             "phases": {}}
+        for ph in PROFILE_PHASES:
+            cells = [(p.get("phases", p) if run != "decode_step" else p).get(ph) for p in profs]
+            cells = [c for c in cells if c]
+            if cells:
+                r["phases"][ph] = {"host_ms": median([c.get("host_ms") for c in cells]),
+                                   "gpu_ms": median([c.get("gpu_ms") for c in cells])}
+        out.append(r)
+    return out
+
+
+def profile_markdown(rows: list[dict], run: str) -> str:
+    """A table of :func:`profile_rows`: one line per row, ``host / GPU`` ms per step per phase."""
+    head = "| row | prompt | calls | step wall ms | GPU kernels ms | " + " | ".join(PROFILE_PHASES) + " |"
+    lines = [f"Step profile, run `{run}`, ms per executed step (host, no profiler / GPU, profiler):", "",
+             head, "|---" * (5 + len(PROFILE_PHASES)) + "|"]
+
+    def f(x, fmt="{:.2f}"):
+        return "-" if x is None else fmt.format(x)
+
+    for r in rows:
+        cells = [f"{f(r['phases'][p]['host_ms'])} / {f(r['phases'][p]['gpu_ms'])}" if p in r["phases"] else "-"
+                 for p in PROFILE_PHASES]
+        calls = ", ".join(map(str, r["calls"])) + (" (compile only)" if r["compile_only"] else "")
+        lines.append(f"| {r['row']} | {r['prompt_tokens']:,} | {calls} | {f(r['step_wall_ms'])} | "
+                     f"{f(r['gpu_kernel_ms'])} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="pool", description=__doc__.splitlines()[0])
+    p.add_argument("files", nargs="+", help="per-call JSONs of benchmarks/cuda_serving.py")
+    p.add_argument("--out", required=True, help="pooled JSON")
+    p.add_argument("--markdown", help="write the table here too")
+    p.add_argument("--compile-calls", default="", help="comma list of call numbers that compiled")
+    p.add_argument("--device", default=None, help="pool only units of this GPU model")
+    p.add_argument("--allow-not-first", action="store_true",
+                   help="pool units that were not first in their call (still flagged)")
+    p.add_argument("--min-calls", type=int, default=MIN_CALLS)
+    p.add_argument("--profile", action="store_true",
+                   help="also the step-profile decomposition (units run with --step-profile): "
+                        "cold, repeat and decode_step tables, into the JSON's step_profile and the "
+                        "markdown")
+    args = p.parse_args(argv)
+    try:
+        compile_calls = {int(x) for x in args.compile_calls.split(",") if x.strip()}
+    except ValueError:
+        p.error(f"--compile-calls {args.compile_calls!r}: comma list of integers")
+    try:
+        units = read_units([Path(f) for f in args.files])
+        doc = pool(units, compile_calls, args.allow_not_first, args.min_calls, args.device)
+    except ValueError as exc:
+        p.error(str(exc))
+    profiles = {}
+    if args.profile:
+        mine = [u for u in units if u["device"] == doc["device"]]
+        profiles = {run: profile_rows(mine, run, compile_calls) for run in ("cold", "repeat", "decode_step")}
+        doc["step_profile"] = profiles
+    doc = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+           "command": "python -m benchmarks.pool " + " ".join(sys.argv[1:] if argv is None else argv),
+           **doc}
+    Path(args.out).write_text(json.dumps(doc, indent=1))
+    table = markdown(doc) + "".join("\n" + profile_markdown(rows, run) for run, rows in profiles.items())
+    if args.markdown:
+        Path(args.markdown).write_text(table)
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,122 @@
+"""No extra engine step for a chunked cold prefill in align mode (issue 30, item 3), on the real
+engine (in-process, tiny random Qwen3-Next, one engine at a time).
+
+vLLM's default token budget on the e2e target (the CPU backend's ``LLM`` default, 4,096) is not a
+multiple of the hybrid block (384 there), and in align mode vLLM ends every non-final chunk of a
+chunked prefill on a block boundary. Checked, on a prompt length drawn fresh between ``B + c``
+and ``2 B`` (``B`` the budget, ``c`` the budget floored to blocks: where the unrounded budget
+needs a third chunk and caching off two):
+
+* caching off's engine keeps vLLM's budget and takes two prefill steps;
+* the exporter's engine with vLLM's default budget runs at the next block multiple (the
+  ``token-budget`` entry; the scheduler's budget too) and takes the steps of caching off;
+* the same engine with that default passed explicitly keeps it (never overridden) and takes
+  ``1 + ceil((L - B) / c)`` steps: the extra step the entry removes (so this test fails without
+  it);
+* the repeat hits the prompt's last block boundary in both, and the rounded engine's tokens
+  equal caching off's (exact on CPU, the near-tie rule elsewhere).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from engines import count_scheduled_steps, exporter_outside_stack, shutdown_engine  # e2e/engines.py
+from greedy_compare import Sequence, compare_greedy, compare_outputs  # e2e/greedy_compare.py
+
+_OUTSIDE = exporter_outside_stack()
+pytestmark = pytest.mark.skipif(_OUTSIDE is not None, reason=f"exporter not applied: {_OUTSIDE}")
+
+KV_BYTES = 512 << 20
+TIE_NATS = 0.1  # as e2e/test_prefill_checkpoints.py: a cross-schedule difference must be a near-tie
+
+
+def _budget(model, engine_args) -> int:
+    """vLLM's default token budget for ``LLM`` on this target (the configuration only)."""
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.usage.usage_lib import UsageContext
+
+    args = EngineArgs(model=str(model), **engine_args, enable_prefix_caching=False)
+    return args.create_engine_config(usage_context=UsageContext.LLM_CLASS).scheduler_config.max_num_batched_tokens
+
+
+def _run(model, engine_args, caching: bool, make_prompt, **extra):
+    """One engine: ``(budget, scheduler budget, block, prompt, [(output, prefill steps)] of the
+    prompt and its repeat)``; ``make_prompt(block)`` draws the prompt once the block is known."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    mp.delenv("VLLM_HYBRID_NPU_TOKEN_BUDGET", raising=False)
+    from vllm import LLM, SamplingParams
+
+    kw = {**engine_args, "kv_cache_memory_bytes": KV_BYTES, **extra}
+    if caching:
+        kw.update(enable_prefix_caching=True, mamba_cache_mode="align")
+    else:
+        kw.update(enable_prefix_caching=False)
+    llm = LLM(model=str(model), **kw)
+    try:
+        core = llm.llm_engine.engine_core.engine_core
+        block = core.vllm_config.cache_config.block_size
+        prompt = make_prompt(block)
+        steps = count_scheduled_steps(llm)
+        sp = SamplingParams(max_tokens=4, temperature=0.0, logprobs=5)
+        outs = []
+        for _ in range(2):
+            n0 = len(steps)
+            (out,) = llm.generate([{"prompt_token_ids": prompt}], sp, use_tqdm=False)
+            # prefill steps: the steps until the prompt's uncached tokens are scheduled (the
+            # decode steps after them schedule one token each)
+            todo, n = len(prompt) - out.num_cached_tokens, 0
+            for tokens in steps[n0:]:
+                todo, n = todo - tokens, n + 1
+                if todo <= 0:
+                    break
+            outs.append((out, n))
+        sched = core.vllm_config.scheduler_config
+        return sched.max_num_batched_tokens, core.scheduler.max_num_scheduled_tokens, block, prompt, outs
+    finally:
+        shutdown_engine(llm)
+        mp.undo()
+
+
+def test_chunked_cold_prefill_takes_the_steps_of_caching_off(tiny_model_dir, engine_args, rng,
+                                                             exact_across_schedules):
+    model = tiny_model_dir("qwen3_next")
+    budget = _budget(model, engine_args)
+    max_len = int(engine_args.get("max_model_len", 8192))
+    drawn = {}
+
+    def make_prompt(block):
+        assert budget % block, f"vLLM's default budget {budget} is a multiple of the block {block} here"
+        chunk = budget // block * block
+        hi = min(2 * budget, max_len - 8)
+        assert hi > budget + chunk, f"no prompt length in ({budget + chunk}, {hi}] (max_model_len {max_len})"
+        drawn.update(block=block, chunk=chunk, length=rng.randrange(budget + chunk + 1, hi + 1))
+        return [rng.randrange(100, 900) for _ in range(drawn["length"])]
+
+    # first the engine with the budget passed explicitly: kept, and the prompt drawn for its block
+    mine, mine_sched, block, prompt, ctl = _run(model, engine_args, True, make_prompt,
+                                                max_num_batched_tokens=budget)
+    length, chunk = drawn["length"], drawn["chunk"]
+    off_budget, _, _, _, off = _run(model, engine_args, False, lambda b: prompt)
+    rounded, scheduled, block_r, _, exp = _run(model, engine_args, True, lambda b: prompt)
+
+    assert off_budget == budget
+    assert off[0][1] == math.ceil(length / budget) == 2, (length, budget, off[0][1])
+    # the default is raised to the next block multiple, and the scheduler runs it
+    assert block_r == block and rounded == -(-budget // block) * block, (rounded, budget, block)
+    assert scheduled == rounded
+    assert exp[0][1] == off[0][1], f"{length} tokens: {exp[0][1]} steps at {rounded}, caching off {off[0][1]}"
+    # an explicit budget is kept, and then vLLM's chunking costs the step the entry saves
+    assert mine == mine_sched == budget
+    assert ctl[0][1] == 1 + math.ceil((length - budget) / chunk) > off[0][1], (ctl[0][1], length, chunk)
+    # hits do not fall: the repeat hits the last block boundary inside the prompt
+    want = (length - 1) // block * block
+    assert exp[1][0].num_cached_tokens == ctl[1][0].num_cached_tokens == want
+    assert off[1][0].num_cached_tokens == 0
+    ref, got = [Sequence.from_output(off[0][0].outputs[0])], [Sequence.from_output(exp[0][0].outputs[0])]
+    c = compare_outputs(ref, got, exact=exact_across_schedules)
+    if not c.ok:
+        tie = compare_greedy(ref, got, bound=TIE_NATS)
+        assert tie.ok, "\n".join(c.errors + tie.errors) + "\n" + tie.summary()

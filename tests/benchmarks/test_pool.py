@@ -1,0 +1,169 @@
+"""benchmarks/pool.py on synthetic per-call JSONs whose medians are computed by hand in the
+comments: pooled medians with each call's beside them, ratios to ``off``, compile calls and
+units not first in their call left out and flagged, one GPU model per pool."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from benchmarks import pool
+
+IDENT = {"host": "h1", "boot_id": "b1", "device": "NVIDIA H100 80GB HBM3", "gpu_uuid": "GPU-1"}
+
+
+def _unit(row, call, position, cold, hit, floor, gaps_ms, steps, length=8192, ident=IDENT):
+    t, times = 0.0, [0.0]
+    for g in gaps_ms:
+        t += g / 1e3
+        times.append(t)
+    return {"row": row, "prompt_tokens": length, "call": call, "position": position, "identity": ident,
+            "engine": {"compile_s": 0.0},
+            "samples": {"cold": {"ttft_ms": cold, "steps_to_first": steps},
+                        "repeat": {"ttft_ms": hit}, "floor": {"ttft_ms": floor},
+                        "conc1": {"token_times": [times]}}}
+
+
+def _write(tmp_path, units, name):
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps({"call": units[0]["call"], "identity": units[0]["identity"],
+                                "device": units[0]["identity"]["device"],
+                                "units": {f"{u['row']}@{u['prompt_tokens']}": u for u in units}}))
+    return path
+
+
+def _protocol(tmp_path):
+    """Calls 1 (off) and 2 (exporter) compile; 3-10 alternate off / exporter, one row each."""
+    files = [_write(tmp_path, [_unit("off", 1, 1, [90, 91], [90], [], [5, 5], [1])], "c1"),
+             _write(tmp_path, [_unit("exporter", 2, 1, [95, 96], [40], [20], [6, 6], [1])], "c2")]
+    off_cold = {3: [30, 32, 34], 5: [36, 38, 40], 7: [31, 33, 35], 9: [37, 39, 41]}
+    exp_cold = {4: [33, 35, 37], 6: [39, 41, 43], 8: [34, 36, 38], 10: [40, 42, 44]}
+    for c, cold in off_cold.items():
+        files.append(_write(tmp_path, [_unit("off", c, 1, cold, [cold[1]], [], [2, 4], [1, 1, 1])], f"c{c}"))
+    for c, cold in exp_cold.items():
+        files.append(_write(tmp_path, [_unit("exporter", c, 1, cold, [20 + c], [10 + c], [3, 5], [1, 1, 2])],
+                            f"c{c}"))
+    return files
+
+
+def test_pooled_medians_and_per_call_medians(tmp_path):
+    doc = pool.pool(pool.read_units(_protocol(tmp_path)))
+    rows = {r["row"]: r for r in doc["rows"]}
+    off, exp = rows["off"], rows["exporter"]
+    assert list(off) == [*pool.ROW_FIELDS, "per_call"]
+    # off: 12 pooled cold samples 30..41 less {37..}: sorted 30 31 32 33 34 35 36 37 38 39 40 41
+    # -> median (35 + 36) / 2 = 35.5; per call 32, 38, 33, 39
+    assert off["cold_ttft_ms"] == 35.5
+    assert [c["cold_ttft_ms"] for c in off["per_call"]] == [32, 38, 33, 39]
+    assert off["call"] == [3, 5, 7, 9] and off["position"] == [1, 1, 1, 1]
+    # exporter: 33..44 (12 values, 33 34 35 36 37 38 39 40 41 42 43 44): (38 + 39) / 2 = 38.5
+    assert exp["cold_ttft_ms"] == 38.5
+    assert exp["cold_ttft_vs_off"] == pytest.approx(38.5 / 35.5)
+    # hits 24, 26, 28, 30 -> 27; floors 14, 16, 18, 20 -> 17; off has no floor
+    assert exp["hit_ttft_ms"] == 27 and exp["floor_ttft_ms"] == 17 and off["floor_ttft_ms"] is None
+    # ITL: off gaps 2, 4 per call -> pooled median of (2,4,2,4,2,4,2,4) = 3; exporter 3, 5 -> 4
+    assert off["itl_ms"] == pytest.approx(3.0) and exp["itl_ms"] == pytest.approx(4.0)
+    assert [c["itl_ms"] for c in exp["per_call"]] == [pytest.approx(4.0)] * 4
+    # steps: off all 1; exporter (1, 1, 2) x 4 -> 1
+    assert off["steps_per_cold_prompt"] == 1 and exp["steps_per_cold_prompt"] == 1
+    assert not doc["flags"]
+
+
+def test_compile_calls_are_not_pooled(tmp_path):
+    doc = pool.pool(pool.read_units(_protocol(tmp_path)))
+    excluded = {(e["call"], e["row"]): e["reason"] for e in doc["excluded"]}
+    assert set(excluded) == {(1, "off"), (2, "exporter")}
+    assert all("compile call" in r for r in excluded.values())
+    assert all(1 not in r["call"] and 2 not in r["call"] for r in doc["rows"])
+    # a call named compile explicitly is left out too (here: 3, the first timed off call)
+    doc = pool.pool(pool.read_units(_protocol(tmp_path)), compile_calls={3})
+    off = next(r for r in doc["rows"] if r["row"] == "off")
+    assert off["call"] == [5, 7, 9]
+    assert any("3 calls pooled" in f["flag"] for f in doc["flags"])
+
+
+def test_units_not_first_in_their_call_are_flagged_and_left_out(tmp_path):
+    files = _protocol(tmp_path)
+    # call 11 ran exporter first, then off second: off@11 is not first in its call
+    files.append(_write(tmp_path, [_unit("exporter", 11, 1, [50], [20], [10], [3], [1]),
+                                   _unit("off", 11, 2, [99, 99, 99], [99], [], [9], [1])], "c11"))
+    doc = pool.pool(pool.read_units(files))
+    off = next(r for r in doc["rows"] if r["row"] == "off")
+    assert 11 not in off["call"] and off["cold_ttft_ms"] == 35.5
+    assert {"row": "off", "prompt_tokens": 8192, "call": 11, "flag": "not first in its call (position 2)"} in doc["flags"]
+    doc = pool.pool(pool.read_units(files), allow_not_first=True)
+    off = next(r for r in doc["rows"] if r["row"] == "off")
+    assert off["call"][-1] == 11 and off["position"][-1] == 2
+    assert any(f["call"] == 11 and "not first" in f["flag"] for f in doc["flags"])
+
+
+def test_one_gpu_model_per_pool(tmp_path):
+    files = _protocol(tmp_path)
+    h200 = {**IDENT, "device": "NVIDIA H200", "gpu_uuid": "GPU-9", "boot_id": "b9"}
+    files.append(_write(tmp_path, [_unit("off", 12, 1, [20], [20], [], [1], [1], ident=h200)], "c12"))
+    with pytest.raises(ValueError, match="several GPU models"):
+        pool.pool(pool.read_units(files))
+    doc = pool.pool(pool.read_units(files), device="NVIDIA H100 80GB HBM3")
+    assert all(12 not in r["call"] for r in doc["rows"])
+
+
+def test_cli_writes_json_and_markdown(tmp_path):
+    out, md = tmp_path / "pooled.json", tmp_path / "table.md"
+    assert pool.main([*map(str, _protocol(tmp_path)), "--out", str(out), "--markdown", str(md)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["command"].startswith("python -m benchmarks.pool") and doc["date"]
+    table = md.read_text()
+    assert "| exporter | 8,192 | 38.5 (35.0, 41.0, 36.0, 42.0) | 1.085 |" in table
+    assert "call 1 off (compile call" in table
+
+
+def test_a_call_without_a_number_is_refused(tmp_path):
+    u = _unit("off", 1, 1, [1], [1], [], [1], [1])
+    del u["call"]
+    path = tmp_path / "x.json"
+    path.write_text(json.dumps({"units": {"off@8192": u}}))
+    with pytest.raises(ValueError, match="--call N"):
+        pool.read_units([path])
+
+
+def _prof(host_sched, gpu_fwd, wall):
+    phases = {"schedule": {"host_ms": host_sched, "gpu_ms": 0.0, "calls": 1.0},
+              "forward": {"host_ms": 5.0, "gpu_ms": gpu_fwd, "calls": 1.0}}
+    run = {"steps": 1, "step_wall_ms": [wall], "gpu_kernel_ms": gpu_fwd, "phases": phases}
+    return {"cold": run, "repeat": run, "decode": run, "decode_step": phases}
+
+
+def test_step_profile_decomposition_pools_warm_calls(tmp_path):
+    files = []
+    # row a: call 1 compiles (left out), calls 3 and 5: schedule host 0.2 / 0.4 -> median 0.3
+    for call, sched, gpu, wall in ((1, 9.0, 9.0, 99.0), (3, 0.2, 30.0, 40.0), (5, 0.4, 32.0, 42.0)):
+        u = _unit("off-plugin", call, 1, [1], [1], [], [1], [1])
+        u["step_profile"] = _prof(sched, gpu, wall)
+        files.append(_write(tmp_path, [u], f"a{call}"))
+    # row b: one call only (compile only: kept, marked)
+    u = _unit("off-b1088", 2, 1, [1], [1], [], [1], [1])
+    u["step_profile"] = _prof(0.7, 31.0, 41.0)
+    files.append(_write(tmp_path, [u], "b2"))
+    units = pool.read_units(files)
+    rows = {r["row"]: r for r in pool.profile_rows(units, "cold")}
+    a, b = rows["off-plugin"], rows["off-b1088"]
+    assert a["calls"] == [3, 5] and not a["compile_only"]
+    assert a["phases"]["schedule"]["host_ms"] == pytest.approx(0.3)
+    assert a["phases"]["forward"]["gpu_ms"] == pytest.approx(31.0) and a["step_wall_ms"] == pytest.approx(41.0)
+    assert b["compile_only"] and b["calls"] == [2]
+    dec = {r["row"]: r for r in pool.profile_rows(units, "decode_step")}
+    assert dec["off-plugin"]["phases"]["schedule"]["host_ms"] == pytest.approx(0.3)
+    md = pool.profile_markdown(list(rows.values()), "cold")
+    assert "| off-plugin | 8,192 | 3, 5 | 41.00 | 31.00 | 0.30 / 0.00 |" in md and "(compile only)" in md
+
+
+def test_rows_not_alternated_are_flagged(tmp_path):
+    files = _protocol(tmp_path)
+    # call 12 runs exporter right after call 10 (exporter; 11 is missing): not alternated
+    files.append(_write(tmp_path, [_unit("exporter", 12, 1, [40], [20], [10], [3], [1])], "c12"))
+    doc = pool.pool(pool.read_units(files))
+    flags = [f for f in doc["flags"] if "alternated" in f["flag"]]
+    assert flags == [{"row": "exporter", "prompt_tokens": None, "call": 12,
+                      "flag": "same row as call 10 before it (protocol: rows alternated)"}]
+    assert not [f for f in pool.pool(pool.read_units(_protocol(tmp_path)))["flags"] if "alternated" in f["flag"]]
