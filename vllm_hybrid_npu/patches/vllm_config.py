@@ -308,6 +308,15 @@ def _make_budget_check(upstream: Any, stack: Stack) -> Any:
     return validate_block_size
 
 
+def _budget_entry(name: str, module: str, qualname: str, signature: tuple, make, why: str) -> Patch:
+    """A ``token-budget*`` entry (CPU and CUDA, vLLM :data:`TOKEN_BUDGET_VERSIONS`, off with
+    ``VLLM_HYBRID_NPU_TOKEN_BUDGET=off``)."""
+    return Patch(name=name, module=module, qualname=qualname, targets=("cpu", "cuda"),
+                 vllm=TOKEN_BUDGET_VERSIONS, signature=signature, wanted=_token_budget_wanted,
+                 make=make, why=why, until="vLLM rounds the budget to the hybrid block in align "
+                 "mode, or lets a non-final chunk end off the block grid")
+
+
 PATCHES = [
     Patch(
         name="config-checks",
@@ -339,56 +348,24 @@ PATCHES = [
         ),
         until="vLLM removes --mamba-cache-mode",
     ),
-    Patch(
-        name="token-budget-default",
-        module="vllm.engine.arg_utils",
-        qualname="EngineArgs._set_default_max_num_seqs_and_batched_tokens_args",
-        targets=("cpu", "cuda"),
-        vllm=TOKEN_BUDGET_VERSIONS,
-        signature=("self", "usage_context", "model_config", "parallel_config"),
-        wanted=_token_budget_wanted,
-        make=_make_budget_default,
-        why=(
-            "records that the token budget is vLLM's default (no --max-num-batched-tokens, no "
-            "--max-num-scheduled-tokens), so token-budget never changes a budget you set"
-        ),
-        until="vLLM rounds the budget to the hybrid block in align mode, or lets a non-final "
-        "chunk end off the block grid",
-    ),
-    Patch(
-        name="token-budget",
-        module="vllm.config.vllm",
-        qualname="VllmConfig._set_compile_ranges",
-        targets=("cpu", "cuda"),
-        vllm=TOKEN_BUDGET_VERSIONS,
-        signature=("self",),
-        wanted=_token_budget_wanted,
-        make=_make_budget,
-        why=(
-            "align mode with the GDN prefill-checkpoint exporter: vLLM's default budget raised "
-            "to the next multiple of the hybrid block (predicted with vLLM's rule), so a chunked "
-            "cold prefill takes the steps of caching off (16,384 -> 17,408 at block 1,088: 2 "
-            "steps for 32,768 tokens, not 3); logged with its cost"
-        ),
-        until="vLLM rounds the budget to the hybrid block in align mode, or lets a non-final "
-        "chunk end off the block grid",
-    ),
-    Patch(
-        name="token-budget-check",
-        module="vllm.config.vllm",
-        qualname="VllmConfig.validate_block_size",
-        targets=("cpu", "cuda"),
-        vllm=TOKEN_BUDGET_VERSIONS,
-        signature=("self",),
-        wanted=_token_budget_wanted,
-        make=_make_budget_check,
-        why=(
-            "with the final hybrid block (engine core, before the scheduler): a raised budget "
-            "whose predicted block missed is brought to the real block's multiple within the "
-            "runner's buffers; a budget you set is kept and the log names the one that saves "
-            "the step"
-        ),
-        until="vLLM rounds the budget to the hybrid block in align mode, or lets a non-final "
-        "chunk end off the block grid",
-    ),
+    _budget_entry(
+        "token-budget-default", "vllm.engine.arg_utils",
+        "EngineArgs._set_default_max_num_seqs_and_batched_tokens_args",
+        ("self", "usage_context", "model_config", "parallel_config"), _make_budget_default,
+        "records that the token budget is vLLM's default (no --max-num-batched-tokens, no "
+        "--max-num-scheduled-tokens), so token-budget never changes a budget you set"),
+    _budget_entry(
+        "token-budget", "vllm.config.vllm", "VllmConfig._set_compile_ranges", ("self",),
+        _make_budget,
+        "align mode with the GDN prefill-checkpoint exporter: vLLM's default budget raised "
+        "to the next multiple of the hybrid block (predicted with vLLM's rule), so a chunked "
+        "cold prefill takes the steps of caching off (16,384 -> 17,408 at block 1,088: 2 "
+        "steps for 32,768 tokens, not 3); logged with its cost"),
+    _budget_entry(
+        "token-budget-check", "vllm.config.vllm", "VllmConfig.validate_block_size", ("self",),
+        _make_budget_check,
+        "with the final hybrid block (engine core, before the scheduler): a raised budget "
+        "whose predicted block missed is brought to the real block's multiple within the "
+        "runner's buffers; a budget you set is kept and the log names the one that saves "
+        "the step"),
 ]
