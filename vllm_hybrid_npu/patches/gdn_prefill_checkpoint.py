@@ -365,8 +365,9 @@ def _make_spec(upstream: Any, stack: Stack) -> Any:
     @functools.wraps(upstream)
     def get_kv_cache_spec(self, vllm_config):
         spec = upstream(self, vllm_config)
-        if getattr(spec, "num_prefill_checkpoint_blocks", 0):
-            return spec  # vLLM's own (0.33's FlashInfer path)
+        if getattr(spec, "num_prefill_checkpoint_blocks", 0):  # vLLM's own (0.33's FlashInfer)
+            _log_once("spec-vllm", "exported by vLLM itself (its own declaration); ours stands aside")
+            return spec
         path, reason = exporter_path(vllm_config, stack.target)
         if path is None or spec is None or getattr(spec, "mamba_cache_mode", None) != "align":
             _log_once("spec-none", "off: %s; vLLM's block-aligned split kept",
