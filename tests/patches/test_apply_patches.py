@@ -156,7 +156,7 @@ def test_outside_the_matrix_nothing_applies_and_the_line_names_the_versions(monk
 
 
 def test_a_row_covering_some_entries_skips_the_others_as_outside_the_matrix(monkeypatch):
-    """vLLM 0.33.0's rows cover the configuration checks only."""
+    """vLLM 0.33.0's rows cover some entries (not the copy kernel)."""
     monkeypatch.delenv(support.ALLOW_UNSUPPORTED_ENV, raising=False)
     stack = Stack("cpu", "0.33.0")
     assert support.unsupported_reason(stack) is None
@@ -168,20 +168,24 @@ def test_a_row_covering_some_entries_skips_the_others_as_outside_the_matrix(monk
     report = registry.apply_all(entries, stack)
     assert report.applied == ["config-checks"]
     assert report.skipped == {"other": "outside the support matrix (its row target=cpu "
-                                       "vllm=0.33.0 covers config-checks, config-checks-flag, "
-                                       "step-counters, step-counters-stats, step-counters-free, "
-                                       "step-counters-pop only)"}
+                                       f"vllm=0.33.0 covers {', '.join(support.V033_ENTRIES)} "
+                                       "only)"}
     assert "skipped=[other: outside the support matrix" in report.line()
     registry.unapply_all()
     monkeypatch.setenv(support.ALLOW_UNSUPPORTED_ENV, "1")  # lifts the row's restriction
     assert registry.apply_all(entries, stack).applied == ["config-checks", "other"]
 
 
-def test_only_the_config_checks_and_step_counters_list_vllm_033():
-    """vLLM 0.33.0: the configuration checks and the step counters; the prefill-checkpoint
-    exporter and the copy kernel stay outside (0.33 plans checkpoints itself)."""
+def test_vllm_033_rows_are_the_entries_listing_it():
+    """vLLM 0.33.0: the configuration checks, the step counters and the prefill-checkpoint
+    exporter through vLLM's own plan (spec, layer alignment, plan, regather, the CPU and
+    Triton/FLA state writes); not the copy kernel, nor the entries 0.33 does itself (the block
+    rounding) or has (the retention rule)."""
     want = {"config-checks", "config-checks-flag", "step-counters", "step-counters-stats",
-            "step-counters-free", "step-counters-pop"}
+            "step-counters-free", "step-counters-pop", "gdn-checkpoint-spec",
+            "gdn-checkpoint-alignment", "gdn-checkpoint-plan", "gdn-checkpoint-regather",
+            "gdn-checkpoint-cpu", "gdn-checkpoint-triton", "gdn-checkpoint-fla-split",
+            "gdn-checkpoint-fla-h"}
     rows = [r for r in support.SUPPORT_MATRIX if r.vllm == "0.33.0"]
     assert {r.target for r in rows} == {"cpu", "cuda"}
     assert all(set(r.entries) == want for r in rows)
@@ -253,34 +257,37 @@ def test_cpu_default_keeps_vllms_copy_kernel():
     assert "config-checks" in r["applied"]
     assert {"step-counters", "step-counters-stats", "step-counters-free"} <= set(r["applied"])
     if vllm.__version__.startswith("0.33."):
-        pytest.skip("vLLM 0.33: the exporter and copy-kernel entries are outside its row "
-                    "(test_vllm_033_applies_config_checks_and_step_counters_only)")
-    import vllm
-
+        pytest.skip("vLLM 0.33: the copy-kernel entry is outside its row "
+                    "(test_vllm_033_applies_its_row)")
     expected = {"gdn-checkpoint-spec", "gdn-checkpoint-block-size", "gdn-checkpoint-plan",
                 "gdn-checkpoint-cpu"}
     if vllm.__version__.startswith("0.30."):  # vLLM 0.32 has the retention rule itself
         expected.add("gdn-checkpoint-retention")
     assert expected <= set(r["applied"])
     assert r["skipped"]["gdn-checkpoint-triton"] == "not for target cpu"
+    assert r["skipped"]["gdn-checkpoint-alignment"].startswith("not for vLLM")
     assert r["copy"] is False
     assert r["skipped"]["copy-kernel"].startswith("vLLM's CPU copy kernel kept")
     assert r["skipped"]["copy-kernel-ascend"] == "not for target cpu"
 
 
-def test_vllm_033_applies_config_checks_and_step_counters_only():
-    """On vLLM 0.33 (as its distribution metadata reports it) the configuration checks and the
-    step counters apply, nothing else: vLLM 0.33's own GDN checkpoint export (FlashInfer) or
-    split stays."""
+def test_vllm_033_applies_its_row():
+    """On vLLM 0.33 (as its distribution metadata reports it) on CPU: the configuration checks,
+    the step counters and the exporter's CPU entries through vLLM's plan; the CUDA-only entries
+    are not for the target; the copy kernel and the entries 0.33 does not need (block rounding,
+    retention) are outside its row."""
     import vllm
 
     if not vllm.__version__.startswith("0.33."):
         pytest.skip(f"needs vLLM 0.33 (installed: {vllm.__version__})")
     r = _probe()
-    assert sorted(r["applied"]) == sorted(support.V033_ENTRIES), r
+    cuda_only = {"gdn-checkpoint-regather", "gdn-checkpoint-triton", "gdn-checkpoint-fla-split",
+                 "gdn-checkpoint-fla-h"}
+    assert sorted(r["applied"]) == sorted(set(support.V033_ENTRIES) - cuda_only), r
     assert r["failed"] == {} and r["pending"] == {} and r["unsupported"] is None
-    gdn = [n for n in r["skipped"] if n.startswith("gdn-checkpoint")]
-    assert gdn and all(r["skipped"][n].startswith("outside the support matrix") for n in gdn)
+    assert all(r["skipped"][n] == "not for target cpu" for n in cuda_only)
+    for n in ("gdn-checkpoint-block-size", "gdn-checkpoint-retention", "copy-kernel"):
+        assert r["skipped"][n].startswith("outside the support matrix"), n
     assert r["config"] is True and r["copy"] is False and r["sched"] is False
 
 

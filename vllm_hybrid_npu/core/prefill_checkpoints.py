@@ -20,11 +20,12 @@ from typing import Any, Callable, Sequence
 ALIGNMENT = 64
 
 
-def declare(spec: Any) -> Any:
-    """``spec`` (a GDN ``MambaSpec``) with one prefill checkpoint block at :data:`ALIGNMENT`:
-    the declaration the runtime's ``get_kv_cache_spec`` entry makes and the lab replays."""
+def declare(spec: Any, alignment: int = ALIGNMENT) -> Any:
+    """``spec`` (a GDN ``MambaSpec``) with one prefill checkpoint block at ``alignment`` tokens
+    (vLLM 0.33: its grid, ``get_mamba_prefill_checkpoint_grid``): the declaration the runtime's
+    ``get_kv_cache_spec`` entry makes and the lab replays."""
     return dataclasses.replace(
-        spec, num_prefill_checkpoint_blocks=1, prefill_checkpoint_alignment=ALIGNMENT
+        spec, num_prefill_checkpoint_blocks=1, prefill_checkpoint_alignment=alignment
     )
 
 

@@ -11,11 +11,12 @@ CPU GDN function (``cpu``: the split, as two calls of it), CUDA's FLA kernels (`
 where the SSM cache has the model's dtype, else the split) and vllm-ascend 0.30.0rc2's three
 prefill paths (:mod:`.vllm_ascend_gdn`: the split). The methods are
 :mod:`vllm_hybrid_npu.ops.gdn_checkpoint`'s; the plan is
-:func:`~vllm_hybrid_npu.core.prefill_checkpoints.plan_step`'s, built per step and KV-cache group in
-the GDN metadata builder and handed to the layers as a typed field (:data:`FIELD`) of the GDN
-metadata. Elsewhere (speculative decoding, FlashInfer, a block off the 64-token grid,
-``VLLM_HYBRID_NPU_PREFILL_CHECKPOINTS=off``) nothing is declared and vLLM keeps its split; the
-spec's INFO line says which path and method export, or why none does.
+:func:`~vllm_hybrid_npu.core.prefill_checkpoints.plan_step`'s (on vLLM 0.33 of vLLM's own plan),
+built per step and KV-cache group in the GDN metadata builder and handed to the layers as a typed
+field (:data:`FIELD`) of the GDN metadata. Elsewhere (speculative decoding, FlashInfer, a block
+off the 64-token grid, ``VLLM_HYBRID_NPU_PREFILL_CHECKPOINTS=off``) nothing is declared and vLLM
+keeps its split (or, on 0.33 with FlashInfer, exports itself); the spec's INFO line says which
+path and method export and who planned, or why none does.
 """
 
 from __future__ import annotations
@@ -46,8 +47,10 @@ GDN_ARCHITECTURES = frozenset({
 })
 #: The GDN metadata field carrying a step's ``ops.CheckpointMetadata`` (:func:`with_checkpoints`).
 FIELD = "prefill_checkpoints"
-#: vLLM versions whose GDN code the entries were read against.
-VLLM_VERSIONS = ("0.30.0", "0.32.0")
+#: The version gate: vLLM versions the entries were read against. On ``OWN_PLAN`` ours plans (vLLM
+#: 0.30 / 0.32's rule); on ``VLLM_PLAN`` vLLM's GDN builder does (its ``checkpoint``) and ours writes.
+OWN_PLAN, VLLM_PLAN = ("0.30.0", "0.32.0"), ("0.33.0",)
+VLLM_VERSIONS = OWN_PLAN + VLLM_PLAN
 ASCEND_VERSIONS = ("0.30.0rc2",)
 ASCEND_GDN = "vllm_ascend.ops.gdn"
 QWEN_GDN = "vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn"
@@ -112,8 +115,9 @@ def exporter_path(vllm_config: Any, target: str) -> tuple[str | None, str]:
         return None, "prefix caching not in align mode"
     if getattr(vllm_config, "speculative_config", None) is not None:
         return None, "speculative decoding configured (vLLM's split kept)"
-    if target == "cpu":
-        return "cpu", ""
+    if target == "cpu":  # vLLM 0.33 sends other dtypes to the Triton path (triton-cpu)
+        dtype = str(getattr(model, "dtype", "torch.bfloat16"))
+        return ("cpu", "") if dtype == "torch.bfloat16" else (None, f"CPU GDN in {dtype}")
     if target == "cuda":
         backend = sys.modules[QWEN_GDN]._resolve_gdn_prefill_backend(vllm_config)[1] \
             if QWEN_GDN in sys.modules else "triton"
@@ -167,39 +171,45 @@ def build_checkpoints(builder: Any, common: Any, metadata: Any, stack: Stack,
     metadata ``builder`` (vLLM's or vllm-ascend's; its ``kv_cache_spec``, ``vllm_config``), or None,
     from the step's ``CommonAttentionMetadata`` (host ``query_start_loc_cpu`` and
     ``seq_lens_cpu_upper_bound``, device ``block_table_tensor``) and the ``metadata`` upstream
-    built; ``kernel_meta(builder, device)`` gives the split's chunk metadata.
+    built; ``kernel_meta(builder, device)`` gives the split's chunk metadata. The plan: on
+    :data:`VLLM_PLAN` vLLM 0.33's own (``metadata.checkpoint``: ``compute_mamba_prefill_checkpoints``
+    offsets and the blocks it gathered; None where it exports itself), else ``core.checkpoint_offsets``.
 
     Raises:
         RuntimeError: the runner gave no ``seq_lens_cpu_upper_bound`` (the reserved checkpoint
             block would be cached unwritten).
     """
-    spec = builder.kv_cache_spec
+    spec, config, table = builder.kv_cache_spec, builder.vllm_config, common.block_table_tensor
     if (getattr(spec, "num_prefill_checkpoint_blocks", 0) <= 0 or metadata.num_prefills == 0
             or metadata.spec_sequence_masks is not None):
         return None
-    if common.seq_lens_cpu_upper_bound is None:
+    n, path = int(common.num_reqs), None
+    qsl = common.query_start_loc_cpu[: n + 1].tolist()
+    if stack.vllm in VLLM_PLAN:  # request rows 0..n-1; each row's block (gathered) as a column
+        planned = metadata.checkpoint
+        if (path := planned and exporter_path(config, stack.target)[0]) is None:
+            return None
+        offsets, cols, table = planned.offsets, [0] * n, planned.state_indices[:, None]
+    elif common.seq_lens_cpu_upper_bound is None:
         raise RuntimeError(f"vllm-hybrid-npu GDN prefill checkpoints: the model runner passed no "
                            f"seq_lens_cpu_upper_bound; set {ENV_VAR}=off")
-    from vllm.v1 import kv_cache_interface as kv
+    else:
+        from vllm.v1 import kv_cache_interface as kv
 
-    n = int(common.num_reqs)
-    qsl = common.query_start_loc_cpu[: n + 1].tolist()
-    config = builder.vllm_config
-    spec_config = config.speculative_config
-    offsets, cols = core.checkpoint_offsets(
-        common.seq_lens_cpu_upper_bound[:n].tolist(), [e - s for s, e in zip(qsl, qsl[1:])],
-        hash_block_size=getattr(config.cache_config, "prefix_match_unit", None) or spec.block_size,
-        block_size=spec.block_size, alignment=spec.prefill_checkpoint_alignment,
-        drop_eagle_block=bool(spec_config is not None and spec_config.use_eagle_block_drop()),
-        position_fn=kv.get_mamba_prefill_checkpoint_position,
-        valid_fn=kv.is_mamba_prefill_checkpoint_valid)
+        spec_config = config.speculative_config
+        offsets, cols = core.checkpoint_offsets(
+            common.seq_lens_cpu_upper_bound[:n].tolist(), [e - s for s, e in zip(qsl, qsl[1:])],
+            hash_block_size=getattr(config.cache_config, "prefix_match_unit", None) or spec.block_size,
+            block_size=spec.block_size, alignment=spec.prefill_checkpoint_alignment,
+            drop_eagle_block=bool(spec_config is not None and spec_config.use_eagle_block_drop()),
+            position_fn=kv.get_mamba_prefill_checkpoint_position,
+            valid_fn=kv.is_mamba_prefill_checkpoint_valid)
     plan = core.plan_step(qsl, offsets, cols, metadata.num_decodes)
     if plan is None:
         return None
-    device = common.block_table_tensor.device
-    path = exporter_path(config, stack.target)[0]
-    method = export_method(path, spec, config)
-    return ops.build_metadata(plan, common.block_table_tensor, _to_device(device), method,
+    device = table.device
+    method = export_method(path or exporter_path(config, stack.target)[0], spec, config)
+    return ops.build_metadata(plan, table, _to_device(device), method,
                               kernel_meta(builder, device) if method == "split" else None)
 
 
@@ -355,6 +365,9 @@ def _make_spec(upstream: Any, stack: Stack) -> Any:
     @functools.wraps(upstream)
     def get_kv_cache_spec(self, vllm_config):
         spec = upstream(self, vllm_config)
+        if getattr(spec, "num_prefill_checkpoint_blocks", 0):  # vLLM's own (0.33's FlashInfer)
+            _log_once("spec-vllm", "exported by vLLM itself (its own declaration); ours stands aside")
+            return spec
         path, reason = exporter_path(vllm_config, stack.target)
         if path is None or spec is None or getattr(spec, "mamba_cache_mode", None) != "align":
             _log_once("spec-none", "off: %s; vLLM's block-aligned split kept",
@@ -364,12 +377,42 @@ def _make_spec(upstream: Any, stack: Stack) -> Any:
             _log_once("spec-grid", "off: block size %d is not a multiple of %d (set by "
                       "--block-size?); vLLM's split kept", spec.block_size, core.ALIGNMENT)
             return spec
-        _log_once("spec-on", "exported by the %s path (method %s, block %d tokens, alignment "
-                  "%d): cold prompts are not split", path, export_method(path, spec, vllm_config),
-                  spec.block_size, core.ALIGNMENT)
-        return core.declare(spec)
+        grid, vllm_plans = core.ALIGNMENT, stack.vllm in VLLM_PLAN
+        if vllm_plans:  # 0.33's grid, as its FlashInfer path declares it; only if every layer can
+            from vllm.model_executor.layers.mamba import abstract
+
+            if abstract.get_mamba_prefill_checkpoint_alignment(vllm_config) is None:
+                _log_once("spec-layers", "off: a Mamba layer cannot export; vLLM's split kept")
+                return spec
+            grid = abstract.get_mamba_prefill_checkpoint_grid(vllm_config)
+        _log_once("spec-on", "exported by the %s path (method %s, block %d tokens, alignment %d, "
+                  "planned by %s): cold prompts are not split", path, export_method(
+                      path, spec, vllm_config), spec.block_size, grid, "vLLM" if vllm_plans else "us")
+        return core.declare(spec, grid)
 
     return get_kv_cache_spec
+
+
+def _make_alignment(upstream: Any, stack: Stack) -> Any:
+    @functools.wraps(upstream)  # vLLM 0.33's block rounding and grid read it
+    def get_prefill_checkpoint_alignment(self):
+        own = upstream(self)  # vLLM's own (FlashInfer)
+        ours = own is None and exporter_path(self.vllm_config, stack.target)[0] is not None
+        return core.ALIGNMENT if ours else own
+
+    return get_prefill_checkpoint_alignment
+
+
+def _make_regather(upstream: Any, stack: Stack) -> Any:
+    @functools.wraps(upstream)  # group 0's metadata for another group: vLLM re-gathers its plan
+    def update_block_table(self, metadata, blk_table, slot_mapping):
+        out = upstream(self, metadata, blk_table, slot_mapping)
+        if (ck := getattr(out, FIELD, None)) is None:
+            return out
+        slots = out.checkpoint.state_indices[ck.ckpt_seq + ck.plan.num_decodes].long()
+        return dataclasses.replace(out, **{FIELD: dataclasses.replace(ck, slots=slots)})
+
+    return update_block_table
 
 
 def _make_block_size(upstream: Any, stack: Stack) -> Any:
@@ -427,16 +470,27 @@ BUILD_SIGNATURE = ("self", "common_prefix_len", "common_attn_metadata")
 PATCHES = [
     entry("gdn-checkpoint-spec", QWEN_GDN, "QwenGatedDeltaNetAttention.get_kv_cache_spec",
           _make_spec, ("cpu", "cuda", "npu"), "declares one prefill checkpoint block (alignment "
-          "64) in the GDN layers' MambaSpec where ours exports, so vLLM drops its split",
+          "64; vLLM 0.33: its grid) in the GDN layers' MambaSpec where ours exports, so vLLM "
+          "drops its split",
           signature=("self", "vllm_config")),
+    entry("gdn-checkpoint-alignment", QWEN_GDN,
+          "QwenGatedDeltaNetAttention.get_prefill_checkpoint_alignment", _make_alignment,
+          ("cpu", "cuda"), "the GDN layers report alignment 64 where ours exports, as 0.33's "
+          "FlashInfer path does: vLLM's block rounding, grid and lockstep see it",
+          vllm=VLLM_PLAN, signature=("self",)),
     entry("gdn-checkpoint-block-size", "vllm.platforms.interface",
           "Platform._align_hybrid_block_size", _make_block_size, ("cpu", "cuda", "npu"),
           "hybrid block rounded up to the 64-token checkpoint grid (vLLM 0.33's lcm rule)",
-          signature=("cls", "vllm_config", "backend_cls")),
+          vllm=OWN_PLAN, signature=("cls", "vllm_config", "backend_cls")),
     entry("gdn-checkpoint-plan", "vllm.v1.attention.backends.gdn_attn",
           "GDNAttentionMetadataBuilder.build", make_builder(_fla_kernel_meta), ("cpu", "cuda"),
-          "per-step checkpoint plan (core.plan_step) in the GDN metadata, with (CUDA) the FLA "
-          "chunk metadata of the split's two calls", signature=BUILD_SIGNATURE),
+          "per-step checkpoint plan (core.plan_step; vLLM 0.33: of vLLM's plan) in the GDN "
+          "metadata, with (CUDA) the FLA chunk metadata of the split's two calls",
+          signature=BUILD_SIGNATURE),
+    entry("gdn-checkpoint-regather", "vllm.v1.attention.backends.gdn_attn",
+          "GDNAttentionMetadataBuilder.update_block_table", _make_regather, ("cuda",),
+          "the V2 runner's other GDN groups write to their own blocks (vLLM's re-gathered plan)",
+          vllm=VLLM_PLAN, signature=("self", "metadata", "blk_table", "slot_mapping")),
     entry("gdn-checkpoint-cpu", "vllm.model_executor.layers.mamba.ops.cpu.gdn_attention",
           "_cpu_gdn_attention_nonspec", _make_cpu_forward, ("cpu",),
           "vLLM's CPU GDN function in two rounds split at the checkpoint (split-exact)",
