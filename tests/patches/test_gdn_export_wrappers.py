@@ -161,3 +161,32 @@ def test_with_checkpoints_is_a_typed_field():
     assert out.num_prefills == 1 and out.num_actual_tokens == 9 and out.chunk_indices == "ci"
     assert out.non_spec_prefill_metadata == "vllm-ascend's"
     assert mod.FIELD in {f.name for f in dataclasses.fields(out)}
+
+
+def test_regather_gives_each_group_its_own_blocks(rng, seed):
+    """vLLM 0.32's V2 runner builds the GDN metadata of group 0 and hands the other groups
+    ``update_block_table(metadata, their block table, ...)``, a ``dataclasses.replace`` copy: our
+    field would carry group 0's checkpoint blocks. The entry re-gathers them from the group's
+    own table (vLLM 0.32, our plan)."""
+    from vllm.v1.attention.backends.gdn_attn import GDNAttentionMetadata
+
+    from vllm_hybrid_npu.support import Stack
+
+    lens = [rng.randint(70, 300) for _ in range(rng.randint(1, 4))]
+    qsl = [0]
+    for n in lens:
+        qsl.append(qsl[-1] + n)
+    offsets = [64 * rng.randint(1, (n - 1) // 64) for n in lens]
+    cols = [rng.randint(0, 5) for _ in lens]
+    plan = plan_step(qsl, offsets, cols, num_decodes=0)
+    tables = [torch.randperm(1000, generator=torch.Generator().manual_seed(seed + g))[:6 * len(lens)]
+              .view(len(lens), 6).to(torch.int32) for g in range(2)]
+    ck = ops.build_metadata(plan, tables[0], lambda v, d: torch.tensor(v, dtype=d))
+    md = mod.with_checkpoints(GDNAttentionMetadata(len(lens), qsl[-1], 0, 0, 0, 0, qsl[-1]), ck)
+    upstream = lambda self, m, blk, slot: dataclasses.replace(m)  # noqa: E731 (0.32: a copy)
+    wrapped = mod._make_regather(upstream, Stack("cuda", "0.32.0"))
+    other = getattr(wrapped(None, md, tables[1], None), mod.FIELD)
+    want = [tables[1][r, c].item() for r, c in zip(plan.rows, plan.cols)]
+    assert other.slots.tolist() == want, f"seed={seed}"
+    assert ck.slots.tolist() == [tables[0][r, c].item() for r, c in zip(plan.rows, plan.cols)]
+    assert getattr(md, mod.FIELD) is ck and other.plan is ck.plan

@@ -42,6 +42,7 @@ class CheckpointMetadata:
 
     Attributes:
         plan: the host plan; ``method``: ``"split"`` or ``"h"``.
+        rows, cols: int64 [n] each checkpoint's block-table row and column.
         slots: int64 [n] the checkpoint blocks; ``chunk_index``: int64 [n] their chunks in ``h``;
             ``ckpt_seq``: int64 [n] their rows among the prefill rows.
         head_index, tail_index: int64 prefill-relative token indices of the split's two calls
@@ -51,6 +52,8 @@ class CheckpointMetadata:
     """
 
     plan: StepPlan
+    rows: torch.Tensor
+    cols: torch.Tensor
     slots: torch.Tensor
     chunk_index: torch.Tensor
     ckpt_seq: torch.Tensor
@@ -68,6 +71,11 @@ class CheckpointMetadata:
         checkpoint, checkpoint-major; uploaded once per step, shared by the group's layers."""
         return self.memo(f"conv-{width}", lambda: self.to_device(
             [e + d for e in self.plan.conv_end for d in range(1 - width, 0)], torch.int64))
+
+    def regather(self, block_table: torch.Tensor) -> "CheckpointMetadata":
+        """The same checkpoints in another KV-cache group: ``slots`` gathered from that group's
+        ``block_table`` (int32 [R, columns], device), everything else shared."""
+        return dataclasses.replace(self, slots=block_table[self.rows, self.cols].to(torch.int64))
 
     def memo(self, key: str, make: Callable[[], Any]) -> Any:
         """``make()`` once per step and ``key`` (structures every layer of the group shares)."""
@@ -87,7 +95,7 @@ def build_metadata(plan: StepPlan, block_table: torch.Tensor, to_device: ToDevic
              for part in ("head", "tail")}
     rows, cols = to_device(list(plan.rows), torch.int64), to_device(list(plan.cols), torch.int64)
     return CheckpointMetadata(
-        plan=plan, slots=block_table[rows, cols].to(torch.int64),
+        plan=plan, rows=rows, cols=cols, slots=block_table[rows, cols].to(torch.int64),
         chunk_index=to_device(list(plan.chunk_index), torch.int64),
         ckpt_seq=to_device(list(plan.ckpt_seq), torch.int64),
         head_index=index["head"], tail_index=index["tail"],

@@ -404,13 +404,17 @@ def _make_alignment(upstream: Any, stack: Stack) -> Any:
 
 
 def _make_regather(upstream: Any, stack: Stack) -> Any:
-    @functools.wraps(upstream)  # group 0's metadata for another group: vLLM re-gathers its plan
+    @functools.wraps(upstream)  # group 0's metadata for another group (a copy: our field too)
     def update_block_table(self, metadata, blk_table, slot_mapping):
         out = upstream(self, metadata, blk_table, slot_mapping)
         if (ck := getattr(out, FIELD, None)) is None:
             return out
-        slots = out.checkpoint.state_indices[ck.ckpt_seq + ck.plan.num_decodes].long()
-        return dataclasses.replace(out, **{FIELD: dataclasses.replace(ck, slots=slots)})
+        if stack.vllm in VLLM_PLAN:  # vLLM re-gathered its own plan for this group
+            ck = dataclasses.replace(
+                ck, slots=out.checkpoint.state_indices[ck.ckpt_seq + ck.plan.num_decodes].long())
+        else:
+            ck = ck.regather(blk_table)
+        return dataclasses.replace(out, **{FIELD: ck})
 
     return update_block_table
 
@@ -489,8 +493,9 @@ PATCHES = [
           signature=BUILD_SIGNATURE),
     entry("gdn-checkpoint-regather", "vllm.v1.attention.backends.gdn_attn",
           "GDNAttentionMetadataBuilder.update_block_table", _make_regather, ("cuda",),
-          "the V2 runner's other GDN groups write to their own blocks (vLLM's re-gathered plan)",
-          vllm=VLLM_PLAN, signature=("self", "metadata", "blk_table", "slot_mapping")),
+          "the V2 runner reuses group 0's GDN metadata for the other groups (update_block_table, "
+          "a dataclasses.replace copy): their checkpoints re-gathered from their own block table",
+          vllm=("0.32.0",) + VLLM_PLAN, signature=("self", "metadata", "blk_table", "slot_mapping")),
     entry("gdn-checkpoint-cpu", "vllm.model_executor.layers.mamba.ops.cpu.gdn_attention",
           "_cpu_gdn_attention_nonspec", _make_cpu_forward, ("cpu",),
           "vLLM's CPU GDN function in two rounds split at the checkpoint (split-exact)",
