@@ -39,11 +39,16 @@ failure):
 
 from __future__ import annotations
 
-import os
 import random
 
 import pytest
-from engines import count_scheduled_steps, exporter_outside_stack, shutdown_engine  # e2e/engines.py
+from engines import (  # e2e/engines.py
+    count_scheduled_steps,
+    exporter_outside_stack,
+    shutdown_engine,
+    threads_bind,
+    tp_skip_reason,
+)
 from greedy_compare import CHUNKING_BOUND, Sequence, assert_same, compare_greedy  # e2e/greedy_compare.py
 
 from vllm_hybrid_npu.patches.gdn_prefill_checkpoint import ENV_VAR
@@ -52,31 +57,6 @@ TP = 2
 KV_BYTES = 256 << 20
 MAX_TOKENS = 4  # 1 prefill step + 3 decode steps for a prompt alone (EOS ignored)
 TOP_LOGPROBS = 5
-
-
-def tp_skip_reason(target: str, tp: int = TP) -> str | None:
-    """Why tensor parallel ``tp`` cannot run on ``target`` here (None: it can). CPU: always runs
-    (vLLM's CPU backend runs tp > 1 in worker processes). CUDA: fewer than ``tp`` GPUs."""
-    if target != "cuda":
-        return None
-    import torch
-
-    n = torch.cuda.device_count()
-    return None if n >= tp else f"tensor parallel {tp} needs {tp} GPUs: {n} visible"
-
-
-def threads_bind(tp: int) -> str:
-    """``VLLM_CPU_OMP_THREADS_BIND`` for ``tp`` CPU workers: this process's allowed CPUs split into
-    ``tp`` contiguous parts (``"0|1"`` on 2 CPUs, ``"0,1|2,3"`` on 4).
-
-    Raises:
-        pytest.skip.Exception: fewer allowed CPUs than workers.
-    """
-    cpus = sorted(os.sched_getaffinity(0))
-    if len(cpus) < tp:
-        pytest.skip(f"tensor parallel {tp} on CPU binds one CPU per worker at least: {len(cpus)} allowed")
-    per = len(cpus) // tp
-    return "|".join(",".join(map(str, cpus[i * per:(i + 1) * per])) for i in range(tp))
 
 
 _OUTSIDE = exporter_outside_stack()
