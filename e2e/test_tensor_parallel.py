@@ -24,9 +24,10 @@ failure):
   split, wherever the prompt does not end on a block boundary);
 * the repeat hits ``(L - 1) // B * B`` tokens (vLLM's cacheable prefix; the split hits the same
   where it stores the state);
-* outputs equal caching off: the cold prompt token for token wherever the target computes the
-  same schedule exactly (CPU), the hit exact on CPU up to a near-tie within
-  :data:`greedy_compare.TIE_NATS`, the tolerance rule of ``greedy_compare`` on CUDA;
+* outputs equal caching off: the cold prompt token for token where the target computes the same
+  bits (CPU with a float32 SSM cache), the tolerance rule of ``greedy_compare`` elsewhere and
+  for every hit (another schedule); a hit equals vLLM's split's hit exactly (tokens and
+  logprobs: the same state bytes, the same schedule);
 * on every rank, the conv and SSM state bytes of the checkpoint block the exporter wrote equal
   the bytes vLLM's split stored for the same prompt (read in the workers through
   ``LLM.collective_rpc``, compared rank by rank, byte for byte);
@@ -301,17 +302,40 @@ def test_repeat_hits_the_splits_boundary(runs):
     assert [h for h, n in zip(split, lens) if n % block] == [_checkpoint(n, block) for n in lens if n % block], \
         (lens, block, split)
     assert all(o.num_cached_tokens == 0 for o in out["off"]["hit"])
+    print(f"tp {TP}, block {block}: prompts {lens}; repeat hits exporter {got}, split {split}; cold steps "
+          f"(prefill + {MAX_TOKENS - 1} decode) off {out['off']['cold_steps']}, exporter "
+          f"{out['exporter']['cold_steps']}, split {out['split']['cold_steps']}")
 
 
-def test_outputs_equal_caching_off(runs, exact_across_schedules):
-    """Cold: the same schedule as caching off (one step; the exporter splits only the GDN kernel
-    call, at a 64-token multiple where vLLM's CPU kernel is split-exact): token for token on CPU.
-    Hit: it resumes from the checkpoint block: exact on CPU up to a near-tie within ``TIE_NATS``;
-    elsewhere both go through ``greedy_compare``'s tolerance rule."""
+def test_outputs_equal_caching_off(runs, e2e_target_name):
+    """Cold: the schedule of caching off (one step; the exporter only splits the GDN kernel call
+    at a 64-token multiple, where vLLM's CPU kernel is split-exact): token for token on CPU with
+    a float32 SSM cache (the tail then starts from the unrounded state), else the tolerance rule
+    (a bf16 cache hands the tail the state rounded to bf16, as vLLM's split's second step reads
+    it; other kernels on CUDA). Hit: another schedule (the suffix from the cached state; a
+    one-token suffix runs the decode kernel): the tolerance rule of ``greedy_compare``
+    (:data:`greedy_compare.CHUNKING_BOUND`) on every target. Seen 2026-11-27 on the emulated
+    CPU without AVX-512 (bf16 states): a 257-token prompt's hit (block 128) differed from caching
+    off at the first token by a near-tie of 0.125 / 0.156 nats."""
     _, out = runs
     off = _seqs(out["off"]["cold"])
-    assert_same(off, _seqs(out["exporter"]["cold"]), exact=exact_across_schedules, cross_schedule=False)
-    assert_same(off, _seqs(out["exporter"]["hit"]), exact=exact_across_schedules)
+    exact_cold = e2e_target_name == "cpu" and out["exporter"]["ssm_dtype"] == "float32"
+    assert_same(off, _seqs(out["exporter"]["cold"]), exact=exact_cold, cross_schedule=False)
+    assert_same(off, _seqs(out["exporter"]["hit"]), exact=False)
+
+
+def test_hits_equal_the_splits_hits(runs):
+    """Where vLLM's split stores the same checkpoint (prompts not ending on a block boundary),
+    a repeat resumes from the same state bytes (next test) with the same schedule in both
+    engines: tokens and logprobs equal, exactly, on every target."""
+    prompts, out = runs
+    block = out["exporter"]["block"]
+    idx = [i for i, p in enumerate(prompts) if len(p) % block]
+    assert idx
+    for i in idx:
+        a, b = (Sequence.from_output(out[m]["hit"][i].outputs[0]) for m in ("exporter", "split"))
+        assert out["exporter"]["hit"][i].num_cached_tokens == out["split"]["hit"][i].num_cached_tokens
+        assert (a.tokens, a.logprobs) == (b.tokens, b.logprobs), (len(prompts[i]), a, b)
 
 
 def test_each_ranks_exported_state_equals_its_split_shard(runs):
