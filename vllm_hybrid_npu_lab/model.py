@@ -129,12 +129,24 @@ def _model_config(cfg: dict[str, Any], max_model_len: int):
     return _MODEL_CONFIG_CACHE[key]
 
 
-def _cpu_platform_hook(vllm_config: Any) -> None:
-    """vLLM's CPU platform hook (``CpuPlatform.check_and_update_config``) on ``vllm_config``: the
-    CPU backend's block size (128 unless the user set one) and its SSM cache dtype rule (float32
-    for the accelerated GDN backend on a CPU with AVX-512-BF16). The hook also writes process
-    settings into ``os.environ`` (``LD_PRELOAD``, OpenMP and inductor variables) for the engine it
-    prepares; the lab starts none, so they are undone.
+#: vLLM 0.33's default block for the CPU backends, the argument its
+#: ``CpuPlatform.update_block_size_for_backend`` passes to ``_preferred_block_size_for_backends``
+#: (0.30 / 0.32 set the same 128 in ``check_and_update_config``, read from there)
+CPU_DEFAULT_BLOCK_033 = 128
+
+
+def _cpu_platform_hook(vllm_config: Any, backend: Any) -> int:
+    """vLLM's CPU platform rules on ``vllm_config``: its hook (``CpuPlatform.check_and_update_config``:
+    the SSM cache dtype rule, float32 for the accelerated GDN backend on a CPU with AVX-512-BF16;
+    in vLLM 0.30 / 0.32 also the block, 128 unless the user set one), then the block the CPU
+    backend ``backend`` prefers before the hybrid alignment (vLLM 0.33 chose it in
+    ``update_block_size_for_backend`` through ``_preferred_block_size_for_backends``, which the
+    lab calls with ``backend``: the engine finds it among the model's layers). The hook also
+    writes process settings into ``os.environ`` (``LD_PRELOAD``, OpenMP and inductor variables)
+    for the engine it prepares; the lab starts none, so they are undone.
+
+    Returns:
+        the block size (tokens) before the hybrid alignment.
 
     Raises:
         ValueError: naming ``platform`` where vLLM's device config is not the CPU (the hook
@@ -153,6 +165,11 @@ def _cpu_platform_hook(vllm_config: Any) -> None:
     finally:
         os.environ.clear()
         os.environ.update(saved)
+    cache_config = vllm_config.cache_config
+    choose = getattr(CpuPlatform, "_preferred_block_size_for_backends", None)
+    if cache_config.user_specified_block_size or choose is None:
+        return cache_config.block_size
+    return choose([backend], CPU_DEFAULT_BLOCK_033, vllm_config)
 
 
 def build_setup(
@@ -254,11 +271,11 @@ def build_setup(
     # start again from what was asked, then apply the modelled platform's rules.
     cache_config.mamba_ssm_cache_dtype = ssm_dtype
     cache_config.user_specified_block_size = user_block
+    backend = AttentionBackendEnum[PLATFORMS[platform]].get_class()
     if platform == "cpu":
         if user_block:
             cache_config.block_size = block_size
-        _cpu_platform_hook(vllm_config)
-        kernel = kernel_block_size or cache_config.block_size
+        kernel = kernel_block_size or _cpu_platform_hook(vllm_config, backend)
     else:
         kernel = kernel_block_size or CUDA_KERNEL_BLOCK
     # The platform's config hook may have picked its own default; the backend's choice wins,
@@ -277,7 +294,6 @@ def build_setup(
     parallel_config = vllm_config.parallel_config
     checkpoints = bool(prefill_checkpoints and not attention_only
                        and cache_config.mamba_cache_mode == "align")
-    backend = AttentionBackendEnum[PLATFORMS[platform]].get_class()
     if not attention_only:
         Platform._align_hybrid_block_size(vllm_config, backend)
         if checkpoints:  # the runtime's rounding (gdn-checkpoint-block-size), page padding redone
