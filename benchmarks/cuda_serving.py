@@ -87,8 +87,17 @@ estimates will not finish, and is killed at the budget; ``--resume`` keeps the f
 (row, length) units of ``--out`` measured on the same machine (host, boot id, GPU UUID) with the
 same seed and arguments, and runs the rest.
 
+Tensor parallel (``--tp N``, issue 31): each row's engine runs ``tensor_parallel_size=N``, its
+engine core still in the row's process (token timing, step count, scheduler phases), the model
+runner in N worker processes of vLLM's ``MultiprocExecutor``: the state-copy, export and host-sync
+columns and the runner phases of the step profile are then not measured (their kernels run in the
+workers), and every one of the first N GPUs must have ``--gpu-mem`` free. ``--tp`` is a
+``--resume`` key, recorded per unit (``engine.tensor_parallel_size``); ``benchmarks/pool.py``
+refuses to pool two sizes. The printed table has the block size vLLM chose (``block``).
+
 Without a CUDA device (CI) the same code runs on vLLM's CPU backend (``--kv-cache-bytes``, a
 tiny model): the harness is exercised, GPU-only columns are "not measured"; numbers mean nothing.
+At ``--tp 2`` there, bind each worker's threads (``VLLM_CPU_OMP_THREADS_BIND='0|1'``).
 """
 
 from __future__ import annotations
@@ -411,6 +420,29 @@ class Driver:
         return recs
 
 
+def in_process_runner(executor):
+    """The model runner of ``executor`` when it runs in this process (vLLM's uniprocess
+    executor, tp 1: ``driver_worker.worker.model_runner``), else None (``MultiprocExecutor``,
+    tp > 1: one runner per worker process)."""
+    driver = getattr(executor, "driver_worker", None)
+    return getattr(getattr(driver, "worker", None), "model_runner", None)
+
+
+def runner_module(executor) -> str | None:
+    """The module of the model runner's class: in this process, or asked of the workers
+    (``collective_rpc``; all ranks run the same class), None if neither answers."""
+    runner = in_process_runner(executor)
+    if runner is not None:
+        return type(runner).__module__
+
+    def module(worker):
+        return type(worker.model_runner).__module__
+
+    with contextlib.suppress(Exception):
+        return executor.collective_rpc(module)[0]
+    return None
+
+
 def _worker(args) -> int:
     _die_with_parent()
     fake = os.environ.get("CUDA_SERVING_BENCH_FAKE")
@@ -437,7 +469,8 @@ def _worker(args) -> int:
     t0 = time.perf_counter()
     llm = LLM(model=args.model_dir, load_format=load_format, gpu_memory_utilization=args.gpu_mem,
               max_model_len=args.max_len, max_num_seqs=max(args.clients, 8),
-              enforce_eager=args.eager or not cuda, seed=0, **kw)
+              enforce_eager=args.eager or not cuda, seed=0,
+              tensor_parallel_size=args.tp, **kw)
     load_s = time.perf_counter() - t0
     drv = Driver(llm)
     cfg = llm.llm_engine.vllm_config
@@ -449,7 +482,9 @@ def _worker(args) -> int:
             "max_num_scheduled_tokens": getattr(drv.core.scheduler, "max_num_scheduled_tokens", None),
             "mamba_cache_mode": cfg.cache_config.mamba_cache_mode,
             "compile_s": getattr(cfg.compilation_config, "compilation_time", None),
-            "runner": type(drv.core.model_executor.driver_worker.worker.model_runner).__module__}
+            "tensor_parallel_size": cfg.parallel_config.tensor_parallel_size,
+            "executor": type(drv.core.model_executor).__name__,
+            "runner": runner_module(drv.core.model_executor)}
     print("BENCH engine " + json.dumps(head), flush=True)
     _emit(args.result_file, head)
     done: dict[int, float] = {}
@@ -555,6 +590,12 @@ def _measure_length(args, drv: Driver, length: int, block: int, vocab: int, cuda
     if not cuda:
         res.update(copy_us_per_step=None, export_us_per_step=None, syncs_per_step=None,
                    gpu_note="no CUDA device: state-copy, export and host-sync columns not measured")
+        return res
+    if in_process_runner(drv.core.model_executor) is None:
+        res.update(copy_us_per_step=None, export_us_per_step=None, syncs_per_step=None,
+                   gpu_note="tensor parallel: the kernels run in the worker processes, out of this "
+                            "process's profiler and sync debug mode: state-copy, export and "
+                            "host-sync columns not measured")
         return res
 
     # 5. copy and export GPU time per step
@@ -736,10 +777,12 @@ def step_profile(drv: Driver, draw_prompts, length: int, vocab: int, rows: int, 
     """
     from torch.profiler import ProfilerActivity, profile, record_function
 
-    cuda = torch.cuda.is_available()
+    runner = in_process_runner(drv.core.model_executor)
+    # tensor parallel: the runner and its kernels are in the workers (their phases and GPU time
+    # are not measured here; the scheduler's and the output processor's are)
+    cuda = torch.cuda.is_available() and runner is not None
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    worker = drv.core.model_executor.driver_worker.worker
-    owners = {"scheduler": drv.core.scheduler, "runner": worker.model_runner,
+    owners = {"scheduler": drv.core.scheduler, "runner": runner,
               "output_processor": drv.engine.output_processor}
     timer = PhaseTimer(owners, record_function).install()
     prompts = {"host": draw_prompts(length, vocab), "gpu": draw_prompts(length, vocab)}
@@ -809,7 +852,8 @@ def _fake_worker(args, mode: str) -> int:
         time.sleep(600)
         return 0
     rng = random.Random(f"{args.seed}:{args.worker}")
-    _emit(args.result_file, {"kind": "engine", "row": args.worker, "load_s": 0.1, "block_size": 64})
+    _emit(args.result_file, {"kind": "engine", "row": args.worker, "load_s": 0.1, "block_size": 64,
+                             "tensor_parallel_size": args.tp})
     for length in sorted(int(x) for x in args.lengths.split(",")):
         base = length / 100.0
         slow = 1.0 if args.worker == "off" else 1.01
@@ -988,7 +1032,8 @@ def targets(rows: list[dict], units: dict[str, dict] | None = None) -> list[dict
 
 
 def table(rows: list[dict]) -> str:
-    cols = [("prompt_tokens", "prompt", "{:.0f}"), ("cold_ttft_ms", "cold TTFT ms", "{:.1f}"),
+    cols = [("prompt_tokens", "prompt", "{:.0f}"), ("block_size", "block", "{:.0f}"),
+            ("cold_ttft_ms", "cold TTFT ms", "{:.1f}"),
             ("cold_ttft_p90_ms", "p90", "{:.1f}"), ("cold_ttft_vs_off", "/off", "{:.3f}"),
             ("steps_per_cold_prompt", "steps cold", "{:.0f}"), ("hit_ttft_ms", "hit TTFT ms", "{:.1f}"),
             ("floor_ttft_ms", "floor ms", "{:.1f}"), ("hit_vs_floor", "hit/floor", "{:.2f}"),
@@ -1035,11 +1080,19 @@ def parse_gpu_query(text: str) -> dict | None:
             "total_mib": float(total), "free_mib": float(free)}
 
 
+def _gpu_query_text() -> str:
+    return _run(["nvidia-smi", f"--query-gpu={','.join(GPU_QUERY)}", "--format=csv,noheader,nounits"]) or ""
+
+
 def gpu_info() -> dict | None:
     """First GPU's name, UUID, PCI bus id, driver, total and free MiB (``nvidia-smi``; the
     parent never initialises CUDA), or None without one."""
-    return parse_gpu_query(_run(["nvidia-smi", f"--query-gpu={','.join(GPU_QUERY)}",
-                                 "--format=csv,noheader,nounits"]) or "")
+    return parse_gpu_query(_gpu_query_text())
+
+
+def gpus_info() -> list[dict]:
+    """Every GPU ``nvidia-smi`` lists, as :func:`gpu_info` describes the first (``[]`` without)."""
+    return [g for line in _gpu_query_text().splitlines() if (g := parse_gpu_query(line))]
 
 
 def cpu_model() -> str | None:
@@ -1072,15 +1125,23 @@ def machine_identity() -> dict:
             "gpu_pci_bus_id": g["pci_bus_id"] if g else None, "driver": g["driver"] if g else None}
 
 
-def check_gpu_memory(fraction: float, wait_s: float = 30) -> str | None:
-    """``None`` when ``fraction`` of the GPU is free (waiting up to ``wait_s`` for a previous row's
-    memory to go), else the reason naming the holders; ``None`` without a GPU."""
+def check_gpu_memory(fraction: float, wait_s: float = 30, gpus: int = 1) -> str | None:
+    """``None`` when ``fraction`` of each of the first ``gpus`` GPUs (the row's tensor-parallel
+    size) is free (waiting up to ``wait_s`` for a previous row's memory to go), else the reason
+    naming the holders (or the GPUs missing); ``None`` without a GPU."""
     end = time.time() + wait_s
     while True:
-        g = gpu_info()
-        if g is None:
+        listed = gpus_info()
+        if not listed:
             return None
-        why = memory_verdict(g["free_mib"], g["total_mib"], fraction, gpu_holders())
+        if len(listed) < gpus:
+            return f"--tp {gpus}: only {len(listed)} GPU(s) listed by nvidia-smi"
+        why = None
+        for i, g in enumerate(listed[:gpus]):
+            why = memory_verdict(g["free_mib"], g["total_mib"], fraction, gpu_holders())
+            if why is not None:
+                why = f"GPU {i}: {why}" if gpus > 1 else why
+                break
         if why is None or time.time() >= end:
             return why
         time.sleep(3)
@@ -1149,7 +1210,7 @@ def _group_alive(pgid: int) -> bool:
 #: arguments that define the workload and the engine; ``--resume`` requires them unchanged
 RESUME_KEYS = ("model_dir", "arch", "layers", "load_format", "cold", "sessions", "clients",
                "answer_len", "user_len", "max_len", "max_batched_tokens", "gpu_mem",
-               "kv_cache_bytes", "eager", "phases", "off_block_size")
+               "kv_cache_bytes", "eager", "phases", "off_block_size", "tp")
 
 
 def resumable_units(previous: dict, seed: int, args: dict, identity: dict) -> dict[str, dict]:
@@ -1214,6 +1275,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-len", type=int, default=34816)
     p.add_argument("--max-batched-tokens", type=int, default=None, help="default: vLLM's")
     p.add_argument("--gpu-mem", type=float, default=0.85)
+    p.add_argument("--tp", type=int, default=1,
+                   help="tensor_parallel_size: GPUs per engine (one worker process each; on CPU "
+                        "bind their threads, e.g. VLLM_CPU_OMP_THREADS_BIND='0|1'). At --tp > 1 the "
+                        "model runner and its kernels are in the workers: the state-copy, export "
+                        "and host-sync columns and the step profile's runner phases are not measured")
     p.add_argument("--kv-cache-bytes", type=int, default=None,
                    help="fixed KV-cache budget in bytes (vLLM's kv_cache_memory_bytes; needed on CPU)")
     p.add_argument("--eager", action="store_true", help="enforce_eager (default: CUDA graphs on)")
@@ -1256,6 +1322,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="cuda_serving", description=__doc__.splitlines()[0])
     add_arguments(p)
     args = p.parse_args(argv)
+    if args.tp < 1:
+        p.error(f"--tp {args.tp}: the tensor-parallel size is at least 1")
     if args.worker:
         return _worker(args)
     budget = CallBudget(time.time() + args.call_budget)
@@ -1308,7 +1376,7 @@ def main(argv: list[str] | None = None) -> int:
                 for n in todo:
                     status[unit_key(row, n)] = {"status": "pending", "reason": why}
                 continue
-            why = check_gpu_memory(args.gpu_mem)
+            why = check_gpu_memory(args.gpu_mem, gpus=args.tp)
             if why:
                 for n in todo:
                     status[unit_key(row, n)] = {"status": "error", "reason": why}
@@ -1401,7 +1469,7 @@ def _write_doc(args, identity: dict, units: dict, status: dict, timing: dict) ->
     g = gpu_info()
     doc = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "seed": args.seed,
            "call": args.call, "device": identity["device"], "driver": g and g["driver"],
-           "gpu": g, "cpu": cpu_model(), "identity": identity,
+           "gpu": g, "gpus": gpus_info(), "cpu": cpu_model(), "identity": identity,
            "versions": _versions(),
            "args": {k: v for k, v in vars(args).items()
                     if k not in ("worker", "resume", "result_file", "deadline", "call")},

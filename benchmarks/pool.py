@@ -20,7 +20,8 @@ writes
   where vLLM compiles and captures CUDA graphs; ``--compile-calls`` names more), units not first
   in their call.
 
-Several GPU models in the inputs are refused (``--device`` picks one); several machines of one
+Several GPU models in the inputs are refused (``--device`` picks one), and so are several
+tensor-parallel sizes (``--tp`` of the harness: one table per size); several machines of one
 model are pooled and listed (``machines``). ``--markdown`` writes the table for
 docs/benchmarks.md.
 """
@@ -78,7 +79,8 @@ def _machine(ident: dict | None) -> str:
 
 def read_units(paths: list[Path]) -> list[dict]:
     """Every unit of every file, flattened: ``{"file", "row", "prompt_tokens", "call",
-    "position", "device", "machine", "compile_s", "unit"}``. A unit's own ``call`` and
+    "position", "device", "machine", "compile_s", "tp", "unit"}`` (``tp``: the engine's
+    tensor-parallel size, 1 for JSONs written before the harness recorded it). A unit's own ``call`` and
     ``identity`` (written by the harness since issue 30) win over its file's.
 
     Raises:
@@ -98,7 +100,8 @@ def read_units(paths: list[Path]) -> list[dict]:
             out.append({"file": str(path), "row": u["row"], "prompt_tokens": int(u["prompt_tokens"]),
                         "call": int(call), "position": u.get("position"),
                         "device": ident.get("device") or doc.get("device"), "machine": _machine(ident),
-                        "compile_s": (u.get("engine") or {}).get("compile_s"), "unit": u})
+                        "compile_s": (u.get("engine") or {}).get("compile_s"),
+                        "tp": int((u.get("engine") or {}).get("tensor_parallel_size") or 1), "unit": u})
     return out
 
 
@@ -108,7 +111,8 @@ def pool(units: list[dict], compile_calls: set[int] = frozenset(), allow_not_fir
 
     Raises:
         ValueError: the units come from more than one GPU model and ``device`` names none of
-            them, or ``device`` matches no unit.
+            them, or ``device`` matches no unit, or they come from engines of several
+            tensor-parallel sizes.
     """
     devices = sorted({u["device"] for u in units})
     if device is not None:
@@ -117,6 +121,9 @@ def pool(units: list[dict], compile_calls: set[int] = frozenset(), allow_not_fir
             raise ValueError(f"--device {device!r}: no unit from it (found {devices})")
     elif len(devices) > 1:
         raise ValueError(f"units from several GPU models {devices}: pool one at a time (--device)")
+    sizes = sorted({u.get("tp", 1) for u in units})
+    if len(sizes) > 1:
+        raise ValueError(f"units from engines of tensor-parallel sizes {sizes}: pool one size at a time")
     units = sorted(units, key=lambda u: (u["call"], u["position"] or 0))
     first_call: dict[tuple[str, str], int] = {}
     for u in units:
@@ -178,7 +185,7 @@ def pool(units: list[dict], compile_calls: set[int] = frozenset(), allow_not_fir
         if ref and ref["cold_ttft_ms"] and r["cold_ttft_ms"] is not None:
             r["cold_ttft_vs_off"] = r["cold_ttft_ms"] / ref["cold_ttft_ms"]
     rows.sort(key=lambda r: (r["prompt_tokens"], r["row"] != "off", r["row"]))
-    return {"device": units[0]["device"] if units else device,
+    return {"device": units[0]["device"] if units else device, "tp": sizes[0] if sizes else None,
             "machines": sorted({u["machine"] for u in units}), "rows": rows, "calls": calls,
             "excluded": excluded, "flags": flags}
 

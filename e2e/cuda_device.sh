@@ -35,6 +35,10 @@ export VLLM_USE_FLASHINFER_SAMPLER=0       # FlashInfer is not in the wheelhouse
 export VLLM_HYBRID_NPU_CACHE="$VHN/cache"  # tiny checkpoints, built once per machine
 export VLLM_HYBRID_NPU_E2E_TARGET=${VLLM_HYBRID_NPU_E2E_TARGET:-cuda}  # cpu: a dry run of the steps here
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+# Multi-GPU machines (tensor parallel, issue 31): NVLink multicast stays off (the lent machines'
+# rule: it can take the host's shared GPUs out of service), also for vLLM's symmetric-memory
+# all-reduce, which would try multimem first; NCCL's ring/tree all-reduce remains.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 VLLM_ALLREDUCE_USE_SYMM_MEM=0
 
 step=${1:?usage: cuda_device.sh stash|install|e2e|measure|bench|reap ...}
 shift

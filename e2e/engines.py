@@ -87,3 +87,30 @@ def exporter_outside_stack() -> str | None:
     stack = detect_stack()
     entry = next(p for p in PATCHES if p.name == "gdn-checkpoint-spec")
     return unsupported_reason(stack) or stack_skip_reason(entry, stack)
+
+
+def tp_skip_reason(target: str, tp: int = 2) -> str | None:
+    """Why tensor parallel ``tp`` cannot run on ``target`` here (None: it can). CPU: always runs
+    (vLLM's CPU backend runs tp > 1 in worker processes). CUDA: fewer than ``tp`` GPUs."""
+    if target != "cuda":
+        return None
+    import torch
+
+    n = torch.cuda.device_count()
+    return None if n >= tp else f"tensor parallel {tp} needs {tp} GPUs: {n} visible"
+
+
+def threads_bind(tp: int) -> str:
+    """``VLLM_CPU_OMP_THREADS_BIND`` for ``tp`` CPU workers: this process's allowed CPUs split into
+    ``tp`` contiguous parts (``"0|1"`` on 2 CPUs, ``"0,1|2,3"`` on 4).
+
+    Raises:
+        pytest.skip.Exception: fewer allowed CPUs than workers.
+    """
+    import pytest
+
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < tp:
+        pytest.skip(f"tensor parallel {tp} on CPU binds one CPU per worker at least: {len(cpus)} allowed")
+    per = len(cpus) // tp
+    return "|".join(",".join(map(str, cpus[i * per:(i + 1) * per])) for i in range(tp))

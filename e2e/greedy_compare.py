@@ -158,3 +158,30 @@ def compare_outputs(ref: list[Sequence], got: list[Sequence], exact: bool,
             c.errors.append(f"request {r}: tokens differ from position {i} ({a.tokens} vs "
                             f"{b.tokens}; exact comparison)")
     return c
+
+
+#: nats: where an exact comparison across schedules differs, the first difference must be a
+#: near-tie this close in both runs. Seen 2026-11-25 (AMD EPYC with AVX-512-BF16, float32 SSM
+#: states): a few per cent of draws of the cold-vs-hit comparison of
+#: e2e/test_prefill_checkpoints.py (vLLM 0.30 and 0.32 CPU; 3 of about 60 module runs) differ at
+#: a first token (the cold step and the hit's suffix step are other kernel shapes). With it,
+#: zeroing the CPU path's exported SSM state still fails that module's cold/hit test (checked the
+#: same day), not its preemption test (the tiny random model's logits are that flat).
+TIE_NATS = 0.1
+
+
+def assert_same(ref: list[Sequence], got: list[Sequence], exact: bool, cross_schedule: bool = True) -> None:
+    """:func:`compare_outputs` (token for token when ``exact``, else the tolerance rule with
+    :data:`CHUNKING_BOUND`), failing on any error it reports. With ``exact`` and
+    ``cross_schedule`` (the two runs computed the prompt under different schedules) a token
+    difference passes only as a near-tie within :data:`TIE_NATS` (logprobs of both runs).
+
+    Raises:
+        AssertionError: the comparison's errors and summary.
+    """
+    c = compare_outputs(ref, got, exact=exact)
+    if not c.ok and exact and cross_schedule:
+        tie = compare_greedy(ref, got, bound=TIE_NATS)
+        assert tie.ok, "\n".join(c.errors + tie.errors) + "\n" + tie.summary()
+        return
+    assert c.ok, "\n".join(c.errors) + "\n" + c.summary()

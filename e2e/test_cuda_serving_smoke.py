@@ -13,9 +13,13 @@ hang."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
+from engines import threads_bind, tp_skip_reason  # e2e/engines.py
 
 ROOT = Path(__file__).resolve().parents[1]
 # 1,200 tokens: three of the CPU backend's 384-token hybrid blocks (the concurrent clients share two)
@@ -28,10 +32,11 @@ SCHEMA = ("row", "prompt_tokens", "cold_ttft_ms", "cold_ttft_vs_off", "hit_ttft_
           "copy_us_per_step", "export_us_per_step")
 
 
-def _bench(out, model, seed, rows, *extra):
+def _bench(out, model, seed, rows, *extra, env=None):
     cmd = [sys.executable, "-m", "benchmarks.cuda_serving", "--model-dir", model, "--rows", rows,
            "--seed", str(seed), "--out", str(out), *SMALL, *extra]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=3600)  # a hang guard
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=3600,  # a hang guard
+                          env=None if env is None else {**os.environ, **env})
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout, json.loads(out.read_text())
 
@@ -100,3 +105,30 @@ def test_step_profile_lands_per_phase_in_the_json(tmp_path, tiny_model_dir, seed
         assert all((ph[p]["gpu_ms"] is None) == (e2e_target_name == "cpu") for p in want)
     assert set(prof["decode_step"]) >= want
     assert prof["decode_step"]["schedule"]["calls"] >= 1
+
+
+def test_tensor_parallel_2_row(tmp_path, tiny_model_dir, seed, e2e_target_name):
+    """``--tp 2`` (issue 31): the exporter row's engine runs at tensor_parallel_size 2 (vLLM's
+    ``MultiprocExecutor``, its runner asked of the workers), the unit records the size and the
+    block vLLM chose (printed in the table), a cold prompt takes one step and its repeat hits
+    ``(L - 1) // B * B``. On CPU each worker's threads are bound (``VLLM_CPU_OMP_THREADS_BIND``);
+    on CUDA it needs two GPUs."""
+    why = tp_skip_reason(e2e_target_name, 2)
+    if why:
+        pytest.skip(why)
+    env = {"VLLM_CPU_OMP_THREADS_BIND": threads_bind(2)} if e2e_target_name == "cpu" else {}
+    out = tmp_path / "tp2.json"
+    stdout, doc = _bench(out, str(tiny_model_dir("qwen3_next")), seed, "exporter", "--tp", "2",
+                         "--phases", "cold,repeat", env=env)
+    assert doc["args"]["tp"] == 2
+    unit = doc["units"]["exporter@1200"]
+    engine = unit["engine"]
+    assert engine["tensor_parallel_size"] == 2 and engine["executor"] == "MultiprocExecutor", engine
+    assert engine["runner"], engine
+    row = next(r for r in doc["rows"] if r["row"] == "exporter")
+    block = row["block_size"]
+    assert block == engine["block_size"] and f"| exporter | 1200 | {block} |" in stdout, stdout
+    assert row["steps_per_cold_prompt"] == 1, row
+    assert unit["samples"]["repeat"]["cached"] == [(1200 - 1) // block * block] * 2, unit["samples"]["repeat"]
+    # the kernels run in the workers: no column of this process's profiler
+    assert row["copy_us_per_step"] is None and row["export_us_per_step"] is None

@@ -9,9 +9,18 @@ Mirrors what vLLM 0.30 does at engine start for a Qwen3-Next/Qwen3.5 hybrid, min
   and the Qwen3.5 classes cannot be imported here (their module imports ``torchvision``).
   ``mamba_ssm_dtype`` from the config is applied as
   ``Qwen3_5ForConditionalGenerationConfig.verify_and_update_config`` does.
-* Block size: the attention backend's kernel block size (``--kernel-block-size``, 16 =
-  FlashAttention's preferred size on CUDA), then ``Platform._align_hybrid_block_size`` (vLLM
-  0.30, vllm/platforms/interface.py) with the FlashAttention backend class, which raises it so
+* Platform (``platform``): the deployment modelled, independent of the machine the lab runs
+  on. ``"cuda"`` (the CLI's): FlashAttention's kernel block (``--kernel-block-size``, 16) and the
+  SSM cache dtype the model asks for. ``"cpu"``: vLLM's CPU platform, its own hook
+  (``CpuPlatform.check_and_update_config``: 128-token block unless one is given, float32 SSM
+  states on a CPU with AVX-512-BF16) and its attention backend (``CPU_ATTN``); what the CPU
+  engine of the e2e tests runs, against which ``e2e/test_tensor_parallel.py`` checks the lab.
+  ``VllmConfig`` itself runs the *host's* platform hook: on a CPU host with AVX-512-BF16 vLLM's
+  CPU hook resets an ``auto`` SSM cache dtype to float32, which until 2026-11-27 leaked into the
+  ``"cuda"`` setups (Qwen3-Next-80B-A3B: block 1,056 instead of 544); the requested dtype is now
+  put back for ``"cuda"``.
+* Block size: the kernel block size, then ``Platform._align_hybrid_block_size`` (vLLM 0.30,
+  vllm/platforms/interface.py) with the platform's attention backend class, which raises it so
   the attention page >= the GDN state page and pads the state page to the attention page.
 * Per-layer specs: ``FullAttentionSpec`` as ``Attention.get_kv_cache_spec`` builds it and
   ``MambaSpec`` as ``MambaBase.get_kv_cache_spec`` builds it (mamba_type GDN_ATTN).
@@ -30,6 +39,12 @@ from typing import Any
 from vllm_hybrid_npu_lab.presets import layer_types
 
 _MODEL_CONFIG_CACHE: dict[str, Any] = {}
+
+#: deployments :func:`build_setup` models: name -> vLLM attention backend (``AttentionBackendEnum``
+#: member) of a Qwen3-Next / Qwen3.5 full-attention layer there
+PLATFORMS: dict[str, str] = {"cuda": "FLASH_ATTN", "cpu": "CPU_ATTN"}
+#: FlashAttention's preferred kernel block (tokens): the ``"cuda"`` platform's default
+CUDA_KERNEL_BLOCK = 16
 
 
 @dataclass
@@ -114,6 +129,49 @@ def _model_config(cfg: dict[str, Any], max_model_len: int):
     return _MODEL_CONFIG_CACHE[key]
 
 
+#: vLLM 0.33's default block for the CPU backends, the argument its
+#: ``CpuPlatform.update_block_size_for_backend`` passes to ``_preferred_block_size_for_backends``
+#: (0.30 / 0.32 set the same 128 in ``check_and_update_config``, read from there)
+CPU_DEFAULT_BLOCK_033 = 128
+
+
+def _cpu_platform_hook(vllm_config: Any, backend: Any) -> int:
+    """vLLM's CPU platform rules on ``vllm_config``: its hook (``CpuPlatform.check_and_update_config``:
+    the SSM cache dtype rule, float32 for the accelerated GDN backend on a CPU with AVX-512-BF16;
+    in vLLM 0.30 / 0.32 also the block, 128 unless the user set one), then the block the CPU
+    backend ``backend`` prefers before the hybrid alignment (vLLM 0.33 chose it in
+    ``update_block_size_for_backend`` through ``_preferred_block_size_for_backends``, which the
+    lab calls with ``backend``: the engine finds it among the model's layers). The hook also
+    writes process settings into ``os.environ`` (``LD_PRELOAD``, OpenMP and inductor variables)
+    for the engine it prepares; the lab starts none, so they are undone.
+
+    Returns:
+        the block size (tokens) before the hybrid alignment.
+
+    Raises:
+        ValueError: naming ``platform`` where vLLM's device config is not the CPU (the hook
+            asserts it: not vLLM's CPU build).
+    """
+    import os
+
+    from vllm.platforms.cpu import CpuPlatform
+
+    if vllm_config.device_config.device_type != "cpu":
+        raise ValueError("platform 'cpu' runs vLLM's CPU platform hook, which needs vLLM's CPU "
+                         f"build (device here: {vllm_config.device_config.device_type})")
+    saved = dict(os.environ)
+    try:
+        CpuPlatform.check_and_update_config(vllm_config)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    cache_config = vllm_config.cache_config
+    choose = getattr(CpuPlatform, "_preferred_block_size_for_backends", None)
+    if cache_config.user_specified_block_size or choose is None:
+        return cache_config.block_size
+    return choose([backend], CPU_DEFAULT_BLOCK_033, vllm_config)
+
+
 def build_setup(
     cfg: dict[str, Any],
     *,
@@ -123,12 +181,13 @@ def build_setup(
     max_num_seqs: int = 256,
     max_model_len: int = 262144,
     block_size: int | None = None,
-    kernel_block_size: int = 16,
+    kernel_block_size: int | None = None,
     attention_only: bool = False,
     configure=None,
     tune=None,
     host_cache_bytes: int = 0,
     prefill_checkpoints: bool = False,
+    platform: str = "cuda",
 ) -> Setup:
     """Build the vLLM configs and KV-cache config of one replay.
 
@@ -138,7 +197,8 @@ def build_setup(
         kv_cache_bytes: KV-cache memory of ONE worker (one TP rank), bytes.
         block_size: ``--block-size`` (tokens); for the hybrid vLLM raises it when the attention
             page would be smaller than the state page, as ``_align_hybrid_block_size`` does.
-        kernel_block_size: the attention backend's preferred block size (tokens).
+        kernel_block_size: the attention backend's preferred block size (tokens); ``None``: the
+            platform's (16 on ``"cuda"``, what vLLM's CPU hook picks on ``"cpu"``: 128).
         attention_only: keep only the full-attention layers (the "attention bound" model):
             block size = ``block_size`` or ``kernel_block_size``, no GDN specs.
         configure: a policy's ``configure(vllm_config)`` hook, called before specs are built
@@ -153,9 +213,15 @@ def build_setup(
             ``VllmConfig._post_init_kv_transfer_config`` configures the native
             ``OffloadingConnector`` (``kv_role="kv_both"``, ``cpu_bytes_to_use``), as
             ``vllm serve --kv-offloading-size`` does; vLLM's checks on that combination apply.
+        prefill_checkpoints: declare the runtime exporter's prefill checkpoint block in the GDN
+            specs and round the block to its 64-token grid (the plugin's entries).
+        platform: the deployment modelled (:data:`PLATFORMS`; module docstring): ``"cuda"``
+            (default) or ``"cpu"`` (vLLM's CPU platform; needs vLLM's CPU build, whose device
+            config the hook asserts).
 
     Raises ``ValueError`` naming ``--kv-cache-gib`` when the budget cannot hold one request of
-    ``max_model_len`` tokens (vLLM's own check), ``--tp`` when heads do not split.
+    ``max_model_len`` tokens (vLLM's own check), ``--tp`` when heads do not split, ``platform``
+    when it is not one of :data:`PLATFORMS`.
     """
     from vllm.config import CacheConfig, ParallelConfig, SchedulerConfig, VllmConfig
     from vllm.model_executor.layers.mamba.mamba_utils import (
@@ -174,17 +240,20 @@ def build_setup(
     )
     from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec
 
+    if platform not in PLATFORMS:
+        raise ValueError(f"platform {platform!r}: one of {', '.join(PLATFORMS)}")
     if tp < 1 or cfg["linear_num_key_heads"] % tp or cfg["linear_num_value_heads"] % tp:
         raise ValueError(f"--tp {tp}: must be >= 1 and divide the GDN head counts")
     model_config = _model_config(cfg, max_model_len)
     user_block = block_size is not None
     cache_config = CacheConfig(
-        block_size=block_size or kernel_block_size,
+        block_size=block_size or kernel_block_size or CUDA_KERNEL_BLOCK,
         enable_prefix_caching=True,
         mamba_cache_mode="align",
     )
     if cfg.get("mamba_ssm_dtype") and cache_config.mamba_ssm_cache_dtype == "auto":
         cache_config.mamba_ssm_cache_dtype = cfg["mamba_ssm_dtype"]
+    ssm_dtype = cache_config.mamba_ssm_cache_dtype
     vllm_config = VllmConfig(
         model_config=model_config,
         cache_config=cache_config,
@@ -198,10 +267,20 @@ def build_setup(
         ),
     )
     cache_config = vllm_config.cache_config
+    # VllmConfig ran the host's platform hook (vLLM's current_platform), not the modelled one's:
+    # start again from what was asked, then apply the modelled platform's rules.
+    cache_config.mamba_ssm_cache_dtype = ssm_dtype
+    cache_config.user_specified_block_size = user_block
+    backend = AttentionBackendEnum[PLATFORMS[platform]].get_class()
+    if platform == "cpu":
+        if user_block:
+            cache_config.block_size = block_size
+        kernel = kernel_block_size or _cpu_platform_hook(vllm_config, backend)
+    else:
+        kernel = kernel_block_size or CUDA_KERNEL_BLOCK
     # The platform's config hook may have picked its own default; the backend's choice wins,
     # as in Platform.update_block_size_for_backend phase 1.
-    cache_config.block_size = block_size or kernel_block_size
-    cache_config.user_specified_block_size = user_block
+    cache_config.block_size = block_size or kernel
     if configure is not None:
         configure(vllm_config)
     if host_cache_bytes:
@@ -216,7 +295,6 @@ def build_setup(
     checkpoints = bool(prefill_checkpoints and not attention_only
                        and cache_config.mamba_cache_mode == "align")
     if not attention_only:
-        backend = AttentionBackendEnum["FLASH_ATTN"].get_class()
         Platform._align_hybrid_block_size(vllm_config, backend)
         if checkpoints:  # the runtime's rounding (gdn-checkpoint-block-size), page padding redone
             from vllm_hybrid_npu.core.prefill_checkpoints import round_hybrid_block
@@ -268,8 +346,8 @@ def build_setup(
             n_gdn += 1
     # The engine core resolves one layout from the workers' backends before sizing the cache
     # (EngineCore._initialize_kv_caches -> resolve_kv_cache_layout); do the same for the
-    # FlashAttention backend (plus the GDN backend for the hybrid).
-    backends = [AttentionBackendEnum["FLASH_ATTN"].get_class()]
+    # platform's attention backend (plus the GDN backend for the hybrid).
+    backends = [backend]
     if n_gdn:
         backends.append(MambaAttentionBackendEnum.GDN_ATTN.get_class())
     layouts = [layout.name for layout in get_supported_kv_cache_layouts(backends)]

@@ -231,6 +231,55 @@ def test_a_unit_records_its_rows_position_and_targets_name_a_mismatch(tmp_path):
     assert "positions" not in cold and "same position" not in cold["verdict"]
 
 
+def test_tp_reaches_the_rows_engine_and_is_a_resume_key(tmp_path, rng):
+    """Issue 31: ``--tp N`` goes to every row's worker (the stand-in records the size it got, as
+    the real worker records ``tensor_parallel_size`` of vLLM's config), lands in the JSON's
+    arguments, and ``--resume`` refuses units measured at another size."""
+    tp = rng.choice([2, 4, 8])
+    p = _harness(tmp_path, "result", "--rows", "off,exporter", "--lengths", "2048", "--tp", str(tp))
+    assert p.returncode == 0, p.stdout + p.stderr
+    doc = json.loads((tmp_path / "b.json").read_text())
+    assert doc["args"]["tp"] == tp
+    assert {u["engine"]["tensor_parallel_size"] for u in doc["units"].values()} == {tp}
+    assert "| block |" in p.stdout  # the printed table shows the block size vLLM chose
+    p = _harness(tmp_path, "result", "--rows", "off", "--lengths", "2048", "--tp", "1", "--resume")
+    assert p.returncode != 0 and f"--tp {tp!r} vs 1" in p.stderr, p.stdout + p.stderr
+    p = _harness(tmp_path, "result", "--rows", "off", "--lengths", "2048", "--tp", "0")
+    assert p.returncode != 0 and "--tp 0" in p.stderr
+
+
+def test_memory_check_covers_every_gpu_of_the_row(monkeypatch):
+    """At ``--tp 2`` both GPUs need ``--gpu-mem`` free: a busy second GPU is named, a missing one
+    too; the first GPU alone is checked at tp 1."""
+    lines = ("NVIDIA H100 80GB HBM3, GPU-a, 00000000:19:00.0, 580.159.04, 81559, 80000\n"
+             "NVIDIA H100 80GB HBM3, GPU-b, 00000000:3B:00.0, 580.159.04, 81559, 20000\n")
+    monkeypatch.setattr(cs, "_run", lambda cmd, timeout=20: lines if "--query-gpu" in " ".join(cmd) else "")
+    assert [g["uuid"] for g in cs.gpus_info()] == ["GPU-a", "GPU-b"]
+    assert cs.check_gpu_memory(0.85, wait_s=0, gpus=1) is None
+    why = cs.check_gpu_memory(0.85, wait_s=0, gpus=2)
+    assert why and why.startswith("GPU 1: ") and "20000 MiB free" in why
+    assert "only 2 GPU" in cs.check_gpu_memory(0.85, wait_s=0, gpus=4)
+
+
+def test_runner_is_found_in_process_or_asked_of_the_workers():
+    """tp 1 (vLLM's uniprocess executor): the runner in this process; tp > 1
+    (``MultiprocExecutor``, no ``driver_worker``): none here, its module asked of the workers."""
+    class Runner:
+        pass
+
+    uni = SimpleNamespace(driver_worker=SimpleNamespace(worker=SimpleNamespace(model_runner=Runner())))
+    assert isinstance(cs.in_process_runner(uni), Runner)
+    assert cs.runner_module(uni) == Runner.__module__
+
+    class Multiproc:
+        def collective_rpc(self, fn):
+            return [fn(SimpleNamespace(model_runner=Runner())) for _ in range(2)]
+
+    assert cs.in_process_runner(Multiproc()) is None
+    assert cs.runner_module(Multiproc()) == Runner.__module__
+    assert cs.PhaseTimer({"runner": None}).install().found == {}
+
+
 # ---------------------------------------------------------------- process hygiene
 
 

@@ -108,6 +108,19 @@ def test_one_gpu_model_per_pool(tmp_path):
     assert all(12 not in r["call"] for r in doc["rows"])
 
 
+def test_one_tensor_parallel_size_per_pool(tmp_path):
+    """Issue 31: units of a ``--tp 2`` engine (``engine.tensor_parallel_size``) are not pooled with
+    tp-1 units (older JSONs, which record no size, count as tp 1)."""
+    files = _protocol(tmp_path)
+    assert pool.pool(pool.read_units(files))["tp"] == 1
+    unit = _unit("off", 12, 1, [20], [20], [], [1], [1])
+    unit["engine"]["tensor_parallel_size"] = 2
+    files.append(_write(tmp_path, [unit], "c12"))
+    with pytest.raises(ValueError, match=r"tensor-parallel sizes \[1, 2\]"):
+        pool.pool(pool.read_units(files))
+    assert pool.pool(pool.read_units(files[-1:]), min_calls=1)["tp"] == 2
+
+
 def test_cli_writes_json_and_markdown(tmp_path):
     out, md = tmp_path / "pooled.json", tmp_path / "table.md"
     assert pool.main([*map(str, _protocol(tmp_path)), "--out", str(out), "--markdown", str(md)]) == 0
