@@ -57,7 +57,9 @@ from vllm_hybrid_npu.patches.gdn_prefill_checkpoint import ENV_VAR
 TP = 2
 KV_BYTES = 256 << 20
 MAX_TOKENS = 4  # 1 prefill step + 3 decode steps for a prompt alone (EOS ignored)
-TOP_LOGPROBS = 5
+#: the tolerance rule needs each run's token in the other's top logprobs (docs/testing.md: a
+#: near-tie fell below the top 5 once)
+TOP_LOGPROBS = 20
 
 
 _OUTSIDE = exporter_outside_stack()
