@@ -236,9 +236,9 @@ def test_upstream_best_is_the_advisors_search(tmp_path, tiny_model_dir, capsys, 
 
 def test_audit_searches_the_check_part_and_reports_the_share(tmp_path, tiny_model_dir, capsys,
                                                              write_trace, rng):
-    """``--audit``: the fit part is all distinct prompts (no setting hits there, vLLM's defaults
-    are advised); the check part has prompts that hit: a 4-block prompt, one sharing only its first
-    two 512-token blocks, then its exact repeat. The audit's best must be at least the advised
+    """``--audit``: the fit part is all distinct prompts (no setting hits there, the advice is
+    the fewest prefill steps); the check part has prompts that hit: a 4-block prompt, one sharing
+    only its first two 512-token blocks, then its exact repeat. The audit's best must be at least the advised
     setting and every setting it searched there, its shares must be those rates' ratios, and its
     best setting replayed with ``hitrate --policy`` must give the rate it reports."""
     ids = iter(rng.sample(range(1000, 100_000), 200))
@@ -259,7 +259,11 @@ def test_audit_searches_the_check_part_and_reports_the_share(tmp_path, tiny_mode
                  "--max-passes", "2", "--starts", "2", "--audit", *common]) == 0
     rep = _json(capsys.readouterr().out)
     au = rep["audit"]
-    assert rep["fit"]["token_hit_rate"] == 0.0 and rep["policy"] == "upstream"
+    # nothing hits on the fit part: every setting is within the hit tolerance, the advice is
+    # the fewest prefill steps per prompt among them
+    assert rep["fit"]["token_hit_rate"] == 0.0
+    assert rep["fit"]["prefill_steps_per_prompt"] == min(
+        r["prefill_steps_per_prompt"] for r in rep["fit"]["searched"])
     best = au["best_token_hit_rate"]
     assert best > 0.0, au  # something hits on the check part
     assert best >= rep["token_hit_rate"]
