@@ -19,16 +19,32 @@ The options (:class:`Candidate`; values in blocks of the setting's own block siz
 * ``host``: the host tier (``--kv-offloading-size``) off, half, or the given size (only with
   ``--host-cache-gib``).
 
-Search (:func:`search`): coordinate descent from vLLM's defaults (with the host tier at the given
-size) over the axes ``host``, ``ckpt``, ``ret+lpt`` (retention interval and long-prefill threshold
-scanned jointly: a threshold leaves states at chunk ends and the interval decides which stay, so
-one without the other misleads) and ``pmu``: each axis in turn is set to its best value with the
-others fixed, a move is taken only when it raises the fit part's token hit rate (ties keep the
-current value, so flags are only added when they pay); an axis whose best retention interval or
-threshold is the largest tried is extended (twice as many blocks) until it stops winning; passes
-repeat until one changes nothing (at most ``max_passes``). Every replay is memoized; ``--jobs``
-replays one axis's settings in parallel processes. The same search is the ``upstream-best`` row of ``hitrate`` (on the replayed requests,
-the host tier fixed by ``--host-cache-gib``).
+Search (:func:`search`, issue 33), in two phases, every replay memoized:
+
+1. **Grid**: every combination of ``ckpt`` x ``pmu`` x ``host`` (:data:`GRID_AXES`) at vLLM's
+   defaults for the other axes (18 settings with a host tier, 6 without; a prefix-match unit that
+   does not divide the setting's block is skipped without a replay). These axes interact: the
+   exporter moves the block to the 64-token grid (which units divide it), and with a host tier
+   vLLM's OffloadingConnector cannot reach the exporter's checkpoint when the unit is finer than
+   the block (docs/hitrate-lab.md, "The exporter with a host tier"), so one axis at a time
+   misses pairs (the search before issue 33 fixed the exporter first, then tried the unit with it).
+2. **Coordinate descent** from each of the best ``starts`` grid settings (default 3) over all
+   axes (:data:`AXES`): each axis in turn is set to its best value with the others fixed, a move
+   is taken only when it raises the fit part's token hit rate (ties keep the current value);
+   ``ret+lpt`` (retention interval and long-prefill threshold) is scanned jointly (a threshold
+   leaves states at chunk ends and the interval decides which stay, so one without the other
+   misleads), and an axis whose best retention interval or threshold is the largest tried is
+   extended (twice as many blocks) until it stops winning; passes repeat until one changes nothing
+   (at most ``max_passes``).
+
+:attr:`SearchResult.best` is the evaluated setting with the most fit-part hits. The advice
+(:func:`choose`) weighs prefill steps too (issue 30 item 7): among the evaluated settings whose
+fit-part token hit rate is within ``--hit-tolerance`` (relative, default 1%) of the best, the one
+with the fewest prefill steps per prompt (ties: more hits, then fewer options changed from vLLM's
+defaults). The report states both figures and the search's cost in replays. ``--jobs`` replays
+the settings of one step (the grid, one axis's values) in parallel processes. The same search is
+the ``upstream-best`` row of ``hitrate`` (its best by hits, on the replayed requests, the host
+tier fixed by ``--host-cache-gib``).
 """
 
 from __future__ import annotations
@@ -58,6 +74,13 @@ OPEN_ENDED = ("ret", "lpt")
 #: default share of the (limited) trace the search sees; the rest is the check part
 DEFAULT_FIT_FRACTION = 0.5
 DEFAULT_MAX_PASSES = 2
+#: axes whose every combination the search replays before descending (issue 33)
+GRID_AXES = ("ckpt", "pmu", "host")
+#: grid settings the coordinate descent starts from (the best by fit-part hits)
+DEFAULT_STARTS = 3
+#: relative hit tolerance of the advice: settings with at least (1 - this) x the best fit-part
+#: token hit rate compete on prefill steps per prompt
+DEFAULT_HIT_TOLERANCE = 0.01
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,6 +105,12 @@ class Candidate:
         if "+" in axis:
             return tuple(getattr(self.setting, a) for a in axis.split("+"))
         return getattr(self.setting, axis)
+
+    def changes(self, other: "Candidate") -> int:
+        """How many options (``ret``, ``lpt``, ``pmu``, ``ckpt``, ``host``) differ from ``other``."""
+        a, b = self.setting, other.setting
+        return (sum(getattr(a, f) != getattr(b, f) for f in ("ret", "lpt", "pmu", "ckpt"))
+                + (self.host_gib != other.host_gib))
 
     def with_(self, axis: str, value: Any) -> "Candidate":
         if axis == "host":
@@ -131,26 +160,54 @@ def _extensions(axis: str, best: Any, tried: set) -> list:
 
 @dataclasses.dataclass
 class SearchResult:
-    """``best``: the winner; ``start``: where the search began (vLLM's defaults);
-    ``evaluated``: candidate -> its replay dict (``None`` when vLLM rejects the combination, e.g. a
-    prefix-match unit that does not divide the block); ``passes``: passes run."""
+    """``best``: the evaluated setting with the highest token hit rate (ties: the fewest options
+    changed from ``start``, then the one evaluated first); ``start``: vLLM's defaults (with the
+    host tier given); ``evaluated``: candidate -> its replay dict, in evaluation order (``None`` when vLLM rejects
+    the combination, e.g. a prefix-match unit that does not divide the block); ``passes``: the
+    most coordinate-descent passes any descent ran; ``grid``: the grid phase's candidates;
+    ``starts``: the grid settings the descents started from; ``endpoints``: where each ended."""
 
     best: Candidate
     start: Candidate
     evaluated: dict[Candidate, dict[str, Any] | None]
     passes: int
+    grid: list[Candidate] = dataclasses.field(default_factory=list)
+    starts: list[Candidate] = dataclasses.field(default_factory=list)
+    endpoints: list[Candidate] = dataclasses.field(default_factory=list)
+    grid_axes: tuple[str, ...] = ()
 
     def result(self, cand: Candidate) -> dict[str, Any]:
         r = self.evaluated[cand]
         assert r is not None
         return r
 
+    @property
+    def replays(self) -> int:
+        """Settings replayed (valid ones; the search's cost)."""
+        return sum(r is not None for r in self.evaluated.values())
+
+    @property
+    def invalid(self) -> int:
+        """Settings vLLM rejected without a replay."""
+        return sum(r is None for r in self.evaluated.values())
+
     def table(self) -> list[dict[str, Any]]:
-        """Every valid evaluated candidate: ``policy``, ``host_cache_gib``, ``token_hit_rate``."""
+        """Every valid evaluated candidate: ``policy``, ``host_cache_gib``, ``token_hit_rate``
+        and (where the replay has it) ``prefill_steps_per_prompt``."""
         return [
-            {"policy": c.policy, "host_cache_gib": c.host_gib, "token_hit_rate": r["token_hit_rate"]}
+            {"policy": c.policy, "host_cache_gib": c.host_gib, "token_hit_rate": r["token_hit_rate"],
+             **({"prefill_steps_per_prompt": r["prefill_steps_per_prompt"]}
+                if "prefill_steps_per_prompt" in r else {})}
             for c, r in self.evaluated.items() if r is not None
         ]
+
+    def cost(self) -> dict[str, Any]:
+        """The search's cost and shape: ``replays``, ``invalid`` (settings vLLM rejected),
+        ``grid`` (grid settings, invalid included), ``grid_axes``, ``starts`` and ``endpoints``
+        (labels), ``passes``."""
+        return {"replays": self.replays, "invalid": self.invalid, "grid": len(self.grid),
+                "grid_axes": list(self.grid_axes), "starts": [c.label for c in self.starts],
+                "endpoints": [c.label for c in self.endpoints], "passes": self.passes}
 
 
 def search(
@@ -159,26 +216,47 @@ def search(
     host_gib: float = 0.0,
     *,
     axes: tuple[str, ...] = AXES,
+    grid_axes: tuple[str, ...] = GRID_AXES,
+    starts: int = DEFAULT_STARTS,
     exporter: bool = True,
     max_passes: int = DEFAULT_MAX_PASSES,
     map_fn: Callable | None = None,
+    known: dict[Candidate, dict[str, Any] | None] | None = None,
 ) -> SearchResult:
-    """Coordinate descent over ``axes`` from ``start`` (see module docstring).
+    """Grid over ``grid_axes``, then coordinate descent over ``axes`` from the best ``starts``
+    grid settings (see module docstring).
 
     Args:
         evaluate: replays a candidate, returns a dict with ``token_hit_rate`` or ``None`` when
             the combination is invalid; called at most once per candidate.
-        start: the first point (must be valid).
+        start: vLLM's defaults (must be valid); the grid varies its ``grid_axes``.
         host_gib: the largest host tier to try (the ``host`` axis; 0 = no host axis).
-        axes: axes to search, in order.
+        axes: axes of the descent, in order; a grid axis not in ``axes`` is not varied at all.
+        grid_axes: axes whose every combination is replayed first (() = plain coordinate
+            descent from ``start``, the search before issue 33).
+        starts: grid settings (best first) to descend from, >= 1.
         exporter: whether ``ckpt`` may be on.
-        max_passes: passes at most (>= 1).
-        map_fn: ``map``-like function evaluating the candidates of one axis (e.g. a process
-            pool's ``map``); default the builtin ``map``.
+        max_passes: passes at most per descent (>= 1).
+        map_fn: ``map``-like function evaluating a batch of candidates (e.g. a process pool's
+            ``map``); default the builtin ``map``.
+        known: replays already made on the same requests (candidate -> replay dict), taken
+            instead of replaying them again (they count in :attr:`SearchResult.evaluated`).
+
+    Raises:
+        ValueError: ``start`` is not valid, ``starts`` < 1 (names ``--starts``) or
+            ``max_passes`` < 1 (names ``--max-passes``).
     """
+    if starts < 1:
+        raise ValueError(f"--starts must be >= 1, got {starts}")
+    if max_passes < 1:
+        raise ValueError(f"--max-passes must be >= 1, got {max_passes}")
     evaluated: dict[Candidate, dict[str, Any] | None] = {}
+    known = dict(known or {})
 
     def score_all(cands: list[Candidate]) -> list[float | None]:
+        for c in dict.fromkeys(cands):
+            if c not in evaluated and c in known:
+                evaluated[c] = known[c]
         todo = [c for c in dict.fromkeys(cands) if c not in evaluated]
         for c, r in zip(todo, (map_fn or map)(evaluate, todo)):
             evaluated[c] = r
@@ -186,7 +264,38 @@ def search(
 
     if score_all([start])[0] is None:
         raise ValueError(f"the starting setting {start.label} is not valid")
-    cur = start
+    gaxes = [a for a in grid_axes if a in axes]
+    grid = [start]
+    for values in itertools.product(*(axis_values(a, host_gib, exporter) for a in gaxes)):
+        cand = start
+        for axis, value in zip(gaxes, values):
+            cand = cand.with_(axis, value)
+        grid.append(cand)
+    grid = list(dict.fromkeys(grid))
+    score_all(grid)
+    valid = [c for c in grid if evaluated[c] is not None]
+    # best first; sorted() is stable, so ties keep grid order (vLLM's defaults first)
+    seeds = sorted(valid, key=lambda c: -evaluated[c]["token_hit_rate"])[:starts]
+
+    endpoints = []
+    passes = 0
+    for seed in seeds:
+        end, ran = _descend(score_all, seed, axes, host_gib, exporter, max_passes)
+        endpoints.append(end)
+        passes = max(passes, ran)
+    # the most hits; among equals the fewest options changed from vLLM's defaults, then the
+    # first evaluated
+    rated = [(i, c, r["token_hit_rate"]) for i, (c, r) in enumerate(evaluated.items())
+             if r is not None]
+    best = min(rated, key=lambda icr: (-icr[2], icr[1].changes(start), icr[0]))[1]
+    return SearchResult(best=best, start=start, evaluated=evaluated, passes=passes, grid=grid,
+                        starts=seeds, endpoints=endpoints, grid_axes=tuple(gaxes))
+
+
+def _descend(score_all: Callable[[list[Candidate]], list[float | None]], cur: Candidate,
+             axes: tuple[str, ...], host_gib: float, exporter: bool,
+             max_passes: int) -> tuple[Candidate, int]:
+    """Coordinate descent from ``cur``: returns the end point and the passes run."""
     passes = 0
     for passes in range(1, max_passes + 1):
         changed = False
@@ -205,7 +314,33 @@ def search(
                 cur, changed = best, True
         if not changed:
             break
-    return SearchResult(best=cur, start=start, evaluated=evaluated, passes=passes)
+    return cur, passes
+
+
+def choose(result: SearchResult, tolerance: float = DEFAULT_HIT_TOLERANCE) -> Candidate:
+    """The advised setting: among the evaluated settings whose token hit rate is at least
+    ``(1 - tolerance)`` x the best one's, the one with the fewest prefill steps per prompt
+    (``prefill_steps_per_prompt`` of its replay); ties: the higher hit rate, then fewer options
+    changed from ``result.start`` (vLLM's defaults), then evaluation order.
+
+    Args:
+        result: a search's result; its replay dicts need ``token_hit_rate`` and
+            ``prefill_steps_per_prompt``.
+        tolerance: relative hit tolerance in [0, 1) (0: the most hits, steps break ties only).
+
+    Raises:
+        ValueError: ``tolerance`` outside [0, 1) (the message names ``--hit-tolerance``).
+        KeyError: a replay dict without ``prefill_steps_per_prompt``.
+    """
+    if not 0 <= tolerance < 1:
+        raise ValueError(f"--hit-tolerance must be in [0, 1), got {tolerance}")
+    best_rate = result.result(result.best)["token_hit_rate"]
+    floor = best_rate * (1 - tolerance)
+    eligible = [(i, c, r) for i, (c, r) in enumerate(result.evaluated.items())
+                if r is not None and r["token_hit_rate"] >= floor]
+    return min(eligible, key=lambda icr: (icr[2]["prefill_steps_per_prompt"],
+                                          -icr[2]["token_hit_rate"],
+                                          icr[1].changes(result.start), icr[0]))[1]
 
 
 def serve_flags(cand: Candidate, block_size: int, kv_cache_gib: float, tp: int) -> tuple[list[str], list[str]]:
@@ -360,6 +495,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         f"checks the winner (default {DEFAULT_FIT_FRACTION:g})")
     parser.add_argument("--max-passes", type=int, default=DEFAULT_MAX_PASSES,
                         help=f"coordinate-descent passes at most (default {DEFAULT_MAX_PASSES})")
+    parser.add_argument("--starts", type=int, default=DEFAULT_STARTS,
+                        help="descend from this many of the best settings of the grid (every "
+                        "exporter x prefix-match unit x host tier combination; default "
+                        f"{DEFAULT_STARTS})")
+    parser.add_argument("--hit-tolerance", type=float, default=DEFAULT_HIT_TOLERANCE,
+                        help="advise the fewest prefill steps per prompt among the settings whose "
+                        "fit-part token hit rate is within this share of the best (relative; "
+                        f"default {DEFAULT_HIT_TOLERANCE:g} = 1%%; 0 = most hits)")
     parser.add_argument("--jobs", type=int, default=1,
                         help="replay the settings of one search step in this many processes "
                         "(default 1; the machine's cores at most)")
@@ -411,6 +554,10 @@ def _validate(args: argparse.Namespace) -> None:
         raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
     if args.max_passes < 1:
         raise ValueError(f"--max-passes must be >= 1, got {args.max_passes}")
+    if args.starts < 1:
+        raise ValueError(f"--starts must be >= 1, got {args.starts}")
+    if not 0 <= args.hit_tolerance < 1:
+        raise ValueError(f"--hit-tolerance must be in [0, 1), got {args.hit_tolerance}")
     if args.tokens_per_s is not None and not args.tokens_per_s > 0:
         raise ValueError(f"--tokens-per-s must be > 0, got {args.tokens_per_s}")
     if not args.offered_load > 0:
@@ -458,26 +605,32 @@ def advise(args: argparse.Namespace) -> dict[str, Any]:
                             timing=timing, label=f"{tag} fit", quiet=args.quiet)
     start = Candidate(UpstreamSetting(), args.host_cache_gib)
     result = run_search(fit_replayer, start, args.host_cache_gib, jobs=args.jobs,
-                        exporter=not args.no_exporter, max_passes=args.max_passes)
-    best = result.best
+                        exporter=not args.no_exporter, max_passes=args.max_passes,
+                        starts=args.starts)
+    most = result.best  # the most fit-part hits
+    best = choose(result, args.hit_tolerance)  # the advice: fewest prefill steps within tolerance
     check_replayer = Replayer(check, cfg, kv_cache_gib=args.kv_cache_gib, tp=args.tp,
                               common=common, timing=timing, label=f"{tag} check", quiet=args.quiet)
     advised = check_replayer(best)
     default = advised if best == start else check_replayer(start)
+    most_check = {best: advised, start: default}.get(most) or check_replayer(most)
     attention = check_replayer.attention_bound(args.host_cache_gib)
     # every row the report prints, the attention bound's 16-token blocks included (over the
     # advised and default rows alone it could come out below the attention bound)
-    infinite = infinite_bound_of(check, [advised, default, attention], carry=not args.no_carry)
+    infinite = infinite_bound_of(check, [advised, default, most_check, attention],
+                                 carry=not args.no_carry)
     block = advised["block_size"]
     flags, env = serve_flags(best, block, args.kv_cache_gib, args.tp)
     replay_cmd = (f"vllm-hybrid-npu-lab hitrate --trace CHECK_PART --model {args.model} "
                   f"--tp {args.tp} --kv-cache-gib {args.kv_cache_gib:g} --policy {best.policy}"
                   + (f" --host-cache-gib {best.host_gib:g}" if best.host_gib else "")
                   + f" --tokens-per-s {rate:.0f}" + (" --no-carry" if args.no_carry else ""))
+    check_replays = check_replayer.count  # advised, defaults and most-hits rows (distinct ones)
 
     audit = None
     if args.audit:
-        audit = audit_check(check_replayer, start, best, advised, default, args)
+        audit = audit_check(check_replayer, start, best, advised, default, args,
+                            known={best: advised, start: default, most: most_check})
 
     def row(r: dict[str, Any]) -> dict[str, Any]:
         return {k: r[k] for k in ("token_hit_rate", "request_hit_rate", "block_size",
@@ -485,8 +638,20 @@ def advise(args: argparse.Namespace) -> dict[str, Any]:
                                   "host_cached_prompt_tokens", "prompt_tokens",
                                   "cached_prompt_tokens", "busy_fraction", "preemptions")}
 
+    def fit_row(c: Candidate) -> dict[str, Any]:
+        r = result.result(c)
+        return {"policy": c.policy, "host_cache_gib": c.host_gib,
+                "token_hit_rate": r["token_hit_rate"],
+                "prefill_steps_per_prompt": r["prefill_steps_per_prompt"]}
+
     source = str(cfg.get("source", ""))
     m = re.match(r"https://huggingface\.co/([^/]+/[^/]+)/", source)
+    cost = {
+        "fit_replays": result.replays,
+        "check_replays": check_replays + 1,  # + the attention bound
+        "audit_replays": audit["new_replays"] if audit else 0,
+    }
+    cost["total_replays"] = sum(cost.values())
     return {
         "model": model_name,
         "serve_model": m.group(1) if m else args.model,
@@ -499,8 +664,10 @@ def advise(args: argparse.Namespace) -> dict[str, Any]:
         "policy": best.policy,
         "block_size": block,
         "replay_command": replay_cmd,
+        "hit_tolerance": args.hit_tolerance,
         "token_hit_rate": advised["token_hit_rate"],
         "request_hit_rate": advised["request_hit_rate"],
+        "prefill_steps_per_prompt": advised["prefill_steps_per_prompt"],
         "extra_prefill_steps_per_prompt": advised["extra_prefill_steps_per_prompt"],
         "upstream_default": default["token_hit_rate"],
         "upstream_default_request_hit_rate": default["request_hit_rate"],
@@ -509,16 +676,25 @@ def advise(args: argparse.Namespace) -> dict[str, Any]:
         "infinite": infinite,
         "advised": row(advised),
         "default": row(default),
+        "most_hits": None if most == best else {"policy": most.policy,
+                                                 "host_cache_gib": most.host_gib,
+                                                 **row(most_check)},
         "attention": row(attention),
         "fit": {
             "requests": [1, n_fit],
             "token_hit_rate": result.result(best)["token_hit_rate"],
+            "prefill_steps_per_prompt": result.result(best)["prefill_steps_per_prompt"],
             "upstream_default": result.result(start)["token_hit_rate"],
+            "upstream_default_prefill_steps_per_prompt":
+                result.result(start)["prefill_steps_per_prompt"],
+            "most_hits": fit_row(most),
             "passes": result.passes,
-            "replays": sum(r is not None for r in result.evaluated.values()),
+            "replays": result.replays,
+            "search": result.cost(),
             "searched": result.table(),
         },
-        "check": {"requests": [n_fit + 1, len(requests)], "replays": check_replayer.count + 1},
+        "check": {"requests": [n_fit + 1, len(requests)], "replays": check_replays + 1},
+        "search_cost": cost,
         "audit": audit,
         "tokens_per_s": rate,
         "offered_prompt_tokens_per_s": offered,
@@ -535,45 +711,67 @@ AUDIT_TARGET = 0.95
 
 def audit_check(check_replayer: "Replayer", start: Candidate, advised_cand: Candidate,
                 advised: dict[str, Any], default: dict[str, Any],
-                args: argparse.Namespace) -> dict[str, Any]:
+                args: argparse.Namespace,
+                known: dict[Candidate, dict[str, Any] | None] | None = None) -> dict[str, Any]:
     """Search the check part itself (the same search, in-sample) and compare.
 
     The best setting *any* search found on the check part is the best of this search's settings
-    and the advised one (a local search need not revisit the advised setting). Returns a dict:
-    ``best_policy`` (str), ``best_host_cache_gib`` (float), ``best_token_hit_rate``,
+    and the advised one (a search need not revisit the advised setting); ``known``: check-part
+    replays already made (not replayed again). Returns a dict: ``best_policy`` (str),
+    ``best_host_cache_gib`` (float), ``best_token_hit_rate``, ``best_prefill_steps_per_prompt``,
     ``advised_over_best`` and ``default_over_best`` (floats; 1.0 when every rate is 0),
-    ``target`` (:data:`AUDIT_TARGET`), ``met`` (bool), ``replays`` (int) and ``searched``
-    (the search's table).
+    ``target`` (:data:`AUDIT_TARGET`), ``met`` (bool), ``replays`` (settings the search
+    evaluated, ``known`` ones included), ``new_replays`` (replays it ran), ``search`` (its
+    :meth:`SearchResult.cost`) and ``searched`` (its table).
     """
+    known = dict(known or {})
     res = run_search(check_replayer, start, args.host_cache_gib, jobs=args.jobs,
-                     exporter=not args.no_exporter, max_passes=args.max_passes)
-    best, best_rate = advised_cand, advised["token_hit_rate"]
+                     exporter=not args.no_exporter, max_passes=args.max_passes,
+                     starts=args.starts, known=known)
+    best, best_r = advised_cand, advised
     for cand, r in res.evaluated.items():
-        if r is not None and r["token_hit_rate"] > best_rate:
-            best, best_rate = cand, r["token_hit_rate"]
+        if r is not None and r["token_hit_rate"] > best_r["token_hit_rate"]:
+            best, best_r = cand, r
+    best_rate = best_r["token_hit_rate"]
     ratio = advised["token_hit_rate"] / best_rate if best_rate > 0 else 1.0
     return {
         "best_policy": best.policy,
         "best_host_cache_gib": best.host_gib,
         "best_token_hit_rate": best_rate,
+        "best_prefill_steps_per_prompt": best_r["prefill_steps_per_prompt"],
         "advised_over_best": ratio,
         "default_over_best": default["token_hit_rate"] / best_rate if best_rate > 0 else 1.0,
         "target": AUDIT_TARGET,
         "met": ratio >= AUDIT_TARGET,
-        "replays": sum(r is not None for r in res.evaluated.values()),
+        "replays": res.replays,
+        "new_replays": res.replays - sum(1 for c, r in known.items()
+                                         if r is not None and c in res.evaluated),
+        "search": res.cost(),
         "searched": res.table(),
     }
 
 
 def format_report(rep: dict[str, Any]) -> str:
-    """Human-readable advice."""
+    """Human-readable advice (hits and prefill steps per prompt side by side, the search's cost)."""
     fit, check = rep["fit"], rep["check"]
     host = f" + {rep['host_cache_gib_max']:g} GiB host" if rep["host_cache_gib_max"] else ""
+    sc = fit["search"]
+    cost = rep["search_cost"]
+    grid = " x ".join({"ckpt": "exporter", "pmu": "prefix-match unit", "host": "host tier"}[a]
+                      for a in sc["grid_axes"])
+    most = fit["most_hits"]
+    tol = rep["hit_tolerance"]
     lines = [
         f"{rep['model']} tp{rep['tp']}, {rep['kv_cache_gib']:g} GiB KV per worker{host}; "
         f"searched {fit['replays']} settings on requests {fit['requests'][0]}-{fit['requests'][1]} "
-        f"(fit: {fit['token_hit_rate']:.2%} vs {fit['upstream_default']:.2%} with vLLM's defaults), "
-        f"checked on requests {check['requests'][0]}-{check['requests'][1]}",
+        f"(every {grid} combination: {sc['grid']}, then coordinate descent from the best "
+        f"{len(sc['starts'])}), checked on requests {check['requests'][0]}-{check['requests'][1]}",
+        f"fit part: most hits {most['token_hit_rate']:.2%} at "
+        f"{most['prefill_steps_per_prompt']:.2f} prefill steps/prompt ({most['policy']}"
+        + (f" +host {most['host_cache_gib']:g}" if most["host_cache_gib"] else "") + "); "
+        f"advised: the fewest prefill steps within {tol:.0%} of it, {fit['token_hit_rate']:.2%} at "
+        f"{fit['prefill_steps_per_prompt']:.2f}; vLLM's defaults {fit['upstream_default']:.2%} at "
+        f"{fit['upstream_default_prefill_steps_per_prompt']:.2f}",
         "",
         f"vllm serve {rep.get('serve_model', 'MODEL')} " + " ".join(rep["flags"]),
         "  with vllm-hybrid-npu installed: " + " ".join(rep["env"]),
@@ -581,24 +779,34 @@ def format_report(rep: dict[str, Any]) -> str:
                                              if rep["host_cache_gib"] else "")
         + f" (block {rep['block_size']} tokens)",
         "",
-        f"check part            {'tok hit':>8} {'req hit':>8} {'extra prefill steps/prompt':>27}",
+        f"check part            {'tok hit':>8} {'req hit':>8} {'prefill steps/prompt':>21} "
+        f"{'extra':>6}",
     ]
-    for name, r in (("advised", rep["advised"]), ("vLLM defaults", rep["default"])):
+    rows = [("advised", rep["advised"]), ("vLLM defaults", rep["default"])]
+    mh = rep.get("most_hits")
+    if mh and (mh["policy"], mh["host_cache_gib"]) != ("upstream", rep["host_cache_gib_max"]):
+        rows.insert(1, ("most fit hits", mh))  # (unless it is vLLM's defaults' row)
+    for name, r in rows:
         lines.append(f"{name:<21} {r['token_hit_rate']:>8.2%} {r['request_hit_rate']:>8.2%} "
-                     f"{r['extra_prefill_steps_per_prompt']:>27.2f}")
+                     f"{r['prefill_steps_per_prompt']:>21.2f} "
+                     f"{r['extra_prefill_steps_per_prompt']:>6.2f}")
     a = rep["attention"]
     lines.append(f"{'attention bound':<21} {a['token_hit_rate']:>8.2%} {a['request_hit_rate']:>8.2%} "
-                 f"{'-':>27}")
-    lines.append(f"{'infinite bound':<21} {rep['infinite_bound']:>8.2%} {'-':>8} {'-':>27}  "
-                 f"(at {rep['infinite']['unit']}-token units)")
+                 f"{'-':>21} {'-':>6}")
+    lines.append(f"{'infinite bound':<21} {rep['infinite_bound']:>8.2%} {'-':>8} {'-':>21} "
+                 f"{'-':>6}  (at {rep['infinite']['unit']}-token units)")
     au = rep.get("audit")
     if au:
         host = f" with --host-cache-gib {au['best_host_cache_gib']:g}" if au["best_host_cache_gib"] else ""
-        lines.append(f"audit: best on the check part {au['best_token_hit_rate']:.2%} "
+        lines.append(f"audit: best on the check part {au['best_token_hit_rate']:.2%} at "
+                     f"{au['best_prefill_steps_per_prompt']:.2f} prefill steps/prompt "
                      f"({au['best_policy']}{host}, {au['replays']} settings searched there); "
                      f"advised / best {au['advised_over_best']:.3f} "
                      f"({'met' if au['met'] else 'missed'}: target {au['target']:.2f}), "
                      f"vLLM defaults / best {au['default_over_best']:.3f}")
+    lines.append(f"cost: {cost['total_replays']} replays ({cost['fit_replays']} fit, "
+                 f"{cost['check_replays']} check" + (f", {cost['audit_replays']} audit"
+                                                     if cost["audit_replays"] else "") + ")")
     lines.append("")
     lines.append("replay: " + rep["replay_command"])
     return "\n".join(lines)

@@ -112,12 +112,16 @@ class ReplayResult:
 
     #: host-tier part of ``cached_per_request`` (not in JSON)
     host_per_request: list[int] = field(default_factory=list, repr=False)
+    #: missed prompt tokens by reason per request in trace order (``MissTracker.on_admit``'s
+    #: counts; empty without a miss classifier; not in JSON)
+    miss_per_request: list[dict[str, int]] = field(default_factory=list, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
         """Return the fields as a JSON-ready dict (without the per-request lists)."""
         d = asdict(self)
         del d["cached_per_request"]
         del d["host_per_request"]
+        del d["miss_per_request"]
         return d
 
 
@@ -160,6 +164,7 @@ def replay(
     carry_outputs: bool = True,
     link: Any = None,
     progress: Callable[[int, int, float], None] | None = None,
+    on_admit: Callable[[Any, Any], None] | None = None,
 ) -> ReplayResult:
     """Replay ``requests`` through ``scheduler_class`` built on ``setup`` and return the numbers.
 
@@ -175,6 +180,9 @@ def replay(
         link: a :class:`vllm_hybrid_npu_lab.host_tier.HostLink` (bandwidth/latency of the host
             tier); default ``HostLink()`` when the setup has a host tier.
         progress: called as ``progress(finished, total, sim_time_s)`` every few hundred steps.
+        on_admit: called as ``on_admit(scheduler, request)`` when a request is first scheduled
+            (after ``schedule()`` returned, before the step's output): an observer, e.g. of what
+            the host tier holds for the request's prefix (:mod:`.host_breakdown`).
 
     Raises ``RuntimeError`` if the scheduler stops making progress (a request that can never be
     scheduled under the KV budget).
@@ -217,6 +225,7 @@ def replay(
     first_host: dict[str, int] = {}
     per_request = [0] * n
     host_per_request = [0] * n
+    miss_per_request: list[dict[str, int]] = [{} for _ in range(n)] if tracker is not None else []
     next_idx = 0
     finished = 0
     clock = 0.0
@@ -265,8 +274,11 @@ def replay(
                 wait_total += clock - requests[int(new.req_id)].timestamp_ms / 1000.0
                 if tracker is not None:
                     r = live[new.req_id]
-                    tracker.on_admit(r.block_hashes, r.num_prompt_tokens, new.num_computed_tokens,
-                                     getattr(r, "shared_prefix_boundary", 0) or 0)
+                    miss_per_request[int(new.req_id)] = tracker.on_admit(
+                        r.block_hashes, r.num_prompt_tokens, new.num_computed_tokens,
+                        getattr(r, "shared_prefix_boundary", 0) or 0)
+                if on_admit is not None:
+                    on_admit(sched, live[new.req_id])
         sampled: list[list[int]] = []
         for rid in req_ids:
             req = live[rid]
@@ -371,6 +383,7 @@ def replay(
         extra_prefill_steps_per_prompt=extra_steps_total / n,
         cached_per_request=per_request,
         host_per_request=host_per_request,
+        miss_per_request=miss_per_request,
     )
 
 

@@ -236,9 +236,9 @@ def test_upstream_best_is_the_advisors_search(tmp_path, tiny_model_dir, capsys, 
 
 def test_audit_searches_the_check_part_and_reports_the_share(tmp_path, tiny_model_dir, capsys,
                                                              write_trace, rng):
-    """``--audit``: the fit part is all distinct prompts (no setting hits there, vLLM's defaults
-    are advised); the check part has prompts that hit: a 4-block prompt, one sharing only its first
-    two 512-token blocks, then its exact repeat. The audit's best must be at least the advised
+    """``--audit``: the fit part is all distinct prompts (no setting hits there, the advice is
+    the fewest prefill steps); the check part has prompts that hit: a 4-block prompt, one sharing
+    only its first two 512-token blocks, then its exact repeat. The audit's best must be at least the advised
     setting and every setting it searched there, its shares must be those rates' ratios, and its
     best setting replayed with ``hitrate --policy`` must give the rate it reports."""
     ids = iter(rng.sample(range(1000, 100_000), 200))
@@ -256,10 +256,14 @@ def test_audit_searches_the_check_part_and_reports_the_share(tmp_path, tiny_mode
     common = ["--model", str(tiny_model_dir), "--kv-cache-gib", "0.05", "--json", "--quiet",
               "--tokens-per-s", "5000"]
     assert main(["advise", "--trace", str(trace), "--fit-fraction", str(4 / len(rows)),
-                 "--max-passes", "2", "--audit", *common]) == 0
+                 "--max-passes", "2", "--starts", "2", "--audit", *common]) == 0
     rep = _json(capsys.readouterr().out)
     au = rep["audit"]
-    assert rep["fit"]["token_hit_rate"] == 0.0 and rep["policy"] == "upstream"
+    # nothing hits on the fit part: every setting is within the hit tolerance, the advice is
+    # the fewest prefill steps per prompt among them
+    assert rep["fit"]["token_hit_rate"] == 0.0
+    assert rep["fit"]["prefill_steps_per_prompt"] == min(
+        r["prefill_steps_per_prompt"] for r in rep["fit"]["searched"])
     best = au["best_token_hit_rate"]
     assert best > 0.0, au  # something hits on the check part
     assert best >= rep["token_hit_rate"]
@@ -267,7 +271,158 @@ def test_audit_searches_the_check_part_and_reports_the_share(tmp_path, tiny_mode
     assert au["advised_over_best"] == pytest.approx(rep["token_hit_rate"] / best)
     assert au["default_over_best"] == pytest.approx(rep["upstream_default"] / best)
     assert au["met"] is (au["advised_over_best"] >= au["target"])
+    # the check part's advised and default replays are not replayed again by the audit
+    assert 0 < au["new_replays"] < au["replays"] == au["search"]["replays"]
+    assert rep["search_cost"]["audit_replays"] == au["new_replays"]
     check = write_trace(tmp_path / "check.jsonl", rows[4:])
     assert main(["hitrate", "--trace", str(check), "--policy", au["best_policy"], *common]) == 0
     hit = _json(capsys.readouterr().out)
     assert hit["policies"][au["best_policy"]]["token_hit_rate"] == best
+
+
+# --------------------------------------------------------------------------------- issue 33
+def _memo(evaluate):
+    """``evaluate`` with its replays kept (two searches over one trace share them)."""
+    seen: dict = {}
+
+    def run(c: Candidate):
+        if c not in seen:
+            seen[c] = evaluate(c)
+        return seen[c]
+
+    return run
+
+
+def test_grid_finds_the_pair_one_axis_at_a_time_misses(cfg, rng):
+    """Exporter x prefix-match unit with a host tier, replayed (issue 33).
+
+    The tiny hybrid at kernel block 96: vLLM's block is 96 tokens, the exporter's 128 (its
+    64-token grid). ``n1`` prompts of ``x + 1`` tokens with ``x`` in [512, 542], one of ``y + 1``
+    tokens with ``y`` in [576, 606], three 3,000-token fillers that flush the device, then the same
+    prompts again: every hit comes from the 1/16 GiB host tier. By hand (hits of the repeats):
+
+    * vLLM's defaults: the last block boundary, 480 and 576;
+    * the exporter (block 128): its checkpoint at 512 for both: 512 (n1 + 1), more than the
+      defaults when n1 >= 3;
+    * ``--prefix-match-unit 32`` without the exporter: vLLM's split stops at the last block
+      boundary and the last 32-token boundary (480 + 512, 576), both states reach the host and
+      its connector finds the partial tail one block past the full block: 512 and 576;
+    * ``--prefix-match-unit 32`` with the exporter: one checkpoint at the last 32-token boundary:
+      512 is a block boundary (a full-block hit), 576 is not and the host holds no GDN state at
+      512 beneath it, so the connector cannot reach it: 512 and 0.
+
+    One axis at a time from the defaults takes the exporter (more hits), then finds every unit
+    worse with it: it ends below the grid's pick, ``--prefix-match-unit 32`` without the exporter.
+    """
+    from vllm_hybrid_npu_lab.advise import Replayer
+
+    n1 = rng.choice([3, 4, 5])
+    ids = iter(rng.sample(range(100, 100_000), 40))
+    prompts = [(rng.randint(513, 543), [next(ids), next(ids)]) for _ in range(n1)]
+    prompts.append((rng.randint(577, 607), [next(ids), next(ids)]))
+    rows = [(n, rng.randint(1, 8), h) for n, h in prompts]  # answers cross no block boundary
+    rows += [(3000, 4, [next(ids) for _ in range(6)]) for _ in range(3)]
+    rows += [(n, rng.randint(1, 8), h) for n, h in prompts]
+    reqs = _reqs(rows)
+    host = 1 / 16
+    replayer = Replayer(reqs, cfg, kv_cache_gib=48 * 128 * 256 / 2**30, tp=1, quiet=True,
+                        common=dict(max_model_len=3010, kernel_block_size=96),
+                        timing=dict(tokens_per_s=5000.0))
+    evaluate = _memo(replayer)
+    start = Candidate(UpstreamSetting(), host)
+
+    def hits(**kw):
+        return evaluate(Candidate(UpstreamSetting(**kw), host))["cached_prompt_tokens"]
+
+    assert hits() == 480 * n1 + 576
+    assert hits(ckpt=True) == 512 * (n1 + 1)
+    assert hits(pmu=32) == 512 * n1 + 576
+    assert hits(pmu=32, ckpt=True) == 512 * n1
+    one_at_a_time = search(evaluate, start, host, grid_axes=())  # the search before issue 33
+    assert one_at_a_time.best == Candidate(UpstreamSetting(ckpt=True), host)
+    # one start keeps the test short; the grid alone finds the pair
+    grid = search(evaluate, start, host, starts=1)
+    assert grid.best == Candidate(UpstreamSetting(pmu=32), host)
+    assert grid.result(grid.best)["cached_prompt_tokens"] == 512 * n1 + 576
+    assert len(grid.grid) == 18 and grid.cost()["grid_axes"] == ["ckpt", "pmu", "host"]
+
+
+def _steps_result(rows):
+    """A SearchResult over made-up replays ``(setting, host, rate, steps)``."""
+    from vllm_hybrid_npu_lab.advise import SearchResult
+
+    evaluated = {Candidate(s, h): {"token_hit_rate": r, "prefill_steps_per_prompt": st}
+                 for s, h, r, st in rows}
+    best = max(evaluated, key=lambda c: evaluated[c]["token_hit_rate"])
+    return SearchResult(best=best, start=Candidate(), evaluated=evaluated, passes=1)
+
+
+def test_advice_takes_the_fewest_steps_within_the_hit_tolerance(rng):
+    from vllm_hybrid_npu_lab.advise import choose
+
+    top = rng.uniform(0.1, 0.9)
+    steps = sorted(rng.uniform(1.0, 9.0) for _ in range(4))
+    res = _steps_result([
+        (UpstreamSetting(), 0.0, top * 0.9, steps[0]),  # fewest steps, 10% fewer hits: out
+        (UpstreamSetting(ret=8, lpt=1), 0.0, top, steps[3]),  # the most hits, the most steps
+        (UpstreamSetting(ckpt=True), 0.0, top * 0.995, steps[1]),  # within 1%: the advice
+        (UpstreamSetting(pmu=64, ckpt=True), 0.0, top * 0.999, steps[2]),
+    ])
+    assert choose(res, 0.01) == Candidate(UpstreamSetting(ckpt=True))
+    assert choose(res, 0.0) == Candidate(UpstreamSetting(ret=8, lpt=1))
+    assert choose(res, 0.2) == Candidate()
+    # equal steps: the more hits win, then the fewer options changed from the defaults
+    tie = _steps_result([
+        (UpstreamSetting(ret=2, ckpt=True), 0.0, top, 1.0),
+        (UpstreamSetting(ckpt=True), 0.0, top, 1.0),
+        (UpstreamSetting(pmu=32, ckpt=True), 0.0, top * 0.999, 1.0),
+    ])
+    assert choose(tie, 0.01) == Candidate(UpstreamSetting(ckpt=True))
+    with pytest.raises(ValueError, match="--hit-tolerance"):
+        choose(res, 1.0)
+
+
+def test_advise_weighs_steps_when_settings_tie_in_hits(tmp_path, tiny_model_dir, capsys,
+                                                       write_trace, rng):
+    """Kernel block 128: vLLM's block and the exporter's are both 128 tokens. Each part: cold
+    prompts of ``128 k + r`` tokens (``r`` in 1..32, so no prefix-match unit reaches past the last
+    block boundary) and their exact repeats. Every setting hits the same (each repeat
+    ``128 k``), but vLLM's split ends each cold prompt's step at the last block boundary: 2 prefill
+    steps, a repeat 1; the exporter takes 1 and 1. Advised: the exporter, 1.0 against 1.5 steps
+    per prompt on both parts (hand-counted), both figures printed."""
+    ids = iter(rng.sample(range(100, 100_000), 40))
+    rows, t, hit = [], 0, {}
+    for part in range(2):
+        for _ in range(2):
+            n = 128 * rng.randint(5, 7) + rng.randint(1, 32)
+            h = [next(ids), next(ids)]
+            for _ in range(2):  # cold, then its repeat
+                rows.append((t, n, 4, h))
+                t += 10_000
+            hit[part] = hit.get(part, 0) + (n - 1) // 128 * 128
+    trace = write_trace(tmp_path / "t.jsonl", rows)
+    common = ["advise", "--trace", str(trace), "--model", str(tiny_model_dir), "--kv-cache-gib",
+              "0.05", "--tokens-per-s", "5000", "--kernel-block-size", "128", "--quiet",
+              "--starts", "1", "--max-passes", "1"]
+    assert main(common + ["--json"]) == 0
+    rep = _json(capsys.readouterr().out)
+    assert rep["policy"] == "upstream:ckpt" and rep["block_size"] == 128
+    assert rep["fit"]["most_hits"]["policy"] == "upstream"  # ties in hits keep the defaults
+    assert rep["fit"]["most_hits"]["token_hit_rate"] == rep["fit"]["token_hit_rate"]
+    prompt_tokens = sum(r[1] for r in rows[4:])
+    assert rep["advised"]["cached_prompt_tokens"] == rep["default"]["cached_prompt_tokens"] == hit[1]
+    assert rep["advised"]["prompt_tokens"] == prompt_tokens
+    assert rep["fit"]["prefill_steps_per_prompt"] == rep["advised"]["prefill_steps_per_prompt"] == 1.0
+    assert rep["fit"]["upstream_default_prefill_steps_per_prompt"] == 1.5
+    assert rep["default"]["prefill_steps_per_prompt"] == 1.5
+    cost = rep["search_cost"]
+    assert cost["fit_replays"] == rep["fit"]["replays"] == rep["fit"]["search"]["replays"]
+    assert cost["total_replays"] == cost["fit_replays"] + cost["check_replays"]
+    # the text report prints both figures and the cost
+    assert main(common) == 0
+    text = capsys.readouterr().out
+    assert "1.00" in text and "1.50" in text and "prefill steps/prompt" in text
+    assert f"cost: {cost['total_replays']} replays" in text
+    for bad in (["--hit-tolerance", "1"], ["--hit-tolerance", "-0.1"], ["--starts", "0"]):
+        assert main(common + bad) == 2
+        assert bad[0] in capsys.readouterr().err

@@ -209,3 +209,65 @@ def test_policy_states_reach_the_host_tier(cfg, policy, hit):
     tiered = _run(cfg, reqs, policy, kv_bytes=DEVICE_24_BLOCKS, host_bytes=64 << 20)
     assert tiered.cached_per_request == [0, 0, hit]
     assert tiered.host_per_request == [0, 0, hit]
+
+
+def _off_block_trace(rng):
+    """``A`` of ``256 k + r`` tokens (``r`` in 65..255: its last 64-token boundary is not a
+    multiple of the 256-token block), two 3,000-token prompts that flush the 24-block device, then
+    ``A`` again; returns the requests and ``x = len(A) - 1``."""
+    n = 256 * rng.randint(1, 3) + rng.randint(65, 255)
+    ids = rng.sample(range(100, 100_000), 14)
+    rows = [(n, 4, ids[:2]), (3000, 4, ids[2:8]), (3000, 4, ids[8:14]), (n, 4, ids[:2])]
+    return _reqs(rows), n - 1
+
+
+def test_exporter_checkpoint_off_the_block_is_held_by_the_host_out_of_the_connectors_reach(cfg, rng):
+    """Issue 33: with ``--prefix-match-unit 64`` below the 256-token block, vLLM's split stops a
+    cold prompt at its last block boundary ``256 (x // 256)`` and at its last 64-token boundary
+    ``64 (x // 64)``; both states reach the host tier and the repeat loads ``64 (x // 64)`` (the
+    OffloadingConnector finds a partial tail within one block past a full-block hit). The
+    exporter writes one checkpoint, at ``64 (x // 64)``: the host holds it (every group's entry),
+    but holds no GDN state at the block boundary beneath, so the connector's full-block lookup
+    stops at 0 and never reaches it. At the block's own unit both write the state at the last
+    block boundary and the repeat hits it alike (the same block: only the checkpoint's position
+    differs from the split's stops). Same on vLLM 0.30 and 0.32 (vLLM's connector)."""
+    from vllm_hybrid_npu_lab.host_breakdown import breakdown
+
+    reqs, x = _off_block_trace(rng)
+    block, tail = x // 256 * 256, x // 64 * 64
+    kw = dict(kv_cache_gib=DEVICE_24_BLOCKS / 2**30, host_cache_gib=1 / 16, block_size=256,
+              tokens_per_s=5000.0)
+    split = breakdown(reqs, cfg, "upstream:pmu=64", **kw)["rows"][3]
+    ckpt = breakdown(reqs, cfg, "upstream:pmu=64,ckpt", **kw)["rows"][3]
+    assert split["held"] == [block, tail] and (split["hit"], split["host_hit"]) == (tail, tail)
+    assert split["held_not_loaded"] == 0
+    assert ckpt["held"] == [tail] and (ckpt["hit"], ckpt["host_hit"]) == (0, 0)
+    assert ckpt["held_not_loaded"] == tail
+    # the lab's miss reasons: the host did not serve what the device had cached before
+    assert ckpt["miss"] == {"evicted_host": tail, "partial_block": x + 1 - tail}
+    for pol in ("upstream", "upstream:ckpt"):
+        row = breakdown(reqs, cfg, pol, **kw)["rows"][3]
+        assert row["held"] == [block] and row["hit"] == row["host_hit"] == block, pol
+
+
+def test_host_breakdown_cli(tmp_path, tiny_model_dir, capsys, write_trace, rng):
+    import json
+
+    from vllm_hybrid_npu_lab.host_breakdown import main
+
+    reqs, x = _off_block_trace(rng)
+    trace = write_trace(tmp_path / "t.jsonl",
+                        [(r.timestamp_ms, r.input_length, r.output_length, list(r.hash_ids))
+                         for r in reqs])
+    args = ["--trace", str(trace), "--model", str(tiny_model_dir), "--kv-cache-gib",
+            str(DEVICE_24_BLOCKS / 2**30), "--host-cache-gib", "0.0625", "--block-size", "256",
+            "--tokens-per-s", "5000", "--policy", "upstream:pmu=64"]
+    assert main(args + ["--json"]) == 0
+    out = capsys.readouterr().out
+    rep = json.loads(out[out.index("\n[") + 1:] if not out.startswith("[") else out)
+    assert rep[0]["rows"][3]["hit"] == x // 64 * 64 and rep[0]["hash_block_size"] == 64
+    assert main(args + ["--requests", "4"]) == 0
+    table = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| `")]
+    assert len(table) == 1 and f"| {x // 64 * 64:,} ({x // 64 * 64:,}) |" in table[0]
+    assert main(args[:-2] + ["--kv-cache-gib", "0"]) == 2
+    assert "--kv-cache-gib" in capsys.readouterr().err
