@@ -99,7 +99,8 @@ def _block(llm) -> int:
 def _gen(llm, prompts, max_tokens=1, salt=None, ignore_eos=False):
     from vllm import SamplingParams
 
-    sp = SamplingParams(max_tokens=max_tokens, temperature=0.0, logprobs=5, ignore_eos=ignore_eos)
+    # top 20: a flat distribution ties many tokens; top 5 can miss the other run's pick
+    sp = SamplingParams(max_tokens=max_tokens, temperature=0.0, logprobs=20, ignore_eos=ignore_eos)
     items = [{"prompt_token_ids": p, **({"cache_salt": salt} if salt else {})} for p in prompts]
     n0 = len(llm._vhn_steps)
     outs = llm.generate(items, sp, use_tqdm=False)
