@@ -340,7 +340,8 @@ def run(args: argparse.Namespace) -> int:
             "machine": machine_line(),
         }, indent=2))
     else:
-        out = [format_table(results), ""]
+        out = ["the plugin's server (align mode, the GDN prefill-checkpoint exporter), one row per "
+               "request:", format_table(results), ""]
         out.append(f"block size (tokens, chosen by vLLM): {block_size}")
         out.append(f"machine: {machine_line()}")
         out.append(f"token hit rate: {summary['token_hit_rate']:.1%} "
