@@ -114,3 +114,46 @@ def threads_bind(tp: int) -> str:
         pytest.skip(f"tensor parallel {tp} on CPU binds one CPU per worker at least: {len(cpus)} allowed")
     per = len(cpus) // tp
     return "|".join(",".join(map(str, cpus[i * per:(i + 1) * per])) for i in range(tp))
+
+
+def engine_core(llm):
+    """The in-process ``EngineCore`` of an ``LLM`` (``VLLM_ENABLE_V1_MULTIPROCESSING=0``)."""
+    return llm.llm_engine.engine_core.engine_core
+
+
+def block_hashes(llm) -> dict[int, object]:
+    """``{block id: block hash}`` of every hashed block in the engine's block pool (a snapshot
+    for :func:`cached_mamba_blocks`'s ``before``)."""
+    pool = engine_core(llm).scheduler.kv_cache_manager.block_pool
+    return {b.block_id: b.block_hash for b in pool.blocks if b.block_hash is not None}
+
+
+def mamba_groups(llm) -> dict[int, list[str]]:
+    """``{KV-cache group index: layer names}`` of the engine's Mamba (GDN) KV-cache groups."""
+    from vllm.v1.kv_cache_interface import MambaSpec
+
+    groups = engine_core(llm).scheduler.kv_cache_manager.kv_cache_config.kv_cache_groups
+    return {i: list(g.layer_names) for i, g in enumerate(groups) if isinstance(g.kv_cache_spec, MambaSpec)}
+
+
+def cached_mamba_blocks(llm, position: int, before: dict) -> dict[int, int]:
+    """Mamba KV-cache group -> the block vLLM's block pool cached at ``position`` tokens since its
+    hashes were ``before`` (:func:`block_hashes`; keyed by block hash + group).
+
+    Raises:
+        AssertionError: a Mamba group has no such block, or more than one.
+    """
+    from vllm.v1.core.kv_cache_utils import get_group_id
+
+    groups = mamba_groups(llm)
+    found: dict[int, list[int]] = {}
+    for block in engine_core(llm).scheduler.kv_cache_manager.block_pool.blocks:
+        if block.block_hash is None or block.block_hash_num_tokens != position:
+            continue
+        if before.get(block.block_id) == block.block_hash:
+            continue
+        group = get_group_id(block.block_hash)
+        if group in groups:
+            found.setdefault(group, []).append(block.block_id)
+    assert set(found) == set(groups) and all(len(v) == 1 for v in found.values()), (position, found)
+    return {group: ids[0] for group, ids in found.items()}

@@ -39,7 +39,11 @@ import math
 import uuid
 
 import pytest
-from engines import count_scheduled_steps, exporter_outside_stack, shutdown_engine  # e2e/engines.py
+from engines import (  # e2e/engines.py
+    block_hashes, cached_mamba_blocks, count_scheduled_steps, exporter_outside_stack, mamba_groups,
+    shutdown_engine,
+)
+from engines import engine_core as _core
 from greedy_compare import Sequence, assert_same  # e2e/greedy_compare.py
 
 from vllm_hybrid_npu.patches.gdn_prefill_checkpoint import ENV_VAR, VLLM_PLAN
@@ -136,10 +140,6 @@ def _stack_vllm() -> str | None:
     return detect_stack().vllm
 
 
-def _core(llm):
-    return llm.llm_engine.engine_core.engine_core
-
-
 def _assert_declared(llm) -> None:
     from vllm.v1.kv_cache_interface import MambaSpec
 
@@ -181,10 +181,10 @@ def _cold_written_where_cached(llm, prompt, position):
     """Run ``prompt`` cold (one request) and check that the blocks the exporter wrote are
     exactly the blocks vLLM's scheduler cached at ``position`` (one per Mamba group): the plan and
     ``MambaManager`` in lockstep. Returns the output and the engine steps."""
-    before = _hashes(llm)
+    before = block_hashes(llm)
     with _planned_blocks() as planned:
         (out,), steps = _gen(llm, [prompt])
-    cached = _cached_checkpoint_blocks(llm, position, before)
+    cached = cached_mamba_blocks(llm, position, before)
     assert sorted(planned) == sorted(cached.values()), (len(prompt), position, planned, cached)
     return out, steps
 
@@ -224,47 +224,17 @@ def test_mixed_batch_cold_hit_and_decodes(exporter, rng, exact_across_schedules)
         assert rep.num_cached_tokens == (len(prompt) - 1) // block * block
 
 
-def _hashes(llm) -> dict[int, bytes]:
-    pool = llm.llm_engine.engine_core.engine_core.scheduler.kv_cache_manager.block_pool
-    return {b.block_id: b.block_hash for b in pool.blocks if b.block_hash is not None}
-
-
-def _mamba_groups(llm) -> dict[int, list[str]]:
-    from vllm.v1.kv_cache_interface import MambaSpec
-
-    groups = _core(llm).scheduler.kv_cache_manager.kv_cache_config.kv_cache_groups
-    return {i: g.layer_names for i, g in enumerate(groups) if isinstance(g.kv_cache_spec, MambaSpec)}
-
-
-def _cached_checkpoint_blocks(llm, position, before) -> dict[int, int]:
-    """Mamba KV-cache group -> the block vLLM's block pool cached at ``position`` tokens since its
-    hashes were ``before`` (:func:`_hashes`; keyed by block hash + group); exactly one each."""
-    from vllm.v1.core.kv_cache_utils import get_group_id
-
-    groups = _mamba_groups(llm)
-    found: dict[int, list[int]] = {}
-    for block in _core(llm).scheduler.kv_cache_manager.block_pool.blocks:
-        if block.block_hash is None or block.block_hash_num_tokens != position:
-            continue
-        if before.get(block.block_id) == block.block_hash:
-            continue
-        group = get_group_id(block.block_hash)
-        if group in groups:
-            found.setdefault(group, []).append(block.block_id)
-    assert set(found) == set(groups) and all(len(v) == 1 for v in found.values()), found
-    return {group: ids[0] for group, ids in found.items()}
-
-
 def _checkpoint_states(llm, position, before):
     """[(layer name, conv bytes, SSM bytes)] of the states cached at ``position`` tokens since the
-    block pool's hashes were ``before`` (:func:`_hashes`), one block per Mamba KV-cache group."""
+    block pool's hashes were ``before`` (``engines.block_hashes``), one block per Mamba KV-cache
+    group."""
     import torch
 
-    groups = _mamba_groups(llm)
+    groups = mamba_groups(llm)
     ctx = _core(llm).model_executor.driver_worker.worker.model_runner.vllm_config \
         .compilation_config.static_forward_context
     out = []
-    for group, block_id in sorted(_cached_checkpoint_blocks(llm, position, before).items()):
+    for group, block_id in sorted(cached_mamba_blocks(llm, position, before).items()):
         for name in groups[group]:
             conv, ssm = ctx[name].kv_cache[0][block_id], ctx[name].kv_cache[1][block_id]
             out.append((name, conv.clone().view(torch.uint8), ssm.clone().view(torch.uint8)))
@@ -288,7 +258,7 @@ def test_exported_state_bytes_equal_split(tiny_model_dir, engine_args, exporter,
     got = []
     try:
         for p in prompts:
-            before = _hashes(llm)
+            before = block_hashes(llm)
             _gen(llm, [p])
             got.append(_checkpoint_states(llm, (len(p) - 1) // block * block, before))
     finally:
@@ -297,7 +267,7 @@ def test_exported_state_bytes_equal_split(tiny_model_dir, engine_args, exporter,
     try:
         assert _block(split) == block
         for n, p in enumerate(prompts):
-            before = _hashes(split)
+            before = block_hashes(split)
             _, steps = _gen(split, [p])
             assert steps == 2, f"vLLM's split took {steps} steps for a {len(p)}-token prompt"
             ref = _checkpoint_states(split, (len(p) - 1) // block * block, before)
@@ -402,7 +372,7 @@ def test_prefix_match_unit_64_plans_where_the_scheduler_caches(tiny_model_dir, e
         prompts = [_prompt(rng, rng.randrange(block + 65, 3 * block)) for _ in range(3)]
         for p in prompts:
             position = (len(p) - 1) // 64 * 64
-            before = _hashes(llm)
+            before = block_hashes(llm)
             cold, steps = _cold_written_where_cached(llm, p, position)
             assert steps == 1, f"{len(p)}-token cold prompt took {steps} steps"
             got.append(_checkpoint_states(llm, position, before))
@@ -415,7 +385,7 @@ def test_prefix_match_unit_64_plans_where_the_scheduler_caches(tiny_model_dir, e
     split = _engine(tiny_model_dir("qwen3_next"), engine_args, "split", prefix_match_unit=64)
     try:
         for n, p in enumerate(prompts):
-            before = _hashes(split)
+            before = block_hashes(split)
             _, steps = _gen(split, [p])
             assert steps > 1, f"vLLM's split took {steps} step for a {len(p)}-token prompt"
             ref = _checkpoint_states(split, (len(p) - 1) // 64 * 64, before)

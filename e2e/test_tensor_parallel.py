@@ -44,12 +44,16 @@ import random
 
 import pytest
 from engines import (  # e2e/engines.py
+    block_hashes,
+    cached_mamba_blocks,
     count_scheduled_steps,
     exporter_outside_stack,
+    mamba_groups,
     shutdown_engine,
     threads_bind,
     tp_skip_reason,
 )
+from engines import engine_core as _core
 from greedy_compare import CHUNKING_BOUND, Sequence, assert_same, compare_greedy  # e2e/greedy_compare.py
 
 from vllm_hybrid_npu.patches.gdn_prefill_checkpoint import ENV_VAR
@@ -105,10 +109,6 @@ def _close(llm) -> None:
     llm._vhn_mp.undo()
 
 
-def _core(llm):
-    return llm.llm_engine.engine_core.engine_core
-
-
 def _gen(llm, prompt):
     """``(RequestOutput, engine steps it took)`` of one prompt alone, greedy, EOS ignored."""
     from vllm import SamplingParams
@@ -146,36 +146,16 @@ def _facts(llm) -> dict:
             "workers": llm.collective_rpc(who)}
 
 
-def _hashes(llm) -> dict[int, object]:
-    pool = _core(llm).scheduler.kv_cache_manager.block_pool
-    return {b.block_id: b.block_hash for b in pool.blocks if b.block_hash is not None}
-
-
 def _rank_states(llm, position: int, before: dict) -> dict[int, list[tuple[str, tuple, bytes, bytes]]]:
     """The states cached at ``position`` tokens since the block pool's hashes were ``before``
-    (:func:`_hashes`): the block of each Mamba KV-cache group (vLLM's block pool, in this process,
-    keyed by block hash + group; exactly one new one per group), read on every worker.
+    (``engines.block_hashes``): the block of each Mamba KV-cache group
+    (``engines.cached_mamba_blocks``, exactly one new one per group), read on every worker.
 
     Returns:
         ``{TP rank: [(layer name, SSM state shape on that rank, conv bytes, SSM bytes), ...]}``.
     """
-    from vllm.v1.core.kv_cache_utils import get_group_id
-    from vllm.v1.kv_cache_interface import MambaSpec
-
-    manager = _core(llm).scheduler.kv_cache_manager
-    groups = {i: list(g.layer_names) for i, g in enumerate(manager.kv_cache_config.kv_cache_groups)
-              if isinstance(g.kv_cache_spec, MambaSpec)}
-    found: dict[int, list[int]] = {}
-    for block in manager.block_pool.blocks:
-        if block.block_hash is None or block.block_hash_num_tokens != position:
-            continue
-        if before.get(block.block_id) == block.block_hash:
-            continue
-        group = get_group_id(block.block_hash)
-        if group in groups:
-            found.setdefault(group, []).append(block.block_id)
-    assert set(found) == set(groups) and all(len(v) == 1 for v in found.values()), (position, found)
-    layer_blocks = {name: found[g][0] for g, names in groups.items() for name in names}
+    found = cached_mamba_blocks(llm, position, before)
+    layer_blocks = {name: found[g] for g, names in mamba_groups(llm).items() for name in names}
 
     def read(self, layer_blocks):
         import torch
@@ -224,7 +204,7 @@ def runs(tiny_model_dir, engine_args, e2e_target_name, request, seed_for):
             block = out["exporter"]["block"]
             r.update(cold=[], cold_steps=[], hit=[], hit_steps=[], states={})
             for i, p in enumerate(prompts):
-                before = _hashes(llm)
+                before = block_hashes(llm)
                 o, steps = _gen(llm, p)
                 r["cold"].append(o)
                 r["cold_steps"].append(steps)
