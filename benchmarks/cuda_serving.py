@@ -487,26 +487,39 @@ def _worker(args) -> int:
             "runner": runner_module(drv.core.model_executor)}
     print("BENCH engine " + json.dumps(head), flush=True)
     _emit(args.result_file, head)
-    done: dict[int, float] = {}
-    for length in sorted(int(x) for x in args.lengths.split(",")):
-        why = budget.length_deferred(done, length, args.first_length_s)
-        if why:
-            _emit(args.result_file, {"kind": "deferred", "row": args.worker, "prompt_tokens": length,
-                                     "reason": why})
-            print(f"BENCH deferred {length}: {why}", flush=True)
-            break
-        t = time.perf_counter()
-        res = _measure_length(args, drv, length, block, vocab, cuda, torch)
-        done[length] = time.perf_counter() - t
-        res.update(kind="unit", row=args.worker, prompt_tokens=length, block_size=block,
-                   unit_s=done[length], load_s=load_s, runner=head["runner"])
-        _emit(args.result_file, res)
-        print(f"BENCH unit {args.worker}@{length}: {done[length]:.0f} s", flush=True)
+    run_lengths(args, budget, lambda length: {
+        **_measure_length(args, drv, length, block, vocab, cuda, torch),
+        "block_size": block, "load_s": load_s, "runner": head["runner"]})
     from e2e.engines import shutdown_engine  # noqa: PLC0415  (vLLM's EngineCore.shutdown)
 
     with contextlib.suppress(Exception):
         shutdown_engine(llm)
     return 0
+
+
+def run_lengths(args, budget: CallBudget, measure) -> dict[int, float]:
+    """A worker's prompt lengths (``args.lengths``, shortest first): each is measured
+    (``measure(length) -> unit dict``) while its estimate (:meth:`CallBudget.length_deferred`)
+    fits the call budget; the first that does not and every longer one are emitted as
+    ``deferred`` with the reason (the parent marks them pending; ``--resume`` runs them).
+    Returns the seconds each measured length took (warm-up included)."""
+    done: dict[int, float] = {}
+    lengths = sorted(int(x) for x in args.lengths.split(","))
+    for i, length in enumerate(lengths):
+        why = budget.length_deferred(done, length, args.first_length_s)
+        if why:
+            for n in lengths[i:]:
+                _emit(args.result_file, {"kind": "deferred", "row": args.worker, "prompt_tokens": n,
+                                         "reason": why})
+                print(f"BENCH deferred {n}: {why}", flush=True)
+            break
+        t = time.perf_counter()
+        res = measure(length)
+        done[length] = time.perf_counter() - t
+        _emit(args.result_file, {**res, "kind": "unit", "row": args.worker, "prompt_tokens": length,
+                                 "unit_s": done[length]})
+        print(f"BENCH unit {args.worker}@{length}: {done[length]:.0f} s", flush=True)
+    return done
 
 
 def _emit(path: str, obj: dict) -> None:
@@ -854,7 +867,7 @@ def _fake_worker(args, mode: str) -> int:
     rng = random.Random(f"{args.seed}:{args.worker}")
     _emit(args.result_file, {"kind": "engine", "row": args.worker, "load_s": 0.1, "block_size": 64,
                              "tensor_parallel_size": args.tp})
-    for length in sorted(int(x) for x in args.lengths.split(",")):
+    def unit(length: int) -> dict:
         base = length / 100.0
         slow = 1.0 if args.worker == "off" else 1.01
         cold = [base * slow * rng.uniform(0.99, 1.01) for _ in range(4)]
@@ -864,9 +877,8 @@ def _fake_worker(args, mode: str) -> int:
             "ttft_ms": ttft, "steps_to_first": steps, "cached": cached,
             "prompt_len": [length] * len(ttft), "token_times": tt, "tokens": None}
         caching = ROWS[args.worker]["caching"]
-        _emit(args.result_file, {
-            "kind": "unit", "row": args.worker, "prompt_tokens": length, "block_size": 64,
-            "unit_s": 0.1, "warmup_s": 0.1, "samples": {
+        return {
+            "block_size": 64, "warmup_s": 0.1, "samples": {
                 "cold": ph(cold, [1 if args.worker != "vllm-align" else 2] * 4, [0] * 4),
                 "repeat": ph(hit, [1] * 4, [length - 64 if caching else 0] * 4),
                 "floor": {**ph([0.15 * base] * 4 if caching else [], [1] * (4 if caching else 0),
@@ -874,7 +886,9 @@ def _fake_worker(args, mode: str) -> int:
                 "turn1": ph(cold[:2], [1, 1], [0, 0], times[:2]),
                 "turn2": ph(hit[:2], [1, 1], [length if caching else 0] * 2, times[:2]),
                 "conc1": ph(cold, [1] * 4, [0] * 4, times), "conc2": ph(hit, [1] * 4, [0] * 4, times)},
-            "copy_us_per_step": None, "export_us_per_step": None, "syncs_per_step": None})
+            "copy_us_per_step": None, "export_us_per_step": None, "syncs_per_step": None}
+
+    run_lengths(args, CallBudget(args.deadline or float("inf")), unit)
     return 0
 
 
@@ -1289,8 +1303,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="seconds this call may take in all (the device call is 600 s)")
     p.add_argument("--min-row-s", type=float, default=150,
                    help="start a row only with this many seconds of the call budget left")
-    p.add_argument("--first-length-s", type=float, default=120,
-                   help="a worker's estimate of its first length (warm-up + measurement), engine loaded")
+    p.add_argument("--first-length-s", type=float, default=45,
+                   help="a worker's estimate of its first length (warm-up + measurement), engine "
+                        "loaded; default above every first length measured so far (H100, at most "
+                        "32 s on a compile call, 1-5 s warm)")
     p.add_argument("--step-profile", type=int, default=0, metavar="ROWS",
                    help="diagnosis: host and GPU time per engine step and phase (schedule, inputs, "
                         "attention metadata, forward, sample, output processing) of a cold prompt, "
@@ -1356,6 +1372,7 @@ def main(argv: list[str] | None = None) -> int:
     model_dir = Path(args.model_dir)
     build_model(model_dir, args.arch, args.layers, max(args.max_len, 65536))
     status: dict[str, dict] = {}
+    kept = set(units)  # units resumed from --out, not measured in this call
     timing = dict((previous or {}).get("timing", {}))
     groups = Groups()
     old = {s: signal.signal(s, _on_signal) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
@@ -1404,6 +1421,11 @@ def main(argv: list[str] | None = None) -> int:
     print(table(doc["rows"]))
     for t in doc["targets"]:
         print(f"target {t['row']} {t['metric']} @{t['prompt_tokens']} vs {t['reference']}: {t['verdict']}")
+    missing = sorted(k for k, v in status.items() if k not in units and v["status"] != "skipped")
+    if missing and set(units) == kept:  # a call that measured nothing must not pass for one that did
+        print(f"harness: NOTHING MEASURED in this call; not measured: {missing} "
+              f"({status[missing[0]]['reason'][:200]})", flush=True)
+        return 3
     return 0
 
 

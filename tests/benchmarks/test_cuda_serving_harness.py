@@ -376,6 +376,27 @@ def test_call_budget_decisions_on_a_fake_clock(rng):
     assert budget.wait_s(5.0) == 1.0
 
 
+def test_a_call_that_measures_nothing_says_so_and_fails(tmp_path, rng):
+    """2026-11-27 (docs/cuda.md section 0d): warm calls given 180 s deferred every length on the
+    old 120 s first-length guess, exited 0 and marked the longer length an error. Every length a
+    worker defers is pending with the estimate, and a call that measured nothing exits 3."""
+    budget = rng.randrange(60, 300)  # seconds of --call-budget; the row may start (--min-row-s 1)
+    lengths = sorted(rng.sample(range(1024, 65536, 1024), 3))
+    common = ("--rows", "off", "--lengths", ",".join(map(str, lengths)), "--call-budget", str(budget),
+              "--min-row-s", "1")
+    p = _harness(tmp_path, "result", *common, "--first-length-s", str(budget + 1))
+    assert p.returncode == 3 and "NOTHING MEASURED" in p.stdout, p.stdout + p.stderr
+    doc = json.loads((tmp_path / "b.json").read_text())
+    assert doc["units"] == {}
+    assert [(r["prompt_tokens"], r["status"]) for r in doc["rows"]] == [(n, "pending") for n in lengths]
+    assert all(f"estimated {budget + 1} s" in r["reason"] for r in doc["rows"])
+    # the same call with an estimate that fits measures every length and passes
+    (tmp_path / "b.json").unlink()
+    p = _harness(tmp_path, "result", *common, "--first-length-s", "1")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert sorted(json.loads((tmp_path / "b.json").read_text())["units"]) == [f"off@{n}" for n in lengths]
+
+
 # ---------------------------------------------------------------- floor unit, phases, identity (issue 30)
 
 
