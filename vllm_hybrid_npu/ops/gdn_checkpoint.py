@@ -127,26 +127,34 @@ def h_states(h: torch.Tensor, md: CheckpointMetadata, chunk_dim: int) -> torch.T
     return h.index_select(chunk_dim, md.chunk_index)
 
 
-def run_split(run: Callable[[tuple, torch.Tensor, str], tuple[torch.Tensor, torch.Tensor]],
-              md: CheckpointMetadata, inputs: tuple[torch.Tensor, ...],
-              initial_state: torch.Tensor, cache_dtype: torch.dtype):
+def run_split(run: Callable[..., tuple[torch.Tensor, torch.Tensor]], md: CheckpointMetadata,
+              inputs: tuple[torch.Tensor, ...], initial_state: torch.Tensor,
+              cache_dtype: torch.dtype, out: torch.Tensor | None = None):
     """A chunk kernel over the prefill rows, split at the checkpoints: ``run(inputs,
     initial_state, part) -> (o, final_state)`` is the backend's kernel on ``inputs`` ([1, T, ...]:
     q, k, v, g, beta) laid out by the cu_seqlens of ``part`` (``"head"`` / ``"tail"``) from
-    ``initial_state`` ([P, ...] per prefill row, the kernel's layout and dtype). Returns ``o``
-    [1, T, ...] and ``final_state`` [P, ...] as one unsplit call returns them, and the checkpoint
-    states [n, ...] (kernel layout) in ``cache_dtype``, the SSM cache's."""
+    ``initial_state`` ([P, ...] per prefill row, the kernel's layout and dtype). With ``out`` (a
+    contiguous [1, T, ...] tensor of ``v``'s shape and dtype) and tails that are a suffix, the kernel
+    writes its output into it: ``run(inputs, state, part, out_part)`` gets ``out``'s rows of that
+    part (a contiguous view) and must write them (FLA's ``core_attn_out``), so no concatenation
+    copies ``o``. Returns ``o`` [1, T, ...] (``out`` where given) and ``final_state`` [P, ...] as one
+    unsplit call returns them, and the checkpoint states [n, ...] (kernel layout) in
+    ``cache_dtype``, the SSM cache's."""
     plan = md.plan
     if plan.tails_are_suffix:
         cut = plan.head_bounds[-1]
         heads, tails = tuple(x[:, :cut] for x in inputs), tuple(x[:, cut:] for x in inputs)
+        parts = () if out is None else (out[:, :cut], out[:, cut:])
     else:
         heads = tuple(x.index_select(1, md.head_index) for x in inputs)
         tails = tuple(x.index_select(1, md.tail_index) for x in inputs)
-    o_head, final = run(heads, initial_state, "head")
+        parts = ()
+    o_head, final = run(heads, initial_state, "head", *parts[:1])
     ckpt = final.index_select(0, md.ckpt_seq).to(cache_dtype)
-    o_tail, tail_final = run(tails, ckpt.to(initial_state.dtype), "tail")  # as read back
-    if plan.tails_are_suffix:
+    o_tail, tail_final = run(tails, ckpt.to(initial_state.dtype), "tail", *parts[1:])  # as read back
+    if parts:
+        o = out
+    elif plan.tails_are_suffix:
         o = torch.cat([o_head, o_tail], dim=1)
     else:
         o = o_head.new_empty((o_head.shape[0], plan.num_prefill_tokens, *o_head.shape[2:]))

@@ -269,12 +269,12 @@ def make_forward(upstream: Any, stack: Stack) -> Any:
 
 
 def export_split(scope: ops.ExportScope, run: Callable, inputs: tuple, initial_state: Any,
-                 transpose: bool = False) -> tuple[Any, Any]:
-    """A kernel wrapper's split: ``ops.run_split`` with ``run``, the checkpoints written to the
-    scope's SSM cache (``transpose``: kernel state ``[.., K, V]``, cache ``[.., V, K]``);
-    returns ``(o, final_state)``."""
+                 transpose: bool = False, out: Any = None) -> tuple[Any, Any]:
+    """A kernel wrapper's split: ``ops.run_split`` with ``run`` (and ``out``), the checkpoints
+    written to the scope's SSM cache (``transpose``: kernel state ``[.., K, V]``, cache
+    ``[.., V, K]``); returns ``(o, final_state)``."""
     o, final, ckpt = ops.run_split(run, scope.metadata, inputs, initial_state,
-                                   scope.ssm_cache.dtype)
+                                   scope.ssm_cache.dtype, out)
     ops.write_ssm(scope.ssm_cache, ckpt.transpose(-1, -2) if transpose else ckpt,
                   scope.metadata.slots)
     scope.exports += 1
@@ -282,6 +282,8 @@ def export_split(scope: ops.ExportScope, run: Callable, inputs: tuple, initial_s
 
 
 def _make_fla_split(upstream: Any, stack: Stack) -> Any:
+    import torch
+
     @functools.wraps(upstream)
     def forward_native(self, q, k, v, g, beta, initial_state, output_final_state,
                        cu_seqlens=None, chunk_indices=None, chunk_offsets=None,
@@ -293,11 +295,12 @@ def _make_fla_split(upstream: Any, stack: Stack) -> Any:
                             **kwargs)
         md = scope.metadata
 
-        def run(inputs, state, part):
+        def run(inputs, state, part, out=None):  # out: FLA writes o into it (core_attn_out)
             return upstream(self, *inputs, state, True, getattr(md, part + "_bounds"),
-                            *md.kernel_meta[part], use_qk_l2norm_in_kernel)
+                            *md.kernel_meta[part], use_qk_l2norm_in_kernel, out)
 
-        return export_split(scope, run, (q, k, v, g, beta), initial_state)
+        out = torch.empty_like(v) if md.plan.tails_are_suffix else None  # one o, no cat
+        return export_split(scope, run, (q, k, v, g, beta), initial_state, out=out)
 
     return forward_native
 
