@@ -268,19 +268,6 @@ def make_forward(upstream: Any, stack: Stack) -> Any:
     return _forward_core
 
 
-def export_split(scope: ops.ExportScope, run: Callable, inputs: tuple, initial_state: Any,
-                 transpose: bool = False, out: Any = None) -> tuple[Any, Any]:
-    """A kernel wrapper's split: ``ops.run_split`` with ``run`` (and ``out``), the checkpoints
-    written to the scope's SSM cache (``transpose``: kernel state ``[.., K, V]``, cache
-    ``[.., V, K]``); returns ``(o, final_state)``."""
-    o, final, ckpt = ops.run_split(run, scope.metadata, inputs, initial_state,
-                                   scope.ssm_cache.dtype, out)
-    ops.write_ssm(scope.ssm_cache, ckpt.transpose(-1, -2) if transpose else ckpt,
-                  scope.metadata.slots)
-    scope.exports += 1
-    return o, final
-
-
 def _make_fla_split(upstream: Any, stack: Stack) -> Any:
     import torch
 
@@ -296,11 +283,11 @@ def _make_fla_split(upstream: Any, stack: Stack) -> Any:
         md = scope.metadata
 
         def run(inputs, state, part, out=None):  # out: FLA writes o into it (core_attn_out)
-            return upstream(self, *inputs, state, True, getattr(md, part + "_bounds"),
-                            *md.kernel_meta[part], use_qk_l2norm_in_kernel, out)
+            return upstream(self, *inputs, state, True, md.bounds[part], *md.kernel_meta[part],
+                            use_qk_l2norm_in_kernel, out)
 
         out = torch.empty_like(v) if md.plan.tails_are_suffix else None  # one o, no cat
-        return export_split(scope, run, (q, k, v, g, beta), initial_state, out=out)
+        return scope.split(run, (q, k, v, g, beta), initial_state, out=out)
 
     return forward_native
 
@@ -309,11 +296,8 @@ def _make_fla_h(upstream: Any, stack: Stack) -> Any:
     @functools.wraps(upstream)
     def chunk_gated_delta_rule_fwd_h(*args, **kwargs):
         h, v_new, final_state = upstream(*args, **kwargs)
-        scope = ops.current("h")
-        if scope is not None:  # h: [1, chunks, H, V, K] at each chunk start, the cache's layout
-            ops.write_ssm(scope.ssm_cache, ops.h_states(h[0], scope.metadata, 0),
-                          scope.metadata.slots)
-            scope.exports += 1
+        if (scope := ops.current("h")) is not None:  # h: [1, chunks, H, V, K], the cache's layout
+            scope.write(h[0].index_select(0, scope.metadata.chunk_index))
         return h, v_new, final_state
 
     return chunk_gated_delta_rule_fwd_h
@@ -412,11 +396,9 @@ def _make_regather(upstream: Any, stack: Stack) -> Any:
         out = upstream(self, metadata, blk_table, slot_mapping)
         if (ck := getattr(out, FIELD, None)) is None:
             return out
-        if stack.vllm in VLLM_PLAN:  # vLLM re-gathered its own plan for this group
-            ck = dataclasses.replace(
-                ck, slots=out.checkpoint.state_indices[ck.ckpt_seq + ck.plan.num_decodes].long())
-        else:
-            ck = ck.regather(blk_table)
+        # vLLM 0.33 re-gathered its own plan for this group: its blocks are our table's one column
+        table = out.checkpoint.state_indices[:, None] if stack.vllm in VLLM_PLAN else blk_table
+        ck = dataclasses.replace(ck, slots=table[ck.rows, ck.cols].long())  # the rest is shared
         return dataclasses.replace(out, **{FIELD: ck})
 
     return update_block_table
