@@ -369,7 +369,11 @@ def test_prefix_match_unit_64_plans_where_the_scheduler_caches(tiny_model_dir, e
     try:
         _assert_declared(llm)
         block = _block(llm)
-        prompts = [_prompt(rng, rng.randrange(block + 65, 3 * block)) for _ in range(3)]
+        # the third ends on the 64-token grid inside a block: vLLM 0.30 registered its attention
+        # tail at the prompt's end, out of a resend's reach (gdn-checkpoint-partial-tail)
+        lengths = [rng.randrange(block + 65, 3 * block) for _ in range(2)]
+        lengths.append(rng.choice([n for n in range(block + 128, 3 * block, 64) if n % block]))
+        prompts = [_prompt(rng, n) for n in lengths]
         for p in prompts:
             position = (len(p) - 1) // 64 * 64
             before = block_hashes(llm)
@@ -386,9 +390,12 @@ def test_prefix_match_unit_64_plans_where_the_scheduler_caches(tiny_model_dir, e
     try:
         for n, p in enumerate(prompts):
             before = block_hashes(split)
-            _, steps = _gen(split, [p])
+            position = (len(p) - 1) // 64 * 64
+            # a prompt ending on the grid: vLLM 0.30's split caches its end, not the position;
+            # the state there is its first `position` tokens', as in a prompt one token longer
+            _, steps = _gen(split, [p if len(p) % 64 else p[:position + 1]])
             assert steps > 1, f"vLLM's split took {steps} step for a {len(p)}-token prompt"
-            ref = _checkpoint_states(split, (len(p) - 1) // 64 * 64, before)
+            ref = _checkpoint_states(split, position, before)
             for (name, conv, ssm), (name_s, conv_s, ssm_s) in zip(got[n], ref):
                 assert name == name_s
                 assert torch_equal(ssm, ssm_s), f"prompt {n} ({len(p)} tokens), {name}: SSM state"

@@ -691,7 +691,7 @@ def draw(rng, gen, layer, builder_mod, path, ssm_dtype):
         "tail_max_diff_vs_no_plan": float((out_p[tail_idx].float() - out_n[tail_idx].float()).abs().max()),
         "control_shifted_caught": all(not torch.equal(ssm_c[s], ssm_1[rb])
                                       for s, rb in zip(slots, running)),
-        "tail_share": plan.num_tail_tokens / plan.num_prefill_tokens,
+        "tail_share": plan.tail_bounds[-1] / plan.num_prefill_tokens,  # the second call's tokens
     }
 
 

@@ -28,10 +28,10 @@ from vllm_hybrid_npu.patches import gdn_prefill_checkpoint as mod  # noqa: E402
 HEADS = 8  # q/k heads == v heads: the kernel's GVA is not what is tested
 
 
-def _batch(seed):
+def _batch(seed, rows=3):
     gen = torch.Generator(device="cuda").manual_seed(seed)
     r = lambda lo, hi: int(torch.randint(lo, hi, (1,), generator=gen, device="cuda"))  # noqa: E731
-    lens = [64 * r(3, 12) + r(1, 64) for _ in range(3)]
+    lens = [64 * r(3, 12) + r(1, 64) for _ in range(rows)]
     offsets = [64 * r(1, ln // 64) for ln in lens]
     t, dev = sum(lens), "cuda"
     q = torch.randn(1, t, HEADS, 64, generator=gen, device=dev).to(torch.bfloat16)
@@ -91,10 +91,11 @@ def test_h_at_checkpoint_equals_split_final_state(seed):
         f"{(got.float() - ref).abs().max().item():.3g}")
 
 
-def test_split_is_vllms_split_in_float32(seed):
+@pytest.mark.parametrize("rows", [3, 1])  # 1: the tail is a suffix, o written in place (core_attn_out)
+def test_split_is_vllms_split_in_float32(seed, rows):
     from vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn import ChunkGatedDeltaRule
 
-    lens, offsets, inputs, h0 = _batch(seed)
+    lens, offsets, inputs, h0 = _batch(seed, rows)
     heads, head_lens = _pieces(inputs, lens, offsets, head=True)
     o_head, ref = _pass(heads, h0.clone(), head_lens)
     tails, tail_lens = _pieces(inputs, lens, offsets, head=False)
@@ -105,7 +106,7 @@ def test_split_is_vllms_split_in_float32(seed):
     with ops.exporting(md, cache, "split") as scope:
         o, final = wrapped(None, *inputs, h0.clone(), True, _cu(lens), None, None, False)
     where = f"seed {seed}: lens {lens} offsets {offsets}"
-    assert scope.exports == 1
+    assert scope.exports == 1 and md.plan.tails_are_suffix == (rows == 1), where
     assert torch.equal(cache[1:], ref), f"{where}: {(cache[1:] - ref).abs().max().item():.3g}"
     starts = [0, *torch.tensor(lens).cumsum(0).tolist()]
     hs = [0, *torch.tensor(head_lens).cumsum(0).tolist()]

@@ -118,8 +118,11 @@ def _kernel(q, k, v, g, beta, state, cu):
     return o, S
 
 
-def test_fla_split_wrapper_equals_one_call(rng, seed):
-    ck, qsl = _metadata(rng, [rng.randint(3, 30) for _ in range(rng.randint(1, 4))], 1)
+@pytest.mark.parametrize("rows", ["one", "several"])
+def test_fla_split_wrapper_equals_one_call(rng, seed, rows):
+    # one row: the tail is a suffix, and FLA writes both calls' o into one buffer (core_attn_out)
+    ck, qsl = _metadata(rng, [rng.randint(3, 30) for _ in range(1 if rows == "one" else rng.randint(2, 4))], 1)
+    assert ck.plan.tails_are_suffix or rows == "several"
     gen = torch.Generator().manual_seed(seed)
     t, hd = qsl[-1], 2
     q, k, v = (torch.randn(1, t, hd, 3, generator=gen) for _ in range(3))
@@ -130,8 +133,11 @@ def test_fla_split_wrapper_equals_one_call(rng, seed):
     def forward_native(self, q, k, v, g, beta, initial_state, output_final_state, cu_seqlens=None,
                        chunk_indices=None, chunk_offsets=None, use_qk_l2norm_in_kernel=True,
                        core_attn_out=None):
-        calls.append((cu_seqlens.tolist(), chunk_indices, chunk_offsets))
-        return _kernel(q, k, v, g, beta, initial_state, cu_seqlens)
+        calls.append((cu_seqlens.tolist(), chunk_indices, chunk_offsets, core_attn_out))
+        o, final = _kernel(q, k, v, g, beta, initial_state, cu_seqlens)
+        # o in v's dtype, into core_attn_out where given: FLA's chunk_fwd_o (vLLM 0.30 / 0.32)
+        buf = torch.empty_like(v) if core_attn_out is None else core_attn_out[: v.numel()].view(*v.shape)
+        return buf.copy_(o), final
 
     ck.kernel_meta = {"head": ("ci-h", "co-h"), "tail": ("ci-t", "co-t")}
     wrapped = mod._make_fla_split(forward_native, None)
@@ -140,8 +146,16 @@ def test_fla_split_wrapper_equals_one_call(rng, seed):
     with ops.exporting(ck, ssm, "split") as scope:
         o, final = wrapped(None, *args)
     o_ref, final_ref = _kernel(q, k, v, g, beta, state0, qsl)
+    o_ref = o_ref.to(v.dtype)
     assert torch.equal(o, o_ref) and torch.equal(final, final_ref), f"seed={seed}"
-    assert scope.exports == 1 and [c[1:] for c in calls] == [("ci-h", "co-h"), ("ci-t", "co-t")]
+    assert scope.exports == 1 and [c[1:3] for c in calls] == [("ci-h", "co-h"), ("ci-t", "co-t")]
+    bufs = [c[3] for c in calls]
+    if ck.plan.tails_are_suffix:  # the two calls' o are o's rows, no concatenation
+        cut = ck.plan.head_bounds[-1]
+        assert bufs[0].data_ptr() == o.data_ptr() and bufs[0].shape[1] == cut, f"seed={seed}"
+        assert bufs[1].data_ptr() == o[:, cut:].data_ptr() and bufs[1].shape[1] == t - cut
+    else:
+        assert bufs == [None, None], f"seed={seed}"
     for i, (row, off) in enumerate(zip(ck.plan.rows, ck.plan.offsets)):
         s = qsl[row]
         _, alone = _kernel(*(x[:, s:s + off] for x in (q, k, v, g, beta)), state0[row:row + 1], [0, off])

@@ -24,19 +24,15 @@ def declare(spec: Any, alignment: int = ALIGNMENT) -> Any:
     """``spec`` (a GDN ``MambaSpec``) with one prefill checkpoint block at ``alignment`` tokens
     (vLLM 0.33: its grid, ``get_mamba_prefill_checkpoint_grid``): the declaration the runtime's
     ``get_kv_cache_spec`` entry makes and the lab replays."""
-    return dataclasses.replace(
-        spec, num_prefill_checkpoint_blocks=1, prefill_checkpoint_alignment=alignment
-    )
+    return dataclasses.replace(spec, num_prefill_checkpoint_blocks=1,
+                               prefill_checkpoint_alignment=alignment)
 
 
 def aligned_block_size(block_size: int, alignment: int = ALIGNMENT) -> int:
     """The smallest multiple of ``alignment`` at or above ``block_size`` (tokens): vLLM 0.33's
     ``Platform._align_hybrid_block_size`` rule (lcm with the checkpoint alignment, 1,056 -> 1,088)
     for kernel blocks that divide ``alignment``; vLLM 0.30 aligns to the kernel block only.
-
-    Raises:
-        ValueError: a non-positive size.
-    """
+    Raises ValueError for a non-positive size."""
     if block_size <= 0 or alignment <= 0:
         raise ValueError(f"block size {block_size} and alignment {alignment} must be positive")
     return -(-block_size // alignment) * alignment
@@ -44,10 +40,8 @@ def aligned_block_size(block_size: int, alignment: int = ALIGNMENT) -> int:
 
 def round_hybrid_block(cache_config: Any, realign: Callable[[], None]) -> tuple[int, int] | None:
     """Round ``cache_config.block_size`` up to the checkpoint grid, then ``realign()`` (vLLM's
-    ``Platform._align_hybrid_block_size`` again, for the page padding of the new block).
-
-    Returns ``(old, new)`` block sizes in tokens when it changed, else None.
-    """
+    ``Platform._align_hybrid_block_size`` again, for the page padding of the new block); returns
+    ``(old, new)`` block sizes in tokens when it changed, else None."""
     block = cache_config.block_size
     if not block or block % ALIGNMENT == 0:
         return None
@@ -56,17 +50,10 @@ def round_hybrid_block(cache_config: Any, realign: Callable[[], None]) -> tuple[
     return block, cache_config.block_size
 
 
-def checkpoint_offsets(
-    seq_lens: Sequence[int],
-    query_lens: Sequence[int],
-    *,
-    hash_block_size: int,
-    block_size: int,
-    alignment: int,
-    drop_eagle_block: bool,
-    position_fn: Callable[[int, int, bool], int],
-    valid_fn: Callable[..., bool],
-) -> tuple[list[int], list[int]]:
+def checkpoint_offsets(seq_lens: Sequence[int], query_lens: Sequence[int], *,
+                       hash_block_size: int, block_size: int, alignment: int,
+                       drop_eagle_block: bool, position_fn: Callable[[int, int, bool], int],
+                       valid_fn: Callable[..., bool]) -> tuple[list[int], list[int]]:
     """Per-row checkpoint offset and block-table column, as vLLM 0.30 / 0.32 place them, from
     each row's tokens after this step (``seq_lens``, exact for prefill rows) and in it
     (``query_lens``), the prefix-match unit, the group's block and the declared alignment (tokens),
@@ -81,8 +68,7 @@ def checkpoint_offsets(
         ok = query_len > 1 and valid_fn(
             query_start=start, query_end=seq_len, checkpoint_position=position,
             hash_block_size=hash_block_size, mamba_block_size=block_size,
-            checkpoint_alignment=alignment,
-        )
+            checkpoint_alignment=alignment)
         offsets.append(position - start if ok else 0)
         cols.append(-(-seq_len // block_size) - 2 if ok else -1)
     return offsets, cols
@@ -123,67 +109,45 @@ class StepPlan:
         """One tail, ending the step's prefill tokens: the two calls take slices, no gather."""
         return len(self.tail_spans) == 1 and self.tail_spans[0][1] == self.num_prefill_tokens
 
-    @property
-    def num_tail_tokens(self) -> int:
-        """Tokens of the second kernel call (the work the split adds to the step)."""
-        return self.tail_bounds[-1]
-
     def token_index(self, part: str) -> list[int]:
         """Prefill-relative token indices of the ``"head"`` or ``"tail"`` call, in call order."""
         return [t for s, e in (self.head_spans if part == "head" else self.tail_spans)
                 for t in range(s, e)]
 
 
-def plan_step(
-    query_start_loc: Sequence[int],
-    offsets: Sequence[int],
-    cols: Sequence[int],
-    num_decodes: int,
-    chunk: int = ALIGNMENT,
-) -> StepPlan | None:
+def plan_step(query_start_loc: Sequence[int], offsets: Sequence[int], cols: Sequence[int],
+              num_decodes: int, chunk: int = ALIGNMENT) -> StepPlan | None:
     """The step's :class:`StepPlan` (or None without checkpoints) from the rows' batch token
     offsets ``query_start_loc`` (int [R + 1], host), the per-row ``offsets`` and ``cols`` of
     :func:`checkpoint_offsets` (or vLLM 0.33's ``compute_mamba_prefill_checkpoints``), the leading
     decode rows and the chunk kernel's ``chunk`` (tokens, for :attr:`StepPlan.chunk_index`).
-
-    Raises:
-        ValueError: a checkpoint on a decode row, or an offset outside ``(0, query_len)``.
-    """
+    Raises ValueError for a checkpoint on a decode row or an offset outside ``(0, query_len)``."""
     if not any(offsets):
         return None
     base = int(query_start_loc[num_decodes])
-    rows, offs, ckcols, conv_end, chunk_index, ckpt_seq = [], [], [], [], [], []
-    head_bounds, head_spans, tail_bounds, tail_spans = [0], [], [0], []
+    checkpoints, head_spans, tail_spans, head_bounds, tail_bounds = [], [], [], [0], [0]
     chunks_before = 0
-    for row in range(len(offsets)):
-        off = int(offsets[row])
+    for row, off in enumerate(map(int, offsets)):
         start, end = int(query_start_loc[row]), int(query_start_loc[row + 1])
         if row < num_decodes:
             if off:
                 raise ValueError(f"row {row} is a decode row and cannot have a checkpoint")
             continue
-        seq = row - num_decodes
         s, e = start - base, end - base
-        cut = e
         if off:
             if not 0 < off < end - start:
                 raise ValueError(f"row {row}: checkpoint offset {off} outside (0, {end - start})")
-            cut = s + off
-            rows.append(row)
-            offs.append(off)
-            ckcols.append(int(cols[row]))
-            conv_end.append(start + off)
-            chunk_index.append(chunks_before + off // chunk)
-            ckpt_seq.append(seq)
-            tail_spans.append((cut, e))
-            tail_bounds.append(tail_bounds[-1] + e - cut)
-        head_spans.append((s, cut))
-        head_bounds.append(head_bounds[-1] + cut - s)
+            # row, offset, column, conv end, chunk index, row among the prefill rows
+            checkpoints.append((row, off, int(cols[row]), start + off,
+                                chunks_before + off // chunk, row - num_decodes))
+            tail_spans.append((s + off, e))
+            tail_bounds.append(tail_bounds[-1] + e - s - off)
+        head_spans.append((s, s + off if off else e))
+        head_bounds.append(head_bounds[-1] + (off or e - s))
         chunks_before += -(-(e - s) // chunk)
+    rows, offs, ckcols, conv_end, chunk_index, ckpt_seq = zip(*checkpoints)  # any(offsets): >= 1
     return StepPlan(
-        rows=tuple(rows), offsets=tuple(offs), cols=tuple(ckcols), conv_end=tuple(conv_end),
-        chunk_index=tuple(chunk_index), num_decodes=num_decodes, prefill_start=base,
-        head_bounds=tuple(head_bounds), head_spans=tuple(head_spans),
-        tail_bounds=tuple(tail_bounds), tail_spans=tuple(tail_spans), ckpt_seq=tuple(ckpt_seq),
-        num_prefill_tokens=int(query_start_loc[len(offsets)]) - base,
-    )
+        rows=rows, offsets=offs, cols=ckcols, conv_end=conv_end, chunk_index=chunk_index,
+        num_decodes=num_decodes, prefill_start=base, head_bounds=tuple(head_bounds),
+        head_spans=tuple(head_spans), tail_bounds=tuple(tail_bounds), tail_spans=tuple(tail_spans),
+        ckpt_seq=ckpt_seq, num_prefill_tokens=int(query_start_loc[len(offsets)]) - base)

@@ -3,17 +3,17 @@
 :class:`CheckpointMetadata` is a step's :class:`~vllm_hybrid_npu.core.prefill_checkpoints.StepPlan`
 on the caches' device, built once per step and GDN KV-cache group by the metadata builder (uploads
 through the caller's ``to_device``, from pinned memory; nothing here syncs the host). A layer's
-forward opens an :func:`exporting` scope; its backend's chunk-kernel wrapper finds it with
-:func:`current` and obtains the checkpoint states by one of two methods:
+forward writes the conv states (:func:`write_conv`) and opens an :func:`exporting` scope; its
+backend's chunk-kernel wrapper finds it with :func:`current` and writes the SSM states
+(:meth:`ExportScope.write`), obtained by one of two methods:
 
-* **split** (:func:`run_split`): the heads and unsplit rows in one kernel call, the tails in a
-  second from the heads' final states; the checkpoint is the head's final state in the cache
-  dtype (the bytes vLLM's split stores) and the tails start from what the split's next step reads
-  back. Exact in every cache dtype; for kernels that return only final states.
-* **h** (:func:`h_states`): a kernel's state at every chunk start, taken at the checkpoint's chunk;
+* **split** (:meth:`ExportScope.split`, :func:`run_split`): the heads and unsplit rows in one
+  kernel call, the tails in a second from the heads' final states; the checkpoint is the head's
+  final state in the cache dtype (the bytes vLLM's split stores) and the tails start from what
+  the split's next step reads back. Exact in every cache dtype; for kernels that return only
+  final states.
+* **h**: a kernel's state at every chunk start, taken at the checkpoint's chunk (``chunk_index``);
   no extra kernel work, exact where ``h``'s dtype is the cache's.
-
-:func:`write_conv` and :func:`write_ssm` are the state writes every backend shares.
 """
 
 from __future__ import annotations
@@ -45,10 +45,9 @@ class CheckpointMetadata:
         rows, cols: int64 [n] each checkpoint's block-table row and column.
         slots: int64 [n] the checkpoint blocks; ``chunk_index``: int64 [n] their chunks in ``h``;
             ``ckpt_seq``: int64 [n] their rows among the prefill rows.
-        head_index, tail_index: int64 prefill-relative token indices of the split's two calls
-            (None when the tails are a suffix: slices then); ``head_bounds``, ``tail_bounds``:
-            their int32 cu_seqlens; ``kernel_meta``: ``{"head": .., "tail": ..}`` the backend's
-            chunk metadata of each (empty where it needs none).
+        index, bounds, kernel_meta: per call of the split (``"head"``, ``"tail"``): int64
+            prefill-relative token indices (None when the tails are a suffix: slices then), int32
+            cu_seqlens, the backend's chunk metadata (``kernel_meta`` empty where it needs none).
     """
 
     plan: StepPlan
@@ -57,10 +56,8 @@ class CheckpointMetadata:
     slots: torch.Tensor
     chunk_index: torch.Tensor
     ckpt_seq: torch.Tensor
-    head_index: torch.Tensor | None
-    tail_index: torch.Tensor | None
-    head_bounds: torch.Tensor
-    tail_bounds: torch.Tensor
+    index: dict[str, torch.Tensor | None]
+    bounds: dict[str, torch.Tensor]
     kernel_meta: dict[str, Any]
     to_device: ToDevice
     method: str = "split"
@@ -71,11 +68,6 @@ class CheckpointMetadata:
         checkpoint, checkpoint-major; uploaded once per step, shared by the group's layers."""
         return self.memo(f"conv-{width}", lambda: self.to_device(
             [e + d for e in self.plan.conv_end for d in range(1 - width, 0)], torch.int64))
-
-    def regather(self, block_table: torch.Tensor) -> "CheckpointMetadata":
-        """The same checkpoints in another KV-cache group: ``slots`` gathered from that group's
-        ``block_table`` (int32 [R, columns], device), everything else shared."""
-        return dataclasses.replace(self, slots=block_table[self.rows, self.cols].to(torch.int64))
 
     def memo(self, key: str, make: Callable[[], Any]) -> Any:
         """``make()`` once per step and ``key`` (structures every layer of the group shares)."""
@@ -92,14 +84,13 @@ def build_metadata(plan: StepPlan, block_table: torch.Tensor, to_device: ToDevic
     bounds = {part: (torch.tensor(v, dtype=torch.int32), to_device(list(v), torch.int32))
               for part, v in (("head", plan.head_bounds), ("tail", plan.tail_bounds))}
     index = {part: None if plan.tails_are_suffix else to_device(plan.token_index(part), torch.int64)
-             for part in ("head", "tail")}
+             for part in bounds}
     rows, cols = to_device(list(plan.rows), torch.int64), to_device(list(plan.cols), torch.int64)
     return CheckpointMetadata(
         plan=plan, rows=rows, cols=cols, slots=block_table[rows, cols].to(torch.int64),
         chunk_index=to_device(list(plan.chunk_index), torch.int64),
-        ckpt_seq=to_device(list(plan.ckpt_seq), torch.int64),
-        head_index=index["head"], tail_index=index["tail"],
-        head_bounds=bounds["head"][1], tail_bounds=bounds["tail"][1],
+        ckpt_seq=to_device(list(plan.ckpt_seq), torch.int64), index=index,
+        bounds={part: device for part, (_, device) in bounds.items()},
         kernel_meta={} if kernel_meta is None else {p: kernel_meta(*b) for p, b in bounds.items()},
         to_device=to_device, method=method)
 
@@ -115,43 +106,36 @@ def write_conv(conv_cache: torch.Tensor, mixed_qkv: torch.Tensor, md: Checkpoint
         conv_cache.index_copy_(0, md.slots, rows.transpose(1, 2) if dim_first else rows)
 
 
-def write_ssm(ssm_cache: torch.Tensor, states: torch.Tensor, slots: torch.Tensor) -> None:
-    """``states`` ([n, *block shape], the cache's layout) into blocks ``slots`` of ``ssm_cache``
-    ([blocks, *block shape]), in the cache dtype."""
-    with torch.profiler.record_function(PROFILE_RANGE + ".ssm"):
-        ssm_cache.index_copy_(0, slots, states.to(ssm_cache.dtype))
-
-
-def h_states(h: torch.Tensor, md: CheckpointMetadata, chunk_dim: int) -> torch.Tensor:
-    """The per-chunk states ``h`` (batch dimension dropped) at the checkpoints' chunks."""
-    return h.index_select(chunk_dim, md.chunk_index)
-
-
-def run_split(run: Callable[[tuple, torch.Tensor, str], tuple[torch.Tensor, torch.Tensor]],
-              md: CheckpointMetadata, inputs: tuple[torch.Tensor, ...],
-              initial_state: torch.Tensor, cache_dtype: torch.dtype):
-    """A chunk kernel over the prefill rows, split at the checkpoints: ``run(inputs,
-    initial_state, part) -> (o, final_state)`` is the backend's kernel on ``inputs`` ([1, T, ...]:
-    q, k, v, g, beta) laid out by the cu_seqlens of ``part`` (``"head"`` / ``"tail"``) from
-    ``initial_state`` ([P, ...] per prefill row, the kernel's layout and dtype). Returns ``o``
-    [1, T, ...] and ``final_state`` [P, ...] as one unsplit call returns them, and the checkpoint
+def run_split(run: Callable[..., tuple[torch.Tensor, torch.Tensor]], md: CheckpointMetadata,
+              inputs: tuple[torch.Tensor, ...], initial_state: torch.Tensor,
+              cache_dtype: torch.dtype, out: torch.Tensor | None = None):
+    """A chunk kernel over the prefill rows, split at the checkpoints: ``run(inputs, initial_state,
+    part) -> (o, final_state)`` is the backend's kernel on ``inputs`` ([1, T, ...]: q, k, v, g,
+    beta) laid out by the cu_seqlens of ``part`` (``"head"`` / ``"tail"``) from ``initial_state``
+    ([P, ...] per prefill row, the kernel's layout and dtype). With ``out`` (a contiguous [1, T,
+    ...] tensor of ``v``'s shape and dtype) and tails that are a suffix, ``run(inputs, state, part,
+    out_part)`` gets ``out``'s rows of that part (a contiguous view) and must write its output there
+    (FLA's ``core_attn_out``): no concatenation copies ``o``. Returns ``o`` [1, T, ...] (``out``
+    where given) and ``final_state`` [P, ...] as one unsplit call returns them, and the checkpoint
     states [n, ...] (kernel layout) in ``cache_dtype``, the SSM cache's."""
     plan = md.plan
     if plan.tails_are_suffix:
         cut = plan.head_bounds[-1]
         heads, tails = tuple(x[:, :cut] for x in inputs), tuple(x[:, cut:] for x in inputs)
+        parts = () if out is None else (out[:, :cut], out[:, cut:])
     else:
-        heads = tuple(x.index_select(1, md.head_index) for x in inputs)
-        tails = tuple(x.index_select(1, md.tail_index) for x in inputs)
-    o_head, final = run(heads, initial_state, "head")
+        heads = tuple(x.index_select(1, md.index["head"]) for x in inputs)
+        tails = tuple(x.index_select(1, md.index["tail"]) for x in inputs)
+        parts = ()
+    o_head, final = run(heads, initial_state, "head", *parts[:1])
     ckpt = final.index_select(0, md.ckpt_seq).to(cache_dtype)
-    o_tail, tail_final = run(tails, ckpt.to(initial_state.dtype), "tail")  # as read back
+    o_tail, tail_final = run(tails, ckpt.to(initial_state.dtype), "tail", *parts[1:])  # as read back
     if plan.tails_are_suffix:
-        o = torch.cat([o_head, o_tail], dim=1)
+        o = out if parts else torch.cat([o_head, o_tail], dim=1)
     else:
         o = o_head.new_empty((o_head.shape[0], plan.num_prefill_tokens, *o_head.shape[2:]))
-        o.index_copy_(1, md.head_index, o_head)
-        o.index_copy_(1, md.tail_index, o_tail)
+        o.index_copy_(1, md.index["head"], o_head)
+        o.index_copy_(1, md.index["tail"], o_tail)
     return o, final.index_copy(0, md.ckpt_seq, tail_final.to(final.dtype)), ckpt
 
 
@@ -165,6 +149,23 @@ class ExportScope:
     method: str
     exports: int = 0
 
+    def write(self, states: torch.Tensor) -> None:
+        """One kernel call's checkpoint states ([n, *block shape], the cache's layout) into their
+        blocks of ``ssm_cache`` ([blocks, *block shape]) in its dtype, counted in ``exports``."""
+        with torch.profiler.record_function(PROFILE_RANGE + ".ssm"):
+            self.ssm_cache.index_copy_(0, self.metadata.slots, states.to(self.ssm_cache.dtype))
+        self.exports += 1
+
+    def split(self, run: Callable, inputs: tuple, initial_state: torch.Tensor,
+              transpose: bool = False, out: torch.Tensor | None = None):
+        """A kernel wrapper's export: :func:`run_split` with ``run`` (and ``out``) in the SSM
+        cache's dtype, its checkpoints written (``transpose``: kernel state ``[.., K, V]``, cache
+        ``[.., V, K]``); returns ``(o, final_state)`` as one unsplit kernel call does."""
+        o, final, ckpt = run_split(run, self.metadata, inputs, initial_state,
+                                   self.ssm_cache.dtype, out)
+        self.write(ckpt.transpose(-1, -2) if transpose else ckpt)
+        return o, final
+
 
 _SCOPE: contextvars.ContextVar[ExportScope | None] = contextvars.ContextVar(
     "vllm_hybrid_npu_gdn_export", default=None)
@@ -172,15 +173,11 @@ _SCOPE: contextvars.ContextVar[ExportScope | None] = contextvars.ContextVar(
 
 @contextlib.contextmanager
 def exporting(md: CheckpointMetadata, ssm_cache: torch.Tensor, method: str) -> Iterator[ExportScope]:
-    """The scope of one layer's forward that exports checkpoints (see :func:`current`).
-
-    Raises:
-        ValueError: ``method`` is not ``split`` or ``h``.
-    """
+    """The scope of one layer's forward that exports checkpoints by ``method`` (see
+    :func:`current`); raises ValueError where ``method`` is not ``split`` or ``h``."""
     if method not in ("split", "h"):
         raise ValueError(f"GDN checkpoint export method {method!r}: expected 'split' or 'h'")
-    scope = ExportScope(md, ssm_cache, method)
-    token = _SCOPE.set(scope)
+    token = _SCOPE.set(scope := ExportScope(md, ssm_cache, method))
     try:
         yield scope
     finally:

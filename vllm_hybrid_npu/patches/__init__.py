@@ -12,6 +12,8 @@ One module per patched upstream module (or, for ``gdn_prefill_checkpoint``, per 
   start-up.
 * :mod:`.gdn_prefill_checkpoint` - GDN prefill checkpoints through vLLM's own interface
   (``MambaSpec.num_prefill_checkpoint_blocks``): no block-aligned split in align mode (CPU, CUDA).
+* :mod:`.resend_tail` - vLLM 0.32's resend boundary for a prompt's partial attention tail, on
+  vLLM 0.30 engines that declare prefill checkpoints.
 * :mod:`.vllm_v1_core_sched_scheduler` - ``Scheduler.schedule`` / ``make_stats`` and
   ``KVCacheManager.free`` / ``pop_blocks_for_free``: state-move and miss-reason counters carried
   to ``/metrics`` in ``SchedulerStats`` (:mod:`vllm_hybrid_npu.metrics`).
@@ -48,6 +50,7 @@ PATCH_MODULES = (
     "vllm_hybrid_npu.patches.vllm_ascend_mamba_utils",
     "vllm_hybrid_npu.patches.worker_warmup",
     "vllm_hybrid_npu.patches.gdn_prefill_checkpoint",
+    "vllm_hybrid_npu.patches.resend_tail",
     "vllm_hybrid_npu.patches.vllm_ascend_gdn",
     "vllm_hybrid_npu.patches.vllm_v1_core_sched_scheduler",
 )

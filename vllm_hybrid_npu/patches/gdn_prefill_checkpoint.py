@@ -28,6 +28,8 @@ import logging
 import sys
 from typing import Any, Callable
 
+import torch
+
 from vllm_hybrid_npu import envs
 from vllm_hybrid_npu.core import prefill_checkpoints as core
 from vllm_hybrid_npu.ops import gdn_checkpoint as ops
@@ -67,39 +69,10 @@ def mode() -> str:
 def is_gdn_model(model_config: Any) -> bool:
     """Whether ``model_config`` (``vllm.config.ModelConfig``) is a Qwen GDN hybrid."""
     archs = getattr(getattr(model_config, "hf_config", None), "architectures", None) or []
-    arch = getattr(model_config, "architecture", None)
-    return bool(GDN_ARCHITECTURES.intersection([*archs, *([arch] if arch else [])]))
+    return not GDN_ARCHITECTURES.isdisjoint([*archs, getattr(model_config, "architecture", None)])
 
 
 # --------------------------------------------------------------------------- which path
-def _npu_path(vllm_config: Any) -> tuple[str | None, str]:
-    """vllm-ascend 0.30.0rc2's prefill path as its ``_forward_core`` chooses it (step 2.3); before
-    the worker imports its GDN module (engine configuration) only the configuration is read."""
-    version = getattr(registry.REPORT.stack, "vllm_ascend", None)
-    if version not in ASCEND_VERSIONS:
-        return None, f"no GDN exporter for vllm-ascend {version} (read against {ASCEND_VERSIONS[0]})"
-    pcp = getattr(getattr(vllm_config, "parallel_config", None), "prefill_context_parallel_size", 1)
-    if (pcp or 1) > 1:
-        return None, "prefill context parallel on (vllm-ascend carries the conv state across ranks)"
-    from vllm_ascend.device.hardware_profile import HardwareCapability as cap
-    from vllm_ascend.device.hardware_profile import get_current_hardware_profile
-
-    profile = get_current_hardware_profile()
-    if profile.supports(cap.GDN_COMPATIBILITY):
-        return None, "310P: vllm-ascend's 310P GDN forward (_310p/ops/fla/gdn_310.py)"
-    gdn = sys.modules.get(ASCEND_GDN)
-    if gdn is None:
-        return "ascend", ""
-    core_fn = getattr(sys.modules[QWEN_GDN].QwenGatedDeltaNetAttention, "_forward_core", None)
-    if core_fn is None or not is_ours(core_fn):
-        return None, "vLLM's Qwen GDN forward is not vllm-ascend's, wrapped by the plugin"
-    if profile.supports(cap.FLA_GDN_PREFILL) and gdn._get_fla_gdn_prefill_op() is not None:
-        return "ascend-fla-npu", ""
-    if gdn.AscendGatedDeltaNetAttention._probe_fused_chunk():
-        return "ascend-fused", ""
-    return "ascend-chunk", ""
-
-
 def exporter_path(vllm_config: Any, target: str) -> tuple[str | None, str]:
     """Which path exports GDN prefill checkpoints for the engine of ``vllm_config`` on ``target``
     (``cpu``, ``cuda``, ``npu``): ``(path, "")`` (``cpu``, ``triton``, ``ascend-fla-npu``,
@@ -124,9 +97,33 @@ def exporter_path(vllm_config: Any, target: str) -> tuple[str | None, str]:
         if backend == "triton":
             return "triton", ""
         return None, f"GDN prefill backend {backend} (ours exports on the Triton/FLA path only)"
-    if target == "npu":
-        return _npu_path(vllm_config)
-    return None, f"no exporter for target {target} (vLLM's split kept)"
+    if target != "npu":
+        return None, f"no exporter for target {target} (vLLM's split kept)"
+    # vllm-ascend 0.30.0rc2's prefill path as its _forward_core chooses it (step 2.3); before the
+    # worker imports its GDN module (engine configuration) only the configuration is read
+    version = getattr(registry.REPORT.stack, "vllm_ascend", None)
+    if version not in ASCEND_VERSIONS:
+        return None, f"no GDN exporter for vllm-ascend {version} (read against {ASCEND_VERSIONS[0]})"
+    pcp = getattr(getattr(vllm_config, "parallel_config", None), "prefill_context_parallel_size", 1)
+    if (pcp or 1) > 1:
+        return None, "prefill context parallel on (vllm-ascend carries the conv state across ranks)"
+    from vllm_ascend.device.hardware_profile import HardwareCapability as cap
+    from vllm_ascend.device.hardware_profile import get_current_hardware_profile
+
+    profile = get_current_hardware_profile()
+    if profile.supports(cap.GDN_COMPATIBILITY):
+        return None, "310P: vllm-ascend's 310P GDN forward (_310p/ops/fla/gdn_310.py)"
+    gdn = sys.modules.get(ASCEND_GDN)
+    if gdn is None:
+        return "ascend", ""
+    core_fn = getattr(sys.modules[QWEN_GDN].QwenGatedDeltaNetAttention, "_forward_core", None)
+    if core_fn is None or not is_ours(core_fn):
+        return None, "vLLM's Qwen GDN forward is not vllm-ascend's, wrapped by the plugin"
+    if profile.supports(cap.FLA_GDN_PREFILL) and gdn._get_fla_gdn_prefill_op() is not None:
+        return "ascend-fla-npu", ""
+    if gdn.AscendGatedDeltaNetAttention._probe_fused_chunk():
+        return "ascend-fused", ""
+    return "ascend-chunk", ""
 
 
 def export_method(path: str, spec: Any, vllm_config: Any) -> str:
@@ -174,11 +171,8 @@ def build_checkpoints(builder: Any, common: Any, metadata: Any, stack: Stack,
     built; ``kernel_meta(builder, device)`` gives the split's chunk metadata. The plan: on
     :data:`VLLM_PLAN` vLLM 0.33's own (``metadata.checkpoint``: ``compute_mamba_prefill_checkpoints``
     offsets and the blocks it gathered; None where it exports itself), else ``core.checkpoint_offsets``.
-
-    Raises:
-        RuntimeError: the runner gave no ``seq_lens_cpu_upper_bound`` (the reserved checkpoint
-            block would be cached unwritten).
-    """
+    Raises RuntimeError where the runner gave no ``seq_lens_cpu_upper_bound`` (the reserved
+    checkpoint block would be cached unwritten)."""
     spec, config, table = builder.kv_cache_spec, builder.vllm_config, common.block_table_tensor
     if (getattr(spec, "num_prefill_checkpoint_blocks", 0) <= 0 or metadata.num_prefills == 0
             or metadata.spec_sequence_masks is not None):
@@ -204,13 +198,11 @@ def build_checkpoints(builder: Any, common: Any, metadata: Any, stack: Stack,
             drop_eagle_block=bool(spec_config is not None and spec_config.use_eagle_block_drop()),
             position_fn=kv.get_mamba_prefill_checkpoint_position,
             valid_fn=kv.is_mamba_prefill_checkpoint_valid)
-    plan = core.plan_step(qsl, offsets, cols, metadata.num_decodes)
-    if plan is None:
+    if (plan := core.plan_step(qsl, offsets, cols, metadata.num_decodes)) is None:
         return None
-    device = table.device
     method = export_method(path or exporter_path(config, stack.target)[0], spec, config)
-    return ops.build_metadata(plan, table, _to_device(device), method,
-                              kernel_meta(builder, device) if method == "split" else None)
+    return ops.build_metadata(plan, table, _to_device(table.device), method,
+                              kernel_meta(builder, table.device) if method == "split" else None)
 
 
 def make_builder(kernel_meta: Callable[[Any, Any], ops.KernelMeta | None]):
@@ -259,26 +251,12 @@ def make_forward(upstream: Any, stack: Stack) -> Any:
         with ops.exporting(ck, self.kv_cache[1], ck.method) as scope:
             result = upstream(self, mixed_qkv, b, a, core_attn_out)
         if scope.exports != 1:
-            raise RuntimeError(
-                f"vllm-hybrid-npu: {self.prefix}: {len(ck.plan.rows)} prefill checkpoint(s) "
-                f"planned ({ck.method}) but {scope.exports} kernel call(s) exported; set "
-                f"{ENV_VAR}=off")
+            raise RuntimeError(f"vllm-hybrid-npu: {self.prefix}: {len(ck.plan.rows)} prefill "
+                               f"checkpoint(s) planned ({ck.method}) but {scope.exports} kernel "
+                               f"call(s) exported; set {ENV_VAR}=off")
         return result
 
     return _forward_core
-
-
-def export_split(scope: ops.ExportScope, run: Callable, inputs: tuple, initial_state: Any,
-                 transpose: bool = False) -> tuple[Any, Any]:
-    """A kernel wrapper's split: ``ops.run_split`` with ``run``, the checkpoints written to the
-    scope's SSM cache (``transpose``: kernel state ``[.., K, V]``, cache ``[.., V, K]``);
-    returns ``(o, final_state)``."""
-    o, final, ckpt = ops.run_split(run, scope.metadata, inputs, initial_state,
-                                   scope.ssm_cache.dtype)
-    ops.write_ssm(scope.ssm_cache, ckpt.transpose(-1, -2) if transpose else ckpt,
-                  scope.metadata.slots)
-    scope.exports += 1
-    return o, final
 
 
 def _make_fla_split(upstream: Any, stack: Stack) -> Any:
@@ -293,11 +271,12 @@ def _make_fla_split(upstream: Any, stack: Stack) -> Any:
                             **kwargs)
         md = scope.metadata
 
-        def run(inputs, state, part):
-            return upstream(self, *inputs, state, True, getattr(md, part + "_bounds"),
-                            *md.kernel_meta[part], use_qk_l2norm_in_kernel)
+        def run(inputs, state, part, out=None):  # out: FLA writes o into it (core_attn_out)
+            return upstream(self, *inputs, state, True, md.bounds[part], *md.kernel_meta[part],
+                            use_qk_l2norm_in_kernel, out)
 
-        return export_split(scope, run, (q, k, v, g, beta), initial_state)
+        out = torch.empty_like(v) if md.plan.tails_are_suffix else None  # one o, no cat
+        return scope.split(run, (q, k, v, g, beta), initial_state, out=out)
 
     return forward_native
 
@@ -306,11 +285,8 @@ def _make_fla_h(upstream: Any, stack: Stack) -> Any:
     @functools.wraps(upstream)
     def chunk_gated_delta_rule_fwd_h(*args, **kwargs):
         h, v_new, final_state = upstream(*args, **kwargs)
-        scope = ops.current("h")
-        if scope is not None:  # h: [1, chunks, H, V, K] at each chunk start, the cache's layout
-            ops.write_ssm(scope.ssm_cache, ops.h_states(h[0], scope.metadata, 0),
-                          scope.metadata.slots)
-            scope.exports += 1
+        if (scope := ops.current("h")) is not None:  # h: [1, chunks, H, V, K], the cache's layout
+            scope.write(h[0].index_select(0, scope.metadata.chunk_index))
         return h, v_new, final_state
 
     return chunk_gated_delta_rule_fwd_h
@@ -323,11 +299,10 @@ def _make_cpu_forward(upstream: Any, stack: Stack) -> Any:
         if ck is None:
             return upstream(layer, attn_metadata_i, mixed_qkv, b, a, core_attn_out)
         rounds = ck.memo("cpu-rounds", lambda: _cpu_rounds(ck.plan, attn_metadata_i))
-        conv_state, ssm_state = layer.kv_cache[0], layer.kv_cache[1]
         for idx, sub, copy in rounds:
-            if copy is not None:  # the heads' running states are the checkpoints
-                conv_state[ck.slots] = conv_state[copy]
-                ssm_state[ck.slots] = ssm_state[copy]
+            if copy is not None:  # the heads' running states (conv, SSM) are the checkpoints
+                for state in (layer.kv_cache[0], layer.kv_cache[1]):
+                    state[ck.slots] = state[copy]
             out = core_attn_out.new_zeros((idx.numel(), *core_attn_out.shape[1:]))
             upstream(layer, sub, mixed_qkv[idx], b[idx], a[idx], out)
             core_attn_out[idx] = out
@@ -339,8 +314,6 @@ def _cpu_rounds(plan: core.StepPlan, md: Any) -> list:
     """vLLM's CPU GDN function (conv and recurrence in one) split in two calls: the decodes and the
     prefill heads, then the tails once the running states are copied into the checkpoint blocks.
     ``(token index, metadata, copy source)`` per call."""
-    import torch
-
     states, initial = md.non_spec_state_indices_tensor.tolist(), md.has_initial_state.tolist()
     d, base, ck = plan.num_decodes, plan.prefill_start, [states[r] for r in plan.rows]
     heads = [(t, t + 1, states[t], True) for t in range(d)] + [
@@ -409,11 +382,9 @@ def _make_regather(upstream: Any, stack: Stack) -> Any:
         out = upstream(self, metadata, blk_table, slot_mapping)
         if (ck := getattr(out, FIELD, None)) is None:
             return out
-        if stack.vllm in VLLM_PLAN:  # vLLM re-gathered its own plan for this group
-            ck = dataclasses.replace(
-                ck, slots=out.checkpoint.state_indices[ck.ckpt_seq + ck.plan.num_decodes].long())
-        else:
-            ck = ck.regather(blk_table)
+        # vLLM 0.33 re-gathered its own plan for this group: its blocks are our table's one column
+        table = out.checkpoint.state_indices[:, None] if stack.vllm in VLLM_PLAN else blk_table
+        ck = dataclasses.replace(ck, slots=table[ck.rows, ck.cols].long())  # the rest is shared
         return dataclasses.replace(out, **{FIELD: ck})
 
     return update_block_table
@@ -428,8 +399,7 @@ def _make_block_size(upstream: Any, stack: Stack) -> Any:
         cache = vllm_config.cache_config
         if exporter_path(vllm_config, stack.target)[0] is None or cache.mamba_cache_mode != "align":
             return
-        changed = core.round_hybrid_block(cache, lambda: fn(cls, vllm_config, backend_cls))
-        if changed:
+        if changed := core.round_hybrid_block(cache, lambda: fn(cls, vllm_config, backend_cls)):
             logger.info("vllm-hybrid-npu: hybrid block size %d -> %d tokens (a multiple of %d, the "
                         "GDN prefill checkpoint alignment, as vLLM 0.33 aligns it)", *changed,
                         core.ALIGNMENT)
@@ -458,15 +428,13 @@ def wanted(stack: Stack) -> str | None:
     return f"{ENV_VAR}=off" if mode() == "off" else None
 
 
-UNTIL = "vLLM's or vllm-ascend's GDN path exports prefill checkpoints itself (vLLM 0.33: FlashInfer only)"
-
-
 def entry(name: str, module: str, qualname: str, make: Callable, targets: tuple, why: str,
           **kw: Any) -> Patch:
     """A behaviour-changing ``gdn-checkpoint-*`` entry (off with :data:`ENV_VAR`)."""
     return Patch(name=name, module=module, qualname=qualname, targets=targets, wanted=wanted,
                  make=make, behaviour_changing=True, why=why,
-                 **{"vllm": VLLM_VERSIONS, "until": UNTIL, **kw})
+                 **{"vllm": VLLM_VERSIONS, "until": "vLLM's or vllm-ascend's GDN path exports "
+                    "prefill checkpoints itself (vLLM 0.33: FlashInfer only)", **kw})
 
 
 FORWARD_SIGNATURE = ("self", "mixed_qkv", "b", "a", "core_attn_out")
@@ -475,8 +443,7 @@ PATCHES = [
     entry("gdn-checkpoint-spec", QWEN_GDN, "QwenGatedDeltaNetAttention.get_kv_cache_spec",
           _make_spec, ("cpu", "cuda", "npu"), "declares one prefill checkpoint block (alignment "
           "64; vLLM 0.33: its grid) in the GDN layers' MambaSpec where ours exports, so vLLM "
-          "drops its split",
-          signature=("self", "vllm_config")),
+          "drops its split", signature=("self", "vllm_config")),
     entry("gdn-checkpoint-alignment", QWEN_GDN,
           "QwenGatedDeltaNetAttention.get_prefill_checkpoint_alignment", _make_alignment,
           ("cpu", "cuda"), "the GDN layers report alignment 64 where ours exports, as 0.33's "

@@ -40,10 +40,9 @@ def _kernel_meta(builder: Any, device: Any) -> ops.KernelMeta:
 def _probe_forward(upstream: Any, stack: Stack) -> str | None:
     if is_ours(upstream):
         return "already the plugin's wrapper (applied on AscendGatedDeltaNetAttention)"
-    if (getattr(upstream, "__module__", ""), getattr(upstream, "__qualname__", "")) != (
-            gdn.ASCEND_GDN, "AscendGatedDeltaNetAttention._forward_core"):
-        return (f"the GDN forward is {getattr(upstream, '__module__', '?')}."
-                f"{getattr(upstream, '__qualname__', '?')}, not vllm-ascend's")
+    where = f"{getattr(upstream, '__module__', '?')}.{getattr(upstream, '__qualname__', '?')}"
+    if where != f"{gdn.ASCEND_GDN}.AscendGatedDeltaNetAttention._forward_core":
+        return f"the GDN forward is {where}, not vllm-ascend's"
     return None
 
 
@@ -52,15 +51,11 @@ def _make_fused(upstream: Any, stack: Stack) -> Any:
 
     @functools.wraps(fn)
     def _chunk_gated_delta_rule_fused(q, k, v, g, beta, initial_state, cu_seqlens, scale):
-        scope = ops.current("split")
-        if scope is None:
+        if (scope := ops.current("split")) is None:
             return fn(q, k, v, g, beta, initial_state, cu_seqlens, scale)
-        md = scope.metadata
-
-        def run(inputs, state, part):
-            return fn(*inputs, state, getattr(md, part + "_bounds"), scale)
-
-        return gdn.export_split(scope, run, (q, k, v, g, beta), initial_state)
+        bounds = scope.metadata.bounds
+        return scope.split(lambda xs, state, part: fn(*xs, state, bounds[part], scale),
+                           (q, k, v, g, beta), initial_state)
 
     return staticmethod(_chunk_gated_delta_rule_fused)
 
@@ -70,15 +65,11 @@ def _make_fla_npu(upstream: Any, stack: Stack) -> Any:
 
     @functools.wraps(fn)
     def fla_gdn_prefill(q, k, v, g, beta, initial_state, scale, prebuilt_meta, fused_fwd):
-        scope = ops.current("split")
-        if scope is None:
+        if (scope := ops.current("split")) is None:
             return fn(q, k, v, g, beta, initial_state, scale, prebuilt_meta, fused_fwd)
         meta = scope.metadata.kernel_meta
-
-        def run(inputs, state, part):
-            return fn(*inputs, state, scale, meta[part], fused_fwd)
-
-        return gdn.export_split(scope, run, (q, k, v, g, beta), initial_state)
+        return scope.split(lambda xs, state, part: fn(*xs, state, scale, meta[part], fused_fwd),
+                           (q, k, v, g, beta), initial_state)
 
     return staticmethod(fla_gdn_prefill)
 
@@ -96,11 +87,11 @@ def _make_chunk(upstream: Any, stack: Stack) -> Any:
         md = scope.metadata
 
         def run(inputs, state, part):
-            return upstream(*inputs, scale, state, True, getattr(md, part + "_bounds"),
-                            md.kernel_meta[part], False, use_qk_l2norm_in_kernel)
+            return upstream(*inputs, scale, state, True, md.bounds[part], md.kernel_meta[part],
+                            False, use_qk_l2norm_in_kernel)
 
         # the chunk glue's state is [N, HV, K, V], the cache's [.., V, K]
-        return gdn.export_split(scope, run, (q, k, v, g, beta), initial_state, transpose=True)
+        return scope.split(run, (q, k, v, g, beta), initial_state, transpose=True)
 
     return chunk_gated_delta_rule
 

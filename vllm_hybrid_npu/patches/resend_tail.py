@@ -1,0 +1,68 @@
+"""vLLM 0.32's resend boundary for a prompt's partial attention tail, carried to vLLM 0.30.
+
+With a hash unit finer than the block (``--prefix-match-unit``), vLLM 0.30 registers a prompt's
+partial attention tail block at ``num_prompt_tokens // unit * unit``
+(``FullAttentionManager._cache_partial_tail_block``) while the Mamba prefill checkpoint sits at
+``(num_prompt_tokens - 1) // unit * unit`` (``get_mamba_prefill_checkpoint_position``). For a
+prompt whose length is a multiple of the unit (and not of the block) the two differ: the
+attention entry lies at the prompt's end, which a resend (matching at most ``num_prompt_tokens -
+1`` tokens) never reaches, and the checkpoint has no attention entry, so the resend hit 0 tokens
+(measured on CPU, 2026-11-27: an 896-token prompt at block 384, unit 64: 0 cached against vLLM's
+split's 768). vLLM 0.32 registers the tail at ``(num_prompt_tokens - 1) // unit * unit``.
+
+The rule changes only engines that declare prefill checkpoints (a ``MambaSpec`` with
+``num_prefill_checkpoint_blocks``: ours, or vLLM 0.30's own for Kimi's KDA): where vLLM's split
+stores the prompt's end state, the end entry is what a longer prompt hits, and 0.30 keeps it.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from vllm_hybrid_npu.patches.gdn_prefill_checkpoint import entry
+from vllm_hybrid_npu.support import Stack
+
+#: Attribute the coordinator sets on an attention manager of an engine that declares checkpoints.
+FLAG = "_vhn_tail_at_checkpoint"
+
+
+def _make_coordinator(upstream: Any, stack: Stack) -> Any:
+    @functools.wraps(upstream)
+    def __init__(self, kv_cache_config, *args, **kwargs):
+        upstream(self, kv_cache_config, *args, **kwargs)
+        declared = any(getattr(g.kv_cache_spec, "num_prefill_checkpoint_blocks", 0) > 0
+                       for g in kv_cache_config.kv_cache_groups)
+        for manager in self.single_type_managers:
+            setattr(manager, FLAG, declared)
+
+    return __init__
+
+
+def _make_tail(upstream: Any, stack: Stack) -> Any:
+    @functools.wraps(upstream)
+    def _cache_partial_tail_block(self, request, num_tokens):
+        unit, n = self.block_pool.hash_block_size, request.num_prompt_tokens
+        if not getattr(self, FLAG, False) or self.use_eagle or n % unit:
+            return upstream(self, request, num_tokens)  # 0.30's and 0.32's boundaries agree
+        end, blocks = n - unit, self.req_to_blocks[request.request_id]
+        if 0 < end <= num_tokens and end % self.block_size and end // self.block_size < len(blocks):
+            self.block_pool.cache_partial_block(
+                request=request, block=blocks[end // self.block_size], num_tokens=end,
+                kv_cache_group_id=self.kv_cache_group_id, block_size=self.block_size)
+
+    return _cache_partial_tail_block
+
+
+_UNTIL = "vLLM 0.30 leaves the support matrix (vLLM 0.32 has the rule)"
+PATCHES = [
+    entry("resend-tail-declared", "vllm.v1.core.kv_cache_coordinator",
+          "HybridKVCacheCoordinator.__init__", _make_coordinator, ("cpu", "cuda", "npu"),
+          "marks the attention managers of an engine that declares prefill checkpoints",
+          vllm=("0.30.0",), until=_UNTIL),
+    entry("resend-tail", "vllm.v1.core.single_type_kv_cache_manager",
+          "FullAttentionManager._cache_partial_tail_block", _make_tail, ("cpu", "cuda", "npu"),
+          "vLLM 0.32's resend boundary: a prompt ending on the hash grid inside a block gets its "
+          "attention tail at the Mamba checkpoint (0.30: at its end; its resend hit 0)",
+          vllm=("0.30.0",), signature=("self", "request", "num_tokens"), until=_UNTIL),
+]
