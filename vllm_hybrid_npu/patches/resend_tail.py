@@ -10,9 +10,13 @@ attention entry lies at the prompt's end, which a resend (matching at most ``num
 (measured on CPU, 2026-11-27: an 896-token prompt at block 384, unit 64: 0 cached against vLLM's
 split's 768). vLLM 0.32 registers the tail at ``(num_prompt_tokens - 1) // unit * unit``.
 
-The rule changes only engines that declare prefill checkpoints (a ``MambaSpec`` with
-``num_prefill_checkpoint_blocks``: ours, or vLLM 0.30's own for Kimi's KDA): where vLLM's split
-stores the prompt's end state, the end entry is what a longer prompt hits, and 0.30 keeps it.
+The rule changes only requests whose Mamba manager holds a prefill checkpoint at that boundary
+(engines declaring ``MambaSpec.num_prefill_checkpoint_blocks``: ours, or vLLM 0.30's own for
+Kimi's KDA). Elsewhere 0.30 stores the Mamba state at the prompt's end (vLLM's split; a prompt of
+at most one block; a last chunk starting in the checkpoint's block), and the end entry is what a
+longer prompt hits, so 0.30's rule stays. vLLM's host tier (``simple_kv_offload``'s
+``_find_fa_partial_tail_source``, 0.30 and 0.32) still looks for the tail at the prompt's end: such
+a tail is not offloaded, and a hit from the host tier stops at the full block before it.
 """
 
 from __future__ import annotations
@@ -23,18 +27,19 @@ from typing import Any
 from vllm_hybrid_npu.patches.gdn_prefill_checkpoint import entry
 from vllm_hybrid_npu.support import Stack
 
-#: Attribute the coordinator sets on an attention manager of an engine that declares checkpoints.
-FLAG = "_vhn_tail_at_checkpoint"
+#: Attribute the coordinator sets on the managers of an engine that declares checkpoints: the
+#: engine's Mamba managers (their ``_checkpoints``: request id -> (position, block index)).
+FLAG = "_vhn_mamba_managers"
 
 
 def _make_coordinator(upstream: Any, stack: Stack) -> Any:
     @functools.wraps(upstream)
     def __init__(self, kv_cache_config, *args, **kwargs):
         upstream(self, kv_cache_config, *args, **kwargs)
-        declared = any(getattr(g.kv_cache_spec, "num_prefill_checkpoint_blocks", 0) > 0
-                       for g in kv_cache_config.kv_cache_groups)
+        mambas = tuple(m for m, g in zip(self.single_type_managers, kv_cache_config.kv_cache_groups)
+                       if getattr(g.kv_cache_spec, "num_prefill_checkpoint_blocks", 0) > 0)
         for manager in self.single_type_managers:
-            setattr(manager, FLAG, declared)
+            setattr(manager, FLAG, mambas)
 
     return __init__
 
@@ -43,9 +48,13 @@ def _make_tail(upstream: Any, stack: Stack) -> Any:
     @functools.wraps(upstream)
     def _cache_partial_tail_block(self, request, num_tokens):
         unit, n = self.block_pool.hash_block_size, request.num_prompt_tokens
-        if not getattr(self, FLAG, False) or self.use_eagle or n % unit:
-            return upstream(self, request, num_tokens)  # 0.30's and 0.32's boundaries agree
-        end, blocks = n - unit, self.req_to_blocks[request.request_id]
+        end = n - unit
+        checkpoints = [getattr(m, "_checkpoints", {}).get(request.request_id)
+                       for m in getattr(self, FLAG, ())]
+        # elsewhere 0.30's and 0.32's boundaries agree, or the Mamba state is at the prompt's end
+        if self.use_eagle or n % unit or not any(c and c[0] == end for c in checkpoints):
+            return upstream(self, request, num_tokens)
+        blocks = self.req_to_blocks[request.request_id]
         if 0 < end <= num_tokens and end % self.block_size and end // self.block_size < len(blocks):
             self.block_pool.cache_partial_block(
                 request=request, block=blocks[end // self.block_size], num_tokens=end,
