@@ -509,9 +509,10 @@ def run_lengths(args, budget: CallBudget, measure) -> dict[int, float]:
         why = budget.length_deferred(done, length, args.first_length_s)
         if why:
             for n in lengths[i:]:
+                why_n = why if n == length else f"{length} tokens deferred ({why})"
                 _emit(args.result_file, {"kind": "deferred", "row": args.worker, "prompt_tokens": n,
-                                         "reason": why})
-                print(f"BENCH deferred {n}: {why}", flush=True)
+                                         "reason": why_n})
+                print(f"BENCH deferred {n}: {why_n}", flush=True)
             break
         t = time.perf_counter()
         res = measure(length)

@@ -115,9 +115,11 @@ case "$step" in
     # SIGTERM; timeout -k is the last resort (the rows die with it: PR_SET_PDEATHSIG)
     timeout -k 15 "$STEP_LIMIT" "$PY" -m benchmarks.cuda_serving --model-dir "${MODEL_DIR:-$VHN/q35moe-8l}" --rows "$rows" \
       --out "$VHN/bench/$name.json" --call-budget $((STEP_LIMIT - 20)) --resume "$@" 2>&1 | tee -a "$log"
+    rc=$?  # the harness's status (3: nothing measured in this call), the device call's rc
     # the device tool brings back at most 8 files of $OUT: the JSON and the last 256 KiB of each row's log
     cp "$VHN/bench/$name.json" "$OUT"/ 2>/dev/null
     for f in "$VHN/bench/$name".*.log; do [ -e "$f" ] && tail -c 262144 "$f" > "$OUT/$(basename "$f")"; done
+    exit "$rc"
     ;;
   reap)
     ;;
