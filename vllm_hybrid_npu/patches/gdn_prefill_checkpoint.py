@@ -275,7 +275,8 @@ def _make_fla_split(upstream: Any, stack: Stack) -> Any:
             return upstream(self, *inputs, state, True, md.bounds[part], *md.kernel_meta[part],
                             use_qk_l2norm_in_kernel, out)
 
-        out = torch.empty_like(v) if md.plan.tails_are_suffix else None  # one o, no cat
+        # one o, no cat; contiguous (FLA's input_guard would write a permuted buffer's copy)
+        out = torch.empty(v.shape, dtype=v.dtype, device=v.device) if md.plan.tails_are_suffix else None
         return scope.split(run, (q, k, v, g, beta), initial_state, out=out)
 
     return forward_native
@@ -285,7 +286,7 @@ def _make_fla_h(upstream: Any, stack: Stack) -> Any:
     @functools.wraps(upstream)
     def chunk_gated_delta_rule_fwd_h(*args, **kwargs):
         h, v_new, final_state = upstream(*args, **kwargs)
-        if (scope := ops.current("h")) is not None:  # h: [1, chunks, H, V, K], the cache's layout
+        if (scope := ops.current("h")) is not None:  # h: [1, chunks, H, V, K], each chunk's start state
             scope.write(h[0].index_select(0, scope.metadata.chunk_index))
         return h, v_new, final_state
 
