@@ -1,15 +1,22 @@
-"""The CUDA exporter's two methods against vLLM's own FLA chunk kernels (Triton).
+"""The CUDA exporter against vLLM's own FLA chunk kernels (Triton), on a GPU.
 
-:mod:`vllm_hybrid_npu.patches.gdn_prefill_checkpoint` obtains a checkpoint's SSM state on CUDA
-either from ``h`` of ``chunk_gated_delta_rule_fwd_h`` (the state at a 64-token chunk start, kept
-in the input dtype: the method where the SSM cache is bf16) or by splitting the kernel call at the
-checkpoints (:func:`vllm_hybrid_npu.ops.gdn_checkpoint.run_split`: every other cache dtype, e.g.
-Qwen3.5's float32). On random variable-length batches (seed printed on failure) both are compared
-with what vLLM's block-aligned split computes: the final state of a pass that stops at each
-checkpoint (bf16-rounded for ``h``; exact in float32 for the split), and, for the split, the
-outputs and final states of the heads alone and of the tails alone from those checkpoints.
+:mod:`vllm_hybrid_npu.patches.gdn_prefill_checkpoint` exports a checkpoint's SSM state on CUDA in
+the step's one FLA pass (method ``fused``): our chunk-state kernel
+(:mod:`vllm_hybrid_npu.ops._triton_gdn`) runs in place of vLLM's ``chunk_gated_delta_rule_fwd_h``
+with vLLM's autotuned launch configuration and also stores each checkpoint's float32 state, in the
+SSM cache's dtype, into its block. On random variable-length batches (one row and many; random
+initial states, lengths and checkpoint offsets; seed printed on failure):
 
-Needs CUDA and vLLM's CUDA build (the FLA kernels are Triton); skips elsewhere, saying so.
+* our kernel's ``h``, ``v_new`` and final state equal vLLM's kernel's bit for bit;
+* vLLM's whole FLA forward with the export equals it without (outputs, final states) bit for bit,
+  and each checkpoint block holds what vLLM's block-aligned split stores there (the final state
+  of a pass over the row's head alone, cast to the cache dtype: float32 and bf16 caches); no
+  other block changes;
+* the conv checkpoints written by our Triton kernel equal the torch write's;
+* the split (kept for ``FLA_USE_FAST_OPS=1``) equals vLLM's split in float32.
+
+Needs CUDA and vLLM's CUDA build (the FLA kernels are Triton); skips elsewhere, saying so (the
+same kernels run in the Triton interpreter on CPU in ``tests/ops/test_gdn_chunk_states.py``).
 """
 
 from __future__ import annotations
@@ -53,7 +60,7 @@ def _pass(inputs, h0, lens):
     q, k, v, g, beta = (x.contiguous() for x in inputs)
     return chunk_gated_delta_rule(q=q, k=k, v=v, g=g, beta=beta, initial_state=h0,
                                   output_final_state=True, cu_seqlens=_cu(lens),
-                                  use_qk_l2norm_in_kernel=False)
+                                  use_qk_l2norm_in_kernel=False)  # chunk metadata: FLA's own
 
 
 def _pieces(inputs, lens, offsets, head):
@@ -73,22 +80,73 @@ def _metadata(lens, offsets, method):
                               mod._fla_kernel_meta(None, torch.device("cuda")))
 
 
-def test_h_at_checkpoint_equals_split_final_state(seed):
-    lens, offsets, inputs, h0 = _batch(seed)
+def _rows(rows, seed):
+    return 1 if rows == "one" else 2 + seed % 7  # 2-8 rows, drawn with the test's seed
+
+
+@pytest.mark.parametrize("rows", ["one", "many"])
+@pytest.mark.parametrize("h0_dtype", [torch.float32, torch.bfloat16])
+def test_chunk_states_is_vllms_kernel(seed, h0_dtype, rows):
+    from vllm.third_party.flash_linear_attention.ops import chunk_delta_h, index
+
+    lens, offsets, (q, k, v, g, beta), h0 = _batch(seed, _rows(rows, seed))
+    cu = _cu(lens)
+    t, heads = k.shape[1], k.shape[2]
+    gen = torch.Generator(device="cuda").manual_seed(seed + 1)
+    w = (torch.randn(1, t, heads, 64, generator=gen, device="cuda") * 0.1).to(torch.bfloat16)
+    g = torch.rand(1, t, heads, generator=gen, device="cuda").mul(-0.05).cumsum(1)  # decaying
+    host = cu.cpu()
+    ci, co = (f(host, 64).to("cuda") for f in (index.prepare_chunk_indices, index.prepare_chunk_offsets))
+    args = (k, w, v, g, None, h0.to(h0_dtype), True, 64, True, cu, ci, co, False)
+    ref = chunk_delta_h.chunk_gated_delta_rule_fwd_h(*args)
+    md = _metadata(lens, offsets, "fused")
+    cache = torch.full((len(lens) + 1, heads, 64, 64), float("nan"), device="cuda")
+    config = mod.fla_h_config(chunk_delta_h.chunk_gated_delta_rule_fwd_h, args,
+                              ("test", h0_dtype, len(lens)))
+    with ops.exporting(md, cache, "fused") as scope:
+        got = scope.chunk_states(k, w, v, g, h0.to(h0_dtype), True, cu, config)
+    where = f"seed {seed}: lens {lens} offsets {offsets} config {config}"
+    for name, a, b in zip(("h", "v_new", "final"), got, ref):
+        assert torch.equal(a, b), f"{where}: {name} differs by {(a.float() - b.float()).abs().max().item():.3g}"
+
+
+@pytest.mark.parametrize("rows", ["one", "many"])
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
+def test_fused_forward_is_vllms_and_stores_the_splits_state(seed, cache_dtype, rows):
+    lens, offsets, inputs, h0 = _batch(seed, _rows(rows, seed))
+    o_ref, final_ref = _pass(inputs, h0.clone(), lens)
     heads, head_lens = _pieces(inputs, lens, offsets, head=True)
-    _, ref = _pass(heads, h0.clone(), head_lens)
-    cache = torch.zeros(len(lens) + 1, *h0.shape[1:], device="cuda", dtype=torch.bfloat16)
+    _, split_state = _pass(heads, h0.clone(), head_lens)  # what vLLM's split stores (before the cast)
+    md = _metadata(lens, offsets, "fused")
+    cache = torch.full((len(lens) + 3, *h0.shape[1:]), float("nan"), device="cuda", dtype=cache_dtype)
     upstream = fla.chunk_gated_delta_rule_fwd_h
     fla.chunk_gated_delta_rule_fwd_h = mod._make_fla_h(upstream, None)
     try:
-        with ops.exporting(_metadata(lens, offsets, "h"), cache, "h") as scope:
-            _pass(inputs, h0.clone(), lens)
+        with ops.exporting(md, cache, "fused") as scope:
+            o, final = _pass(inputs, h0.clone(), lens)
     finally:
         fla.chunk_gated_delta_rule_fwd_h = upstream
-    got = cache[1:]
-    assert scope.exports == 1 and torch.equal(got, ref.to(torch.bfloat16)), (
-        f"seed {seed}: lens {lens} offsets {offsets}: largest difference "
-        f"{(got.float() - ref).abs().max().item():.3g}")
+    where = f"seed {seed}: lens {lens} offsets {offsets} cache {cache_dtype}"
+    assert scope.exports == 1, where
+    assert torch.equal(o, o_ref) and torch.equal(final, final_ref), f"{where}: outputs changed"
+    got = cache[1:len(lens) + 1]
+    assert torch.equal(got, split_state.to(cache_dtype)), (
+        f"{where}: largest difference to the split's state {(got.float() - split_state).abs().max().item():.3g}")
+    assert torch.isnan(cache[0].float()).all() and torch.isnan(cache[len(lens) + 1:].float()).all(), where
+
+
+@pytest.mark.parametrize("dim_first", [True, False])
+def test_conv_kernel_is_the_torch_write(seed, dim_first):
+    lens, offsets, _, _ = _batch(seed, _rows("many", seed))
+    width, dim = 4, 8 * (1 + seed % 97)
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    mixed = torch.randn(sum(lens), dim, generator=gen, device="cuda").to(torch.bfloat16)
+    shape = (len(lens) + 3, dim, width - 1) if dim_first else (len(lens) + 3, width - 1, dim)
+    caches = [torch.full(shape, float("nan"), device="cuda", dtype=torch.bfloat16) for _ in range(2)]
+    for cache, method in zip(caches, ("fused", "split")):
+        ops.write_conv(cache, mixed, _metadata(lens, offsets, method), width, dim_first)
+    assert torch.equal(caches[0].float().nan_to_num(7.0), caches[1].float().nan_to_num(7.0)), (
+        f"seed {seed}: lens {lens} offsets {offsets}")
 
 
 @pytest.mark.parametrize("rows", [3, 1])  # 1: the tail is a suffix, o written in place (core_attn_out)

@@ -6,7 +6,8 @@ operations as one unsplit call, so outputs and final states are **equal**, and e
 equals the final state of the row's head run alone; with a bf16 cache the checkpoint is that state
 rounded to bf16 and the tail's outputs equal a run of the tail alone from the rounded state (what
 vLLM's split computes in its next step). Random batches (rows, lengths, checkpoints; the suffix
-layout and the gathered one), seed printed on failure. The writes are checked on poisoned caches.
+layout and the gathered one), seed printed on failure. The writes are checked on poisoned caches,
+the conv write by both methods (``fused``: our Triton kernel, in the interpreter on CPU).
 """
 
 from __future__ import annotations
@@ -105,22 +106,29 @@ def test_split_with_a_bf16_cache_is_vllms_split(rng, torch_gen, seed):
         assert torch.equal(final[row], final_ref[row]), where
 
 
+@pytest.mark.parametrize("method", ["split", "fused"])  # fused: the Triton kernel (interpreter)
 @pytest.mark.parametrize("dim_first", [True, False])
-def test_writes_touch_only_the_checkpoint_blocks(rng, torch_gen, seed, dim_first):
+def test_writes_touch_only_the_checkpoint_blocks(rng, torch_gen, seed, dim_first, method):
     width, dim, blocks = rng.choice([2, 3, 4]), rng.randint(3, 20), rng.randint(8, 12)
     rows = rng.randint(1, 4)
-    lens = [rng.randint(width + 2, 40) for _ in range(rows)]
-    offsets = [rng.choice([0, rng.randint(width, n - 1)]) for n in lens]
-    offsets[rng.randrange(rows)] = width  # at least one checkpoint, the closest vLLM allows
+    if method == "fused":  # its checkpoints start a 64-token chunk
+        lens = [rng.randint(65, 200) for _ in range(rows)]
+        offsets = [64 * rng.randint(0, (n - 1) // 64) for n in lens]
+        offsets[rng.randrange(rows)] = 64
+    else:
+        lens = [rng.randint(width + 2, 40) for _ in range(rows)]
+        offsets = [rng.choice([0, rng.randint(width, n - 1)]) for n in lens]
+        offsets[rng.randrange(rows)] = width  # at least one checkpoint, the closest vLLM allows
     qsl = [0]
     for n in lens:
         qsl.append(qsl[-1] + n)
     plan = plan_step(qsl, offsets, [0] * rows, num_decodes=0)
     # one distinct block per row (column 0 of its table row)
     table = torch.tensor([[b] for b in rng.sample(range(blocks), rows)], dtype=torch.int32)
-    md = ops.build_metadata(plan, table, lambda v, d: torch.tensor(v, dtype=d))
-    mixed = torch.randn(qsl[-1], dim, generator=torch_gen)
+    md = ops.build_metadata(plan, table, lambda v, d: torch.tensor(v, dtype=d), method)
     dtype = rng.choice([torch.float32, torch.bfloat16])
+    # the model's dtype is the conv cache's (the interpreter would truncate a float32 -> bf16 cast)
+    mixed = torch.randn(qsl[-1], dim, generator=torch_gen).to(dtype if method == "fused" else torch.float32)
     conv = torch.full((blocks, dim, width - 1) if dim_first else (blocks, width - 1, dim),
                       float("nan"), dtype=dtype)
     ops.write_conv(conv, mixed, md, width, dim_first)
@@ -144,9 +152,30 @@ def test_writes_touch_only_the_checkpoint_blocks(rng, torch_gen, seed, dim_first
 def test_scope():
     md = object()
     assert ops.current("split") is None
-    with ops.exporting(md, "cache", "h") as scope:
-        assert ops.current("h") is scope and ops.current("split") is None
-    assert ops.current("h") is None
+    with ops.exporting(md, "cache", "fused") as scope:
+        assert ops.current("fused") is scope and ops.current("split") is None
+    assert ops.current("fused") is None
     with pytest.raises(ValueError, match="method"):
         with ops.exporting(md, "cache", "other"):
             pass
+
+
+def test_fused_metadata_is_one_upload():
+    """Hand-counted: rows of 130, 64 (a decode-free batch), 200 and 5 tokens; checkpoints at 64
+    in row 0 and 128 in row 2. Chunks of 64: 3, 1, 4, 1 -> starts 0, 3, 4, 8, 9 in all; the
+    checkpoints start chunks 0 + 1 = 1 and 4 + 2 = 6."""
+    qsl = [0, 130, 194, 394, 399]
+    plan = plan_step(qsl, [64, 0, 128, 0], [2, 0, 5, 0], num_decodes=0)
+    table = torch.arange(40, dtype=torch.int32).view(4, 10)
+    uploads = []
+    md = ops.build_metadata(plan, table, lambda v, d: uploads.append((v, d)) or torch.tensor(v, dtype=d), "fused")
+    assert len(uploads) == 1 and uploads[0][1] == torch.int64  # the step's one upload
+    assert md.chunk_map.tolist() == [-1, 0, -1, -1, -1, -1, 1, -1, -1]
+    assert md.chunk_starts.tolist() == [0, 3, 4, 8] and plan.num_chunks == 9
+    assert md.slots.tolist() == [2, 25] and md.conv_end.tolist() == [64, 322]
+    assert md.bounds == {} and md.index == {} and md.kernel_meta == {}
+    split = ops.build_metadata(plan, table, lambda v, d: torch.tensor(v, dtype=d), "split")
+    assert split.chunk_map is None and split.bounds["head"].tolist() == [0, 64, 128, 256, 261]
+    off_grid = plan_step(qsl, [65, 0, 0, 0], [2, 0, 0, 0], num_decodes=0)
+    with pytest.raises(ValueError, match="64-token chunk"):
+        ops.build_metadata(off_grid, table, lambda v, d: torch.tensor(v, dtype=d), "fused")

@@ -6,8 +6,11 @@ CUDA by ``tests/ops/test_gdn_checkpoint_fla.py``; vllm-ascend's by ``tests/ascen
   before each checkpoint; upstream runs inside an export scope of the step's method and the
   layer's SSM cache; a forward in which no kernel exported raises; without checkpoints it is
   upstream's call alone;
-* the FLA ``h`` hook writes ``h[0, chunk_index]``; the FLA split wrapper (``forward_native``)
-  returns what one unsplit call returns and writes the heads' final states;
+* the FLA state-function wrapper (``chunk_gated_delta_rule_fwd_h``): in a ``fused`` scope our
+  kernel (the Triton interpreter here) in place of upstream, its launch configuration read off
+  vLLM's autotuner after one upstream call per key, one export; elsewhere upstream's call alone;
+  the FLA split wrapper (``forward_native``) returns what one unsplit call returns and writes the
+  heads' final states;
 * ``with_checkpoints``: the typed field on vLLM's GDN metadata, its other attributes kept.
 
 Random shapes, positions and slots per test (seed printed on failure).
@@ -31,8 +34,9 @@ PREFIX = "model.layers.3.linear_attn"
 
 
 def _metadata(rng, lens, min_offset, method="split"):
-    offsets = [rng.choice([0, rng.randint(min_offset, n - 1)]) for n in lens]
-    offsets[rng.randrange(len(lens))] = min_offset  # at least one checkpoint
+    unit = 64 if method == "fused" else 1  # the fused export's checkpoints start a 64-token chunk
+    offsets = [rng.choice([0, unit * rng.randint(-(-min_offset // unit), (n - 1) // unit)]) for n in lens]
+    offsets[rng.randrange(len(lens))] = -(-min_offset // unit) * unit  # at least one checkpoint
     qsl = [0]
     for n in lens:
         qsl.append(qsl[-1] + n)
@@ -52,12 +56,14 @@ def _context(monkeypatch, ck):
 @pytest.mark.parametrize("dim_first", [True, False])
 def test_forward_writes_conv_rows_and_opens_the_scope(monkeypatch, rng, seed, dim_first):
     width, dim = rng.choice([2, 3, 4]), rng.randint(5, 40)
-    ck, qsl = _metadata(rng, [rng.randint(width + 2, 90) for _ in range(rng.randint(1, 4))], width,
-                        method=rng.choice(["split", "h"]))
+    method = rng.choice(["split", "fused"])
+    ck, qsl = _metadata(rng, [rng.randint(66 if method == "fused" else width + 2, 150)
+                              for _ in range(rng.randint(1, 4))], width, method=method)
     conv = torch.full((24, dim, width - 1) if dim_first else (24, width - 1, dim), float("nan"),
                       dtype=rng.choice([torch.float32, torch.bfloat16]))
     ssm = torch.empty(24, 2, 3, 3)
-    mixed = torch.randn(qsl[-1], dim, generator=torch.Generator().manual_seed(seed))
+    # in the conv cache's dtype, as vLLM's are (the interpreter truncates float32 -> bf16)
+    mixed = torch.randn(qsl[-1], dim, generator=torch.Generator().manual_seed(seed)).to(conv.dtype)
     _context(monkeypatch, ck)
     monkeypatch.setattr("vllm.model_executor.layers.mamba.mamba_utils.is_conv_state_dim_first",
                         lambda: dim_first)
@@ -86,24 +92,60 @@ def test_forward_writes_conv_rows_and_opens_the_scope(monkeypatch, rng, seed, di
     assert wrapped(layer, mixed, None, None, None) == "upstream-result" and seen[-1] is None
 
 
-def test_fla_h_hook_writes_the_chunk_state(rng, seed):
-    ck, _ = _metadata(rng, [rng.randint(70, 200) for _ in range(rng.randint(1, 3))], 64, "h")
-    chunks, heads, dv, dk = max(ck.plan.chunk_index) + 2, 3, 4, 5
-    h = torch.randn(1, chunks, heads, dv, dk, generator=torch.Generator().manual_seed(seed))
-    ssm = torch.full((20, heads, dv, dk), float("nan"), dtype=rng.choice([torch.float32, torch.bfloat16]))
-    out = (h.to(torch.bfloat16), object(), object())
-    hook = mod._make_fla_h(lambda *a, **k: out, None)
-    assert hook() == out and torch.isnan(ssm.float()).all()  # no scope: nothing written
+def test_fla_state_wrapper_runs_ours_in_a_fused_scope(monkeypatch, rng, seed):
+    pytest.importorskip("triton")
+    from vllm_hybrid_npu.ops import _triton_gdn
+
+    lens = [rng.randint(65, 200) for _ in range(rng.randint(1, 3))]
+    ck, qsl = _metadata(rng, lens, 64, "fused")
+    gen = torch.Generator().manual_seed(seed)
+    t, heads, kd, vd = qsl[-1], 2, 64, 32
+    k = torch.nn.functional.normalize(torch.randn(1, t, heads, kd, generator=gen), dim=-1)
+    w, u = torch.randn(1, t, heads, kd, generator=gen) * 0.1, torch.randn(1, t, heads, vd, generator=gen)
+    g = -torch.rand(1, t, heads, generator=gen) * 0.01
+    h0 = torch.randn(len(lens), heads, vd, kd, generator=gen) * 0.1
+    nch = [-(-n // 64) for n in lens]
+    cu = torch.tensor(qsl, dtype=torch.int32)
+    offsets = torch.tensor([0, *torch.tensor(nch).cumsum(0).tolist()][:-1])
+    indices = torch.zeros(sum(nch), 2)  # only its length is read (FLA's chunk indices)
+    calls = []
+
+    def upstream(*args, **kwargs):
+        calls.append(args)
+        return "upstream-h"
+
+    kernel = types.SimpleNamespace(fn=types.SimpleNamespace(best_config=types.SimpleNamespace(
+        kwargs={"BV": 32}, num_warps=4, num_stages=3)))
+    monkeypatch.setitem(__import__("sys").modules, mod.FLA_H, types.SimpleNamespace(
+        chunk_gated_delta_rule_fwd_kernel_h_blockdim64=kernel))
+    monkeypatch.setattr(mod, "_FLA_H_CONFIGS", {})
+    launches = []
+    real = _triton_gdn.chunk_states
+    monkeypatch.setattr(_triton_gdn, "chunk_states", lambda *a, **kw: launches.append(kw) or real(*a, **kw))
+    hook = mod._make_fla_h(upstream, None)
+    kwargs = dict(k=k, w=w, u=u, g=g, initial_state=h0, output_final_state=True, cu_seqlens=cu,
+                  chunk_indices=indices, chunk_offsets=offsets)
+    assert hook(**kwargs) == "upstream-h" and len(calls) == 1  # no scope
+    ssm = torch.full((20, heads, vd, kd), float("nan"))
     with ops.exporting(ck, ssm, "split"):
-        hook()
-    assert torch.isnan(ssm.float()).all()  # a split scope is not the h hook's
-    with ops.exporting(ck, ssm, "h") as scope:
-        assert hook() == out
-    assert scope.exports == 1
+        assert hook(**kwargs) == "upstream-h" and len(calls) == 2  # not the fused method's
+    with ops.exporting(ck, ssm, "fused") as scope:
+        assert hook(**{**kwargs, "gk": g}) == "upstream-h"  # a call ours does not cover
+        assert hook(**{**kwargs, "cu_seqlens": cu[:-1]}) == "upstream-h"  # not the plan's rows
+        assert scope.exports == 0 and len(calls) == 4
+        h, v_new, final = hook(**kwargs)
+        assert len(calls) == 5 and calls[-1][:3] == (k, w, u)  # upstream once: its autotuner's pick
+        hook(**kwargs)
+    assert scope.exports == 2 and len(calls) == 5, f"seed={seed}: the configuration is read once per key"
+    assert [(kw["bv"], kw["num_warps"], kw["num_stages"]) for kw in launches] == [(32, 4, 3)] * 2
+    assert ck.chunk_starts.tolist() == offsets.tolist(), f"seed={seed}"
+    ref = real(k, w, u, g, h0, True, cu, offsets, sum(nch), torch.full((sum(nch),), -1), ck.slots,
+               torch.zeros(1, heads, vd, kd), kernels=_triton_gdn.interpreted())
+    assert all(torch.equal(a, b) for a, b in zip((h, v_new, final), ref)), f"seed={seed}"
     for s, c in zip(ck.slots.tolist(), ck.plan.chunk_index):
-        assert torch.equal(ssm[s], out[0][0, c].to(ssm.dtype)), f"seed={seed} slot={s} chunk={c}"
+        assert torch.equal(ssm[s], h[0, c]), f"seed={seed} slot={s} chunk={c}"
     untouched = sorted(set(range(20)) - set(ck.slots.tolist()))
-    assert torch.isnan(ssm[untouched].float()).all(), f"seed={seed}"
+    assert torch.isnan(ssm[untouched]).all(), f"seed={seed}"
 
 
 def _kernel(q, k, v, g, beta, state, cu):

@@ -82,7 +82,9 @@ class StepPlan:
     first token in the step (> 0), ``cols`` its block-table column, ``conv_end`` its batch token
     index (the conv state is the ``width - 1`` input rows before it), ``chunk_index`` its chunk
     among the prefill rows' 64-token chunks (in a chunk kernel's per-chunk states ``h``),
-    ``ckpt_seq`` its row's index among the prefill rows.
+    ``ckpt_seq`` its row's index among the prefill rows; ``chunk_starts`` each prefill row's first
+    chunk and ``num_chunks`` the chunks of all prefill rows (each row's tokens in ``chunk``-token
+    chunks, the last one partial; FLA's ``chunk_offsets`` and ``len(chunk_indices)``).
 
     The split of the prefill rows (token indices relative to the first prefill token, batch index
     ``prefill_start``, after ``num_decodes`` decode rows): ``head_spans`` / ``head_bounds`` (spans,
@@ -103,11 +105,21 @@ class StepPlan:
     tail_spans: tuple[tuple[int, int], ...]
     ckpt_seq: tuple[int, ...]
     num_prefill_tokens: int
+    chunk_starts: tuple[int, ...]
+    num_chunks: int
 
     @property
     def tails_are_suffix(self) -> bool:
         """One tail, ending the step's prefill tokens: the two calls take slices, no gather."""
         return len(self.tail_spans) == 1 and self.tail_spans[0][1] == self.num_prefill_tokens
+
+    def chunk_map(self) -> list[int]:
+        """Per chunk of the prefill rows (``num_chunks``): the checkpoint (index into ``rows``)
+        whose state is that chunk's start state, or -1."""
+        out = [-1] * self.num_chunks
+        for i, chunk in enumerate(self.chunk_index):
+            out[chunk] = i
+        return out
 
     def token_index(self, part: str) -> list[int]:
         """Prefill-relative token indices of the ``"head"`` or ``"tail"`` call, in call order."""
@@ -126,7 +138,7 @@ def plan_step(query_start_loc: Sequence[int], offsets: Sequence[int], cols: Sequ
         return None
     base = int(query_start_loc[num_decodes])
     checkpoints, head_spans, tail_spans, head_bounds, tail_bounds = [], [], [], [0], [0]
-    chunks_before = 0
+    chunks_before, chunk_starts = 0, []
     for row, off in enumerate(map(int, offsets)):
         start, end = int(query_start_loc[row]), int(query_start_loc[row + 1])
         if row < num_decodes:
@@ -144,10 +156,12 @@ def plan_step(query_start_loc: Sequence[int], offsets: Sequence[int], cols: Sequ
             tail_bounds.append(tail_bounds[-1] + e - s - off)
         head_spans.append((s, s + off if off else e))
         head_bounds.append(head_bounds[-1] + (off or e - s))
+        chunk_starts.append(chunks_before)
         chunks_before += -(-(e - s) // chunk)
     rows, offs, ckcols, conv_end, chunk_index, ckpt_seq = zip(*checkpoints)  # any(offsets): >= 1
     return StepPlan(
         rows=rows, offsets=offs, cols=ckcols, conv_end=conv_end, chunk_index=chunk_index,
         num_decodes=num_decodes, prefill_start=base, head_bounds=tuple(head_bounds),
         head_spans=tuple(head_spans), tail_bounds=tuple(tail_bounds), tail_spans=tuple(tail_spans),
-        ckpt_seq=ckpt_seq, num_prefill_tokens=int(query_start_loc[len(offsets)]) - base)
+        ckpt_seq=ckpt_seq, num_prefill_tokens=int(query_start_loc[len(offsets)]) - base,
+        chunk_starts=tuple(chunk_starts), num_chunks=chunks_before)

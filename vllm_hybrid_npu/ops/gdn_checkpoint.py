@@ -1,19 +1,22 @@
 """GDN prefill checkpoints on the device: one export for every backend (torch only, no vLLM).
 
 :class:`CheckpointMetadata` is a step's :class:`~vllm_hybrid_npu.core.prefill_checkpoints.StepPlan`
-on the caches' device, built once per step and GDN KV-cache group by the metadata builder (uploads
-through the caller's ``to_device``, from pinned memory; nothing here syncs the host). A layer's
-forward writes the conv states (:func:`write_conv`) and opens an :func:`exporting` scope; its
-backend's chunk-kernel wrapper finds it with :func:`current` and writes the SSM states
-(:meth:`ExportScope.write`), obtained by one of two methods:
+on the caches' device, built once per step and GDN KV-cache group by the metadata builder (its
+integer fields in one upload through the caller's ``to_device``, from pinned memory; nothing here
+syncs the host). A layer's forward writes the conv states (:func:`write_conv`) and opens an
+:func:`exporting` scope; its backend's chunk-kernel wrapper finds it with :func:`current` and
+writes the SSM states by one of two methods:
 
-* **split** (:meth:`ExportScope.split`, :func:`run_split`): the heads and unsplit rows in one
-  kernel call, the tails in a second from the heads' final states; the checkpoint is the head's
-  final state in the cache dtype (the bytes vLLM's split stores) and the tails start from what
-  the split's next step reads back. Exact in every cache dtype; for kernels that return only
+* **fused** (:meth:`ExportScope.chunk_states`, CUDA): one pass. Our chunk-state kernel
+  (:mod:`vllm_hybrid_npu.ops._triton_gdn`, vLLM's FLA recurrence with the same arithmetic) stores
+  the float32 running state at each checkpoint's chunk start, cast to the SSM cache's dtype,
+  straight into the checkpoint block: the bytes vLLM's split stores, in every cache dtype, with no
+  second kernel call; the step's outputs and final states are those of the unsplit call.
+* **split** (:meth:`ExportScope.split`, :func:`run_split`: CPU, Ascend): the heads and unsplit rows
+  in one kernel call, the tails in a second from the heads' final states; the checkpoint is the
+  head's final state in the cache dtype (the bytes vLLM's split stores) and the tails start from
+  what the split's next step reads back. Exact in every cache dtype; for kernels that return only
   final states.
-* **h**: a kernel's state at every chunk start, taken at the checkpoint's chunk (``chunk_index``);
-  no extra kernel work, exact where ``h``'s dtype is the cache's.
 """
 
 from __future__ import annotations
@@ -27,6 +30,10 @@ import torch
 
 from vllm_hybrid_npu.core.prefill_checkpoints import StepPlan
 
+#: Export methods (module docstring).
+METHODS = ("split", "fused")
+#: Tokens per chunk of the FLA chunk kernels: the fused export's checkpoints start a chunk.
+CHUNK = 64
 #: Profiler range prefix of the export (``benchmarks/cuda_serving.py`` sums their GPU time).
 PROFILE_RANGE = "vllm_hybrid_npu.export"
 #: ``to_device(values, dtype) -> tensor``: an asynchronous upload from pinned host memory.
@@ -41,11 +48,15 @@ class CheckpointMetadata:
     """A step's prefill checkpoints for one GDN KV-cache group, on the caches' device.
 
     Attributes:
-        plan: the host plan; ``method``: ``"split"`` or ``"h"``.
+        plan: the host plan; ``method``: ``"split"`` or ``"fused"``.
         rows, cols: int64 [n] each checkpoint's block-table row and column.
-        slots: int64 [n] the checkpoint blocks; ``chunk_index``: int64 [n] their chunks in ``h``;
-            ``ckpt_seq``: int64 [n] their rows among the prefill rows.
-        index, bounds, kernel_meta: per call of the split (``"head"``, ``"tail"``): int64
+        slots: int64 [n] the checkpoint blocks (gathered on the device from the group's table);
+            ``conv_end``: int64 [n] their batch token indices; ``chunk_index``: int64 [n] their
+            chunks among the prefill rows' 64-token chunks; ``ckpt_seq``: int64 [n] their rows
+            among the prefill rows.
+        chunk_map: (fused) int64 [plan.num_chunks], per chunk its checkpoint or -1; else None.
+        chunk_starts: (fused) int64 [P], each prefill row's first chunk (FLA's chunk_offsets).
+        index, bounds, kernel_meta: (split) per call (``"head"``, ``"tail"``): int64
             prefill-relative token indices (None when the tails are a suffix: slices then), int32
             cu_seqlens, the backend's chunk metadata (``kernel_meta`` empty where it needs none).
     """
@@ -54,8 +65,11 @@ class CheckpointMetadata:
     rows: torch.Tensor
     cols: torch.Tensor
     slots: torch.Tensor
+    conv_end: torch.Tensor
     chunk_index: torch.Tensor
     ckpt_seq: torch.Tensor
+    chunk_map: torch.Tensor | None
+    chunk_starts: torch.Tensor | None
     index: dict[str, torch.Tensor | None]
     bounds: dict[str, torch.Tensor]
     kernel_meta: dict[str, Any]
@@ -78,18 +92,30 @@ class CheckpointMetadata:
 
 def build_metadata(plan: StepPlan, block_table: torch.Tensor, to_device: ToDevice,
                    method: str = "split", kernel_meta: KernelMeta | None = None) -> CheckpointMetadata:
-    """The device side of ``plan``: ``block_table`` (int32 [R, columns], the group's, on the device)
-    gives the checkpoint blocks, gathered on the device; ``kernel_meta`` the split's chunk metadata
-    (None: the backend needs none, or the method is h)."""
-    bounds = {part: (torch.tensor(v, dtype=torch.int32), to_device(list(v), torch.int32))
-              for part, v in (("head", plan.head_bounds), ("tail", plan.tail_bounds))}
+    """The device side of ``plan`` for ``method``: its int64 fields in one upload, the checkpoint
+    blocks gathered on the device from ``block_table`` (int32 [R, columns], the group's); for the
+    split also its calls' bounds and indices and ``kernel_meta``'s chunk metadata (None: the
+    backend needs none). Raises ValueError for a method other than ``split`` or ``fused``, and for
+    a fused checkpoint off the 64-token chunk grid."""
+    if method not in METHODS:
+        raise ValueError(f"GDN checkpoint export method {method!r}: expected one of {METHODS}")
+    n, fused = len(plan.rows), method == "fused"
+    if fused and any(off % CHUNK for off in plan.offsets):
+        raise ValueError(f"fused GDN checkpoint export: offsets {plan.offsets} are not all at a "
+                         f"{CHUNK}-token chunk start (the declared alignment)")
+    fields = (plan.rows, plan.cols, plan.conv_end, plan.chunk_index, plan.ckpt_seq)
+    extra = [*plan.chunk_map(), *plan.chunk_starts] if fused else []
+    buf = to_device([v for f in fields for v in f] + extra, torch.int64)
+    rows, cols, conv_end, chunk_index, ckpt_seq = (buf[i * n:(i + 1) * n] for i in range(len(fields)))
+    bounds = {} if fused else {part: (torch.tensor(v, dtype=torch.int32), to_device(list(v), torch.int32))
+                               for part, v in (("head", plan.head_bounds), ("tail", plan.tail_bounds))}
     index = {part: None if plan.tails_are_suffix else to_device(plan.token_index(part), torch.int64)
              for part in bounds}
-    rows, cols = to_device(list(plan.rows), torch.int64), to_device(list(plan.cols), torch.int64)
     return CheckpointMetadata(
         plan=plan, rows=rows, cols=cols, slots=block_table[rows, cols].to(torch.int64),
-        chunk_index=to_device(list(plan.chunk_index), torch.int64),
-        ckpt_seq=to_device(list(plan.ckpt_seq), torch.int64), index=index,
+        conv_end=conv_end, chunk_index=chunk_index, ckpt_seq=ckpt_seq,
+        chunk_map=buf[len(fields) * n:][:plan.num_chunks] if fused else None,
+        chunk_starts=buf[len(fields) * n + plan.num_chunks:] if fused else None, index=index,
         bounds={part: device for part, (_, device) in bounds.items()},
         kernel_meta={} if kernel_meta is None else {p: kernel_meta(*b) for p, b in bounds.items()},
         to_device=to_device, method=method)
@@ -99,7 +125,14 @@ def write_conv(conv_cache: torch.Tensor, mixed_qkv: torch.Tensor, md: Checkpoint
                width: int, dim_first: bool) -> None:
     """Each checkpoint's conv state: the ``width - 1`` rows of ``mixed_qkv`` (the step's
     pre-convolution input [T, D]) before it, into its block of ``conv_cache`` ([blocks, D,
-    width - 1] when ``dim_first``, else [blocks, width - 1, D]) in the cache dtype."""
+    width - 1] when ``dim_first``, else [blocks, width - 1, D]) in the cache dtype: one Triton
+    launch where the method is ``fused`` (CUDA), else a gather and an index copy."""
+    if md.method == "fused":
+        from vllm_hybrid_npu.ops import _triton_gdn
+
+        _triton_gdn.write_conv(conv_cache, mixed_qkv, md.conv_end, md.slots, width, dim_first,
+                               kernels=None if mixed_qkv.is_cuda else _triton_gdn.interpreted())
+        return
     with torch.profiler.record_function(PROFILE_RANGE + ".conv"):
         rows = mixed_qkv.index_select(0, md.conv_rows(width))
         rows = rows.view(md.slots.numel(), width - 1, -1).to(conv_cache.dtype)
@@ -156,6 +189,25 @@ class ExportScope:
             self.ssm_cache.index_copy_(0, self.metadata.slots, states.to(self.ssm_cache.dtype))
         self.exports += 1
 
+    def chunk_states(self, k: torch.Tensor, w: torch.Tensor, u: torch.Tensor, g: torch.Tensor,
+                     initial_state: torch.Tensor | None, output_final_state: bool,
+                     cu_seqlens: torch.Tensor, config: dict):
+        """The fused export: vLLM's FLA ``chunk_gated_delta_rule_fwd_h`` on these arguments (its
+        shapes, ``cu_seqlens`` [P + 1] of the step's prefill rows; ``config`` the launch's ``bv``,
+        ``num_warps``, ``num_stages``) by our kernel, which also writes each checkpoint's state into
+        ``ssm_cache`` ([blocks, H, V, K]) in its dtype; counted in ``exports``. The chunk layout is
+        the plan's. Returns ``(h, v_new, final_state)`` as vLLM's function does (the Triton
+        interpreter runs it on CPU tensors)."""
+        from vllm_hybrid_npu.ops import _triton_gdn
+
+        md = self.metadata
+        out = _triton_gdn.chunk_states(
+            k, w, u, g, initial_state, output_final_state, cu_seqlens, md.chunk_starts,
+            md.plan.num_chunks, md.chunk_map, md.slots, self.ssm_cache, **config,
+            kernels=None if k.is_cuda else _triton_gdn.interpreted())
+        self.exports += 1
+        return out
+
     def split(self, run: Callable, inputs: tuple, initial_state: torch.Tensor,
               transpose: bool = False, out: torch.Tensor | None = None):
         """A kernel wrapper's export: :func:`run_split` with ``run`` (and ``out``) in the SSM
@@ -174,9 +226,9 @@ _SCOPE: contextvars.ContextVar[ExportScope | None] = contextvars.ContextVar(
 @contextlib.contextmanager
 def exporting(md: CheckpointMetadata, ssm_cache: torch.Tensor, method: str) -> Iterator[ExportScope]:
     """The scope of one layer's forward that exports checkpoints by ``method`` (see
-    :func:`current`); raises ValueError where ``method`` is not ``split`` or ``h``."""
-    if method not in ("split", "h"):
-        raise ValueError(f"GDN checkpoint export method {method!r}: expected 'split' or 'h'")
+    :func:`current`); raises ValueError where ``method`` is not ``split`` or ``fused``."""
+    if method not in METHODS:
+        raise ValueError(f"GDN checkpoint export method {method!r}: expected one of {METHODS}")
     token = _SCOPE.set(scope := ExportScope(md, ssm_cache, method))
     try:
         yield scope

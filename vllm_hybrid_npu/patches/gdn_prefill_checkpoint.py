@@ -7,9 +7,10 @@ ends every cold prompt's step at the prompt's last block boundary
 one step and writes the state at the prompt's checkpoint into a reserved block from inside the
 step. vLLM 0.30 / 0.32 do that for Kimi's KDA only, vLLM 0.33 for Qwen GDN with FlashInfer only;
 this module does it for Qwen3-Next / Qwen3.5 GDN layers on the paths they leave without it: vLLM's
-CPU GDN function (``cpu``: the split, as two calls of it), CUDA's FLA kernels (``triton``: ``h``
-where the SSM cache has the model's dtype, else the split) and vllm-ascend 0.30.0rc2's three
-prefill paths (:mod:`.vllm_ascend_gdn`: the split). The methods are
+CPU GDN function (``cpu``: the split, as two calls of it), CUDA's FLA kernels (``triton``: one
+pass, our chunk-state kernel in place of FLA's writing the checkpoint states; the split only with
+``FLA_USE_FAST_OPS=1``) and vllm-ascend 0.30.0rc2's three prefill paths (:mod:`.vllm_ascend_gdn`:
+the split). The methods are
 :mod:`vllm_hybrid_npu.ops.gdn_checkpoint`'s; the plan is
 :func:`~vllm_hybrid_npu.core.prefill_checkpoints.plan_step`'s (on vLLM 0.33 of vLLM's own plan),
 built per step and KV-cache group in the GDN metadata builder and handed to the layers as a typed
@@ -25,6 +26,7 @@ import dataclasses
 import functools
 import itertools
 import logging
+import os
 import sys
 from typing import Any, Callable
 
@@ -126,10 +128,11 @@ def exporter_path(vllm_config: Any, target: str) -> tuple[str | None, str]:
     return "ascend-chunk", ""
 
 
-def export_method(path: str, spec: Any, vllm_config: Any) -> str:
-    """``"h"`` where the path's kernel hands over its per-chunk states ``h`` in the SSM cache's
-    dtype (vLLM's FLA kernels keep ``h`` in the model dtype), else ``"split"``."""
-    return "h" if path == "triton" and spec.dtypes[1] == vllm_config.model_config.dtype else "split"
+def export_method(path: str, spec: Any = None, vllm_config: Any = None) -> str:
+    """``"fused"`` on the Triton/FLA path (our chunk-state kernel writes the checkpoints in the one
+    pass; not with ``FLA_USE_FAST_OPS=1``, whose fast ``exp`` ours does not mirror), else
+    ``"split"`` (CPU, vllm-ascend). ``spec`` and ``vllm_config`` are not read (kept for callers)."""
+    return "fused" if path == "triton" and os.environ.get("FLA_USE_FAST_OPS", "0") != "1" else "split"
 
 
 def _log_once(key: str, msg: str, *args: Any) -> None:
@@ -282,13 +285,51 @@ def _make_fla_split(upstream: Any, stack: Stack) -> Any:
     return forward_native
 
 
+FLA_H = "vllm.third_party.flash_linear_attention.ops.chunk_delta_h"
+FLA_H_SIGNATURE = ("k", "w", "u", "g", "gk", "initial_state", "output_final_state", "chunk_size",
+                   "save_new_value", "cu_seqlens", "chunk_indices", "chunk_offsets", "use_exp2")
+#: (H, Hg, K, V, input dtype, initial-state dtype, final state?) -> our kernel's launch config
+_FLA_H_CONFIGS: dict[tuple, dict] = {}
+
+
+def fla_h_config(upstream: Callable, args: tuple, key: tuple) -> dict:
+    """The launch configuration (``bv``, ``num_warps``, ``num_stages``) vLLM's autotuned
+    ``chunk_gated_delta_rule_fwd_kernel_h_blockdim64`` uses for calls of ``key``, so our kernel
+    tiles and rounds as it does (a dot's rounding can differ between warp layouts): read off its
+    autotuner after one call of ``upstream(*args)`` per key and process (its result is dropped).
+    Without an autotuner to read (another vLLM), a fixed configuration, logged once."""
+    if (config := _FLA_H_CONFIGS.get(key)) is None:
+        upstream(*args)
+        kernel = getattr(sys.modules.get(FLA_H), "chunk_gated_delta_rule_fwd_kernel_h_blockdim64", None)
+        best = getattr(getattr(kernel, "fn", kernel), "best_config", None)
+        if best is None or "BV" not in best.kwargs:
+            _log_once("fla-config", "export: vLLM's FLA state kernel has no autotuned configuration "
+                      "to mirror; ours runs with BV 64, 4 warps, 2 stages")
+            config = {"bv": 64, "num_warps": 4, "num_stages": 2}
+        else:
+            config = {"bv": best.kwargs["BV"], "num_warps": best.num_warps,
+                      "num_stages": best.num_stages}
+        _FLA_H_CONFIGS[key] = config
+    return config
+
+
 def _make_fla_h(upstream: Any, stack: Stack) -> Any:
     @functools.wraps(upstream)
-    def chunk_gated_delta_rule_fwd_h(*args, **kwargs):
-        h, v_new, final_state = upstream(*args, **kwargs)
-        if (scope := ops.current("h")) is not None:  # h: [1, chunks, H, V, K], each chunk's start state
-            scope.write(h[0].index_select(0, scope.metadata.chunk_index))
-        return h, v_new, final_state
+    def chunk_gated_delta_rule_fwd_h(k, w, u, g=None, gk=None, initial_state=None,
+                                     output_final_state=False, chunk_size=64, save_new_value=True,
+                                     cu_seqlens=None, chunk_indices=None, chunk_offsets=None,
+                                     use_exp2=False):
+        args = (k, w, u, g, gk, initial_state, output_final_state, chunk_size, save_new_value,
+                cu_seqlens, chunk_indices, chunk_offsets, use_exp2)
+        scope = ops.current("fused")
+        if (scope is None or g is None or gk is not None or use_exp2 or not save_new_value
+                or chunk_size != core.ALIGNMENT or cu_seqlens is None
+                or cu_seqlens.numel() != len(scope.metadata.plan.head_spans) + 1):
+            return upstream(*args)  # not the step's GDN prefill call: no export (the layer raises)
+        key = (*u.shape[-2:], *k.shape[-2:], k.dtype, getattr(initial_state, "dtype", None),
+               bool(output_final_state))
+        return scope.chunk_states(k, w, u, g, initial_state, output_final_state, cu_seqlens,
+                                  fla_h_config(upstream, args, key))
 
     return chunk_gated_delta_rule_fwd_h
 
@@ -472,12 +513,14 @@ PATCHES = [
           make_forward, ("cuda",), "conv checkpoints from the step's input rows; the SSM ones "
           "from the FLA kernel (next two entries)", signature=FORWARD_SIGNATURE),
     entry("gdn-checkpoint-fla-split", QWEN_GDN, "ChunkGatedDeltaRule.forward_native",
-          _make_fla_split, ("cuda",), "FLA chunk call split at the checkpoints (SSM cache dtype "
-          "other than the model's: exact where h is not)",
+          _make_fla_split, ("cuda",), "FLA chunk call split at the checkpoints (only with "
+          "FLA_USE_FAST_OPS=1, whose fast exp our one-pass kernel does not mirror)",
           signature=("self", "q", "k", "v", "g", "beta", "initial_state", "output_final_state")),
     entry("gdn-checkpoint-fla-h", "vllm.third_party.flash_linear_attention.ops.chunk",
           "chunk_gated_delta_rule_fwd_h", _make_fla_h, ("cuda",),
-          "the FLA kernel's per-chunk state h at the checkpoint copied into its block"),
+          "one pass: our chunk-state kernel (vLLM's FLA recurrence, same arithmetic) stores each "
+          "checkpoint's float32 state into its block in the SSM cache dtype, in the step's one "
+          "FLA call", signature=FLA_H_SIGNATURE),
     entry("gdn-checkpoint-retention", "vllm.v1.core.single_type_kv_cache_manager",
           "MambaManager._cache_partial_tail_block", _make_retention, ("cpu", "cuda", "npu"),
           "vLLM 0.32's fix carried: the prompt's checkpoint is cached at retention interval 0",
