@@ -140,6 +140,12 @@ DEFAULT_ROWS = "off,vllm-align,exporter,flashinfer"
 COPY_KERNEL_PATTERNS = ("batch_memcpy", "mamba_align", "copy_mamba", "precopy_mamba")
 #: profiler ranges (``torch.profiler.record_function``) whose device time counts as export time
 EXPORT_RANGE_PREFIX = "vllm_hybrid_npu.export"
+#: kernels of the one-pass export (``vllm_hybrid_npu.ops._triton_gdn``): the conv-state writes
+#: count as export time; the chunk-state kernel replaces vLLM's FLA state kernel in steps with a
+#: checkpoint, so its time is reported beside that kernel's (:data:`STATE_KERNEL_PATTERNS`), and
+#: the export's added GPU time is the difference to caching off's row
+EXPORT_KERNEL_PATTERNS = ("conv_checkpoint_kernel",)
+STATE_KERNEL_PATTERNS = ("chunk_states_kernel", "chunk_gated_delta_rule_fwd_kernel_h")
 #: the text of torch's warning in sync debug mode "warn" (c10/cuda/CUDAFunctions.cpp); nothing
 #: else counts as a host sync (torch's other warnings also say "synchroniz...")
 SYNC_WARNING = "called a synchronizing CUDA operation"
@@ -621,20 +627,24 @@ def _measure_length(args, drv: Driver, length: int, block: int, vocab: int, cuda
         torch.cuda.synchronize()
     n = max(drv.steps - s0, 1)
     copy_us = export_us = 0.0
-    copy_n, names, export_seen = 0, {}, False
+    copy_n, names, export_seen, state = 0, {}, False, {}
     for ev in prof.key_averages():
         dev_us = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0.0)
-        if ev.key.startswith(EXPORT_RANGE_PREFIX):
+        if ev.key.startswith(EXPORT_RANGE_PREFIX) or any(p in ev.key for p in EXPORT_KERNEL_PATTERNS):
             export_us += dev_us
             export_seen = True
         elif any(p in ev.key for p in COPY_KERNEL_PATTERNS):
             copy_us += dev_us
             copy_n += ev.count
             names[ev.key] = {"us": dev_us, "count": ev.count}
+        elif any(p in ev.key for p in STATE_KERNEL_PATTERNS) and dev_us:
+            state[ev.key] = {"us_per_step": dev_us / n, "launches_per_step": ev.count / n}
     res.update(profiled_steps=n, copy_us_per_step=copy_us / n, copy_launches_per_step=copy_n / n,
-               copy_kernels=names, export_us_per_step=export_us / n if export_seen else None)
+               copy_kernels=names, export_us_per_step=export_us / n if export_seen else None,
+               state_kernels=state)
     if not export_seen:
-        res["export_note"] = f"no profiler range named {EXPORT_RANGE_PREFIX}* in this process"
+        res["export_note"] = (f"no profiler range named {EXPORT_RANGE_PREFIX}* and no kernel "
+                              f"{EXPORT_KERNEL_PATTERNS} in this process")
 
     # 6. host syncs per step
     import warnings
