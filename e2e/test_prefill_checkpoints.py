@@ -245,8 +245,9 @@ def _checkpoint_states(llm, position, before):
 def test_exported_state_bytes_equal_split(tiny_model_dir, engine_args, exporter, rng, ssm_dtype):
     """The SSM cache in the target's own dtype (``auto``: the model's bf16 on CUDA and on a CPU
     without AVX-512-BF16, float32 with it) and in float32 (Qwen3.5's configs ask for it; on CUDA
-    the exporter then splits the FLA call, elsewhere it is the same path). Each case ends with its
-    engines closed (the module's own is closed by the first: run after the tests that use it)."""
+    the one-pass kernel casts its float32 running state to either, elsewhere it is the same
+    path). Each case ends with its engines closed (the module's own is closed by the first: run
+    after the tests that use it)."""
     extra = {} if ssm_dtype == "auto" else {"mamba_ssm_cache_dtype": ssm_dtype}
     if ssm_dtype == "auto":
         llm = exporter
