@@ -50,8 +50,9 @@ inputs, attention metadata, forward, sample, scheduler update, output processing
 the unit's ``step_profile`` (:func:`step_profile`).
 
 5. (CUDA) a short pass under ``torch.profiler``: GPU time per engine step of the state-copy
-   kernels (:data:`COPY_KERNEL_PATTERNS`) and of the exporter (ranges named
-   :data:`EXPORT_RANGE_PREFIX`, where the runtime marks them);
+   kernels (:data:`COPY_KERNEL_PATTERNS`) and of the exporter (the kernels launched inside
+   ranges named :data:`EXPORT_RANGE_PREFIX`, where the runtime marks them; not the ranges'
+   device-side spans, :func:`range_device_us`);
 6. (CUDA) the same pass under ``torch.cuda.set_sync_debug_mode("warn")``: host syncs per engine
    step, counting only torch's own sync warning (:data:`SYNC_WARNING`).
 
@@ -191,6 +192,75 @@ def decode_rate(token_times: list[list[float]]) -> dict:
 def count_syncs(messages) -> int:
     """Host syncs among warning messages: only torch's sync-debug warning (:data:`SYNC_WARNING`)."""
     return sum(1 for m in messages if SYNC_WARNING in str(m))
+
+
+#: kineto activity types (``FunctionEvent.activity_type``, lower-cased) of device work: kernels,
+#: and memory operations (copies and fills), which :func:`device_time_us` counts apart
+KERNEL_ACTIVITIES = ("kernel",)
+MEMORY_ACTIVITIES = ("gpu_memcpy", "gpu_memset")
+#: activity types of user annotations (``record_function`` ranges; torch's ``is_user_annotation``
+#: is true for both): the host-side range and its device-side copy
+ANNOTATION_ACTIVITIES = ("user_annotation", "gpu_user_annotation")
+
+
+def _on_device(event) -> bool:
+    return not str(getattr(event, "device_type", "CPU")).endswith("CPU")
+
+
+def _activity(event) -> str | None:
+    act = getattr(event, "activity_type", None)  # torch < 2.5 has none
+    return str(act).lower() if act else None
+
+
+def _is_annotation(event) -> bool:
+    return bool(getattr(event, "is_user_annotation", False)) or _activity(event) in ANNOTATION_ACTIVITIES
+
+
+def device_time_us(events) -> dict[str, float]:
+    """Device time of ``torch.profiler`` events (``prof.events()``: ``FunctionEvent``s), in
+    microseconds, by kind: ``kernel`` (activity ``kernel``), ``memory`` (``gpu_memcpy``,
+    ``gpu_memset``), ``ranges`` (user annotations: the device-side copy torch makes of every
+    ``record_function`` range that launched work, device type CUDA, named as the range; its
+    time is a span from the range's first kernel start to its last kernel end, idle gaps
+    included, over kernels counted already), ``other`` (any other device-side activity).
+    Host-side events (device type CPU: operators, runtime calls, the ranges themselves) count
+    nowhere. Where torch gives no activity type, a device-side event that is not a user
+    annotation counts as a kernel.
+
+    The step profile's kernel column is ``kernel`` alone: summing ``self_device_time_total`` of
+    every device-side event, as the harness did before issue 37, added ``ranges`` (the harness's
+    own ``bench.phase.*`` ranges among them) and ``memory``."""
+    out = {"kernel": 0.0, "memory": 0.0, "ranges": 0.0, "other": 0.0}
+    for e in events:
+        if not _on_device(e):
+            continue
+        act = _activity(e)
+        if _is_annotation(e):
+            kind = "ranges"
+        elif act is None or act in KERNEL_ACTIVITIES:
+            kind = "kernel"
+        elif act in MEMORY_ACTIVITIES:
+            kind = "memory"
+        else:
+            kind = "other"
+        out[kind] += float(getattr(e, "self_device_time_total", 0.0) or 0.0)
+    return out
+
+
+def range_device_us(averages, prefix: str) -> dict[str, float]:
+    """Device time (microseconds) of the work launched inside each ``record_function`` range
+    whose name starts with ``prefix``, keyed by the rest of the name, from
+    ``prof.key_averages()``. It is the host-side entry's ``device_time_total`` (device type
+    CPU: the device events torch linked to the range and to the operators inside it, nested
+    ranges included). ``key_averages`` lists a range's device-side copy (device type CUDA, a
+    span with idle gaps, :func:`device_time_us`) as a second entry under the same key: that one
+    is not counted. Empty when no such range ran."""
+    out: dict[str, float] = {}
+    for e in averages:
+        if e.key.startswith(prefix) and not _on_device(e):
+            name = e.key[len(prefix):]
+            out[name] = out.get(name, 0.0) + float(getattr(e, "device_time_total", 0.0) or 0.0)
+    return out
 
 
 def shared_prefix_len(prompt_len: int, block: int) -> int:
@@ -620,14 +690,13 @@ def _measure_length(args, drv: Driver, length: int, block: int, vocab: int, cuda
         workload("prof", 1, 0, min(args.clients, 4), timed=True)
         torch.cuda.synchronize()
     n = max(drv.steps - s0, 1)
-    copy_us = export_us = 0.0
-    copy_n, names, export_seen = 0, {}, False
-    for ev in prof.key_averages():
-        dev_us = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0.0)
-        if ev.key.startswith(EXPORT_RANGE_PREFIX):
-            export_us += dev_us
-            export_seen = True
-        elif any(p in ev.key for p in COPY_KERNEL_PATTERNS):
+    avg = prof.key_averages()
+    export = range_device_us(avg, EXPORT_RANGE_PREFIX)  # the ranges' kernels, not their spans
+    export_us, export_seen = sum(export.values()), bool(export)
+    copy_us, copy_n, names = 0.0, 0, {}
+    for ev in avg:
+        if _on_device(ev) and not _is_annotation(ev) and any(p in ev.key for p in COPY_KERNEL_PATTERNS):
+            dev_us = ev.device_time_total
             copy_us += dev_us
             copy_n += ev.count
             names[ev.key] = {"us": dev_us, "count": ev.count}
@@ -781,13 +850,15 @@ def step_profile(drv: Driver, draw_prompts, length: int, vocab: int, rows: int, 
     1), ``repeat`` (the same again: a hit), ``decode`` (again, then
     :data:`DECODE_PROFILE_TOKENS` tokens); ``decode_step`` is ``decode`` less ``repeat`` per
     decode step (:func:`subtract_phases`). Also per run: TTFT, cached tokens, steps, the wall
-    time of each ``engine.step()`` and the GPU kernel time; the top ``rows`` profiler operators
-    by device and by host time go to the row's log.
+    time of each ``engine.step()``, the GPU time of kernels (``gpu_kernel_ms``) and of memory
+    copies and fills (``gpu_memory_ms``), user ranges not counted (:func:`device_time_us`); a
+    phase's ``gpu_ms`` is the kernel time its range launched (:func:`range_device_us`). The top
+    ``rows`` profiler operators by device and by host time go to the row's log.
 
     Returns:
         ``{"cold" | "repeat" | "decode": {"ttft_ms", "cached", "steps", "step_wall_ms": [..],
-        "gpu_kernel_ms", "phases": {...}}, "decode_step": {...}, "phases_found": {...}}``
-        (times per executed step; GPU columns None without CUDA).
+        "gpu_kernel_ms", "gpu_memory_ms", "phases": {...}}, "decode_step": {...},
+        "phases_found": {...}}`` (times in ms per executed step; GPU columns None without CUDA).
     """
     from torch.profiler import ProfilerActivity, profile, record_function
 
@@ -823,15 +894,13 @@ def step_profile(drv: Driver, draw_prompts, length: int, vocab: int, rows: int, 
                     host = {k: list(v) for k, v in timer.host.items()}
                     continue
                 avg = prof.key_averages()
-                gpu_us = None
-                if cuda:
-                    gpu_us = {e.key[len(PHASE_RANGE_PREFIX):]: (getattr(e, "device_time_total", None)
-                                                                or getattr(e, "cuda_time_total", 0.0))
-                              for e in avg if e.key.startswith(PHASE_RANGE_PREFIX)}
-                # kernels only (an operator's self device time repeats its kernels' time)
-                dev = sum((getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0.0))
-                          for e in prof.events() if str(getattr(e, "device_type", "")).endswith("CUDA"))
-                entry["gpu_kernel_ms"] = dev / 1e3 / steps if cuda else None
+                # each phase: the kernels its range launched (the host-side entry, not the span)
+                gpu_us = range_device_us(avg, PHASE_RANGE_PREFIX) if cuda else None
+                # device work of the run, kernels apart from copies and fills, user ranges not
+                # counted (device_time_us)
+                dev = device_time_us(prof.events()) if cuda else None
+                entry["gpu_kernel_ms"] = dev["kernel"] / 1e3 / steps if cuda else None
+                entry["gpu_memory_ms"] = dev["memory"] / 1e3 / steps if cuda else None
                 entry["phases"] = phase_table(host, None, entry["steps"])
                 gpu_table = phase_table(timer.host, gpu_us, steps) if cuda else {}
                 for phase, row in entry["phases"].items():
@@ -839,7 +908,8 @@ def step_profile(drv: Driver, draw_prompts, length: int, vocab: int, rows: int, 
                 walls = ", ".join(f"{w:.2f}" for w in entry["step_wall_ms"])
                 print(f"STEPPROF {run} @{length}: ttft {entry['ttft_ms']:.2f} ms, cached {entry['cached']}, "
                       f"steps {entry['steps']}, step walls (ms, no profiler): {walls}; GPU kernel "
-                      f"time per step {entry['gpu_kernel_ms']} ms; phases per step: "
+                      f"time per step {entry['gpu_kernel_ms']} ms, memory copies and fills "
+                      f"{entry['gpu_memory_ms']} ms; phases per step: "
                       + json.dumps({k: {c: (round(v, 3) if isinstance(v, float) else v) for c, v in r.items()}
                                     for k, r in entry["phases"].items()}), flush=True)
                 for key in ("self_device_time_total", "self_cpu_time_total"):

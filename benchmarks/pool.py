@@ -225,10 +225,19 @@ PROFILE_PHASES = ("schedule", "prepare_inputs", "metadata_build", "forward", "ex
                   "update_from_output", "output_processing")
 
 
+def kernel_ms(prof_run: dict) -> float | None:
+    """A step-profile run's GPU kernel ms per step, or None where it is not kernel time: units
+    without ``gpu_memory_ms`` were written before issue 37, when the column summed every
+    device-side profiler event, the device-side copies of ``record_function`` ranges (the
+    harness's ``bench.phase.*`` among them) and memory copies included."""
+    return prof_run.get("gpu_kernel_ms") if "gpu_memory_ms" in prof_run else None
+
+
 def profile_rows(units: list[dict], run: str = "cold", compile_calls: set[int] = frozenset()) -> list[dict]:
     """The step-profile decomposition (``--step-profile`` units): per (row, prompt length) and
     phase, the median over the pooled calls of host and GPU ms per step of ``run`` (``cold``,
-    ``repeat`` or ``decode_step``), the step wall (no profiler) and the GPU kernel time. Compile
+    ``repeat`` or ``decode_step``), the step wall (no profiler) and the GPU kernel time
+    (:func:`kernel_ms`: None for units whose column was not kernel time). Compile
     calls (first call of a row on its machine, or ``compile_calls``) are left out, as in
     :func:`pool`; a row whose every call compiled keeps them (marked ``compile_only``)."""
     first: dict[tuple[str, str], int] = {}
@@ -247,7 +256,7 @@ def profile_rows(units: list[dict], run: str = "cold", compile_calls: set[int] =
         r = {"row": row, "prompt_tokens": length, "calls": [u["call"] for u in use], "compile_only": not warm,
              "step_wall_ms": median([sum(p.get("step_wall_ms") or [0]) / max(len(p.get("step_wall_ms") or []), 1)
                                      for p in profs]) if run != "decode_step" else None,
-             "gpu_kernel_ms": median([p.get("gpu_kernel_ms") for p in profs]) if run != "decode_step" else None,
+             "gpu_kernel_ms": median([kernel_ms(p) for p in profs]) if run != "decode_step" else None,
              "phases": {}}
         for ph in PROFILE_PHASES:
             cells = [(p.get("phases", p) if run != "decode_step" else p).get(ph) for p in profs]

@@ -539,3 +539,101 @@ def test_calls_are_recorded_and_pool(tmp_path):
     assert rows["off"]["call"] == [3, 5] and rows["exporter"]["call"] == [4, 6]
     assert rows["exporter"]["cold_ttft_vs_off"] == pytest.approx(1.01, rel=0.05)
     assert rows["exporter"]["floor_ttft_ms"] is not None and rows["off"]["floor_ttft_ms"] is None
+
+
+# ---------------------------------------------------------------- profiler columns (issue 37, item 4)
+
+
+def _event(name, start, end, device, activity, annotation=False, thread=1):
+    """A ``FunctionEvent`` as torch's kineto parser makes it (``use_device`` cuda)."""
+    from torch.autograd import DeviceType
+    from torch.autograd.profiler_util import FunctionEvent
+
+    return FunctionEvent(id=0, name=name, thread=thread, start_us=start, end_us=end, use_device="cuda",
+                         device_type=DeviceType.CUDA if device else DeviceType.CPU, is_user_annotation=annotation,
+                         activity_type=activity, input_shapes=[], stack=[])
+
+
+def _old_kernel_sum(events):
+    """The harness's kernel column before issue 37: every CUDA event's self device time."""
+    return sum(e.self_device_time_total for e in events if str(e.device_type).endswith("CUDA"))
+
+
+def test_kernel_column_counts_kernels_not_ranges_hand_counted():
+    """On an H100, call 11's "GPU kernels ms" was 88.78 ms of which 57.77 ms were the device-side
+    copies of record_function ranges (the harness's bench.phase.* among them). Here: kernels
+    30 + 10 + 20 = 60 us, memcpy 5 + memset 2 = 7, ranges 80 + 10 + 95 = 185, a sync 5; host
+    events (an operator, the range's host side) nowhere."""
+    events = [
+        _event("aten::mm", 0, 50, False, "cpu_op"),
+        _event("bench.phase.forward", 0, 200, False, "user_annotation", annotation=True),
+        _event("gemm", 100, 130, True, "kernel"), _event("add", 140, 150, True, "kernel"),
+        _event("gemm", 160, 180, True, "kernel"),
+        _event("Memcpy HtoD", 90, 95, True, "gpu_memcpy"), _event("Memset", 96, 98, True, "gpu_memset"),
+        _event("bench.phase.forward", 100, 180, True, "gpu_user_annotation", annotation=True),
+        _event("vllm_hybrid_npu.export.ssm", 140, 150, True, "gpu_user_annotation", annotation=True),
+        _event("bench.phase.execute_model", 90, 185, True, "gpu_user_annotation", annotation=True),
+        _event("Context Sync", 185, 190, True, "cuda_sync"),
+    ]
+    got = cs.device_time_us(events)
+    assert got == {"kernel": 60.0, "memory": 7.0, "ranges": 185.0, "other": 5.0}
+    assert _old_kernel_sum(events) == 257  # what the column said before: 60 + 7 + 185 + 5
+
+
+def test_kernel_column_on_drawn_events_and_without_activity_types(rng):
+    """Drawn kernels and ranges; torch builds without ``activity_type`` (None) are told apart by
+    ``is_user_annotation`` alone (kineto sets it for both annotation kinds); capitalised activity
+    names of older kineto builds (``Kernel``, ``gpu_user_Annotation``) count the same."""
+    t, kernels, ranges, events = 0, [], [], []
+    for _ in range(rng.randrange(3, 30)):
+        d = rng.randrange(1, 500)
+        with_type = rng.random() < 0.5
+        events.append(_event(f"k{t}", t, t + d, True, rng.choice(["kernel", "Kernel"]) if with_type else None))
+        kernels.append(d)
+        if rng.random() < 0.5:  # a range around this kernel and a gap after it
+            gap = rng.randrange(1, 100)
+            events.append(_event("bench.phase.x", t, t + d + gap, True,
+                                 rng.choice(["gpu_user_annotation", "gpu_user_Annotation"]) if with_type else None,
+                                 annotation=True))
+            ranges.append(d + gap)
+            t += gap
+        t += d
+    got = cs.device_time_us(events)
+    assert got["kernel"] == sum(kernels) and got["ranges"] == sum(ranges) and got["memory"] == 0
+    assert _old_kernel_sum(events) == sum(kernels) + sum(ranges)
+    assert (_old_kernel_sum(events) == got["kernel"]) == (not ranges)
+
+
+def _range_tree(rng, name):
+    """A range on the host with two operators that launched kernels of drawn durations, and the
+    range's device-side copy spanning them with a drawn idle gap, as torch's key_averages sees
+    them (two entries under one key)."""
+    from torch.autograd.profiler_util import EventList
+
+    d1, d2, gap = rng.randrange(1, 1000), rng.randrange(1, 1000), rng.randrange(1, 1000)
+    host = _event(name, 0, 100, False, "user_annotation", annotation=True)
+    mm, add = _event("aten::mm", 10, 20, False, "cpu_op"), _event("aten::add", 30, 40, False, "cpu_op")
+    mm.append_kernel("gemm", 0, d1)
+    add.append_kernel("add", 0, d2)
+    span = _event(name, 200, 200 + d1 + gap + d2, True, "gpu_user_annotation", annotation=True, thread=7)
+    events = EventList([host, mm, add, _event("gemm", 200, 200 + d1, True, "kernel", thread=7),
+                        _event("add", 200 + d1 + gap, 200 + d1 + gap + d2, True, "kernel", thread=7), span],
+                       use_device="cuda")
+    events._build_tree()
+    return events.key_averages(), d1 + d2, d1 + d2 + gap
+
+
+def test_range_time_is_its_kernels_not_its_span(rng):
+    """A phase's (and the exporter's) GPU time: the kernels launched inside the range. torch's
+    key_averages lists the range twice under one key: the host side (the kernels' sum) and the
+    device-side span (idle gaps included). The harness took whichever came last for a phase and
+    summed both for the export."""
+    avg, kernels, span = _range_tree(rng, "bench.phase.forward")
+    assert cs.range_device_us(avg, cs.PHASE_RANGE_PREFIX) == {"forward": kernels}
+    assert cs.range_device_us(avg, cs.EXPORT_RANGE_PREFIX) == {}
+    old_phase = {e.key[len(cs.PHASE_RANGE_PREFIX):]: e.device_time_total
+                 for e in avg if e.key.startswith(cs.PHASE_RANGE_PREFIX)}
+    assert old_phase == {"forward": span} and span > kernels
+    avg, kernels, span = _range_tree(rng, cs.EXPORT_RANGE_PREFIX + ".ssm")
+    assert sum(cs.range_device_us(avg, cs.EXPORT_RANGE_PREFIX).values()) == kernels
+    assert sum(e.device_time_total for e in avg if e.key.startswith(cs.EXPORT_RANGE_PREFIX)) == kernels + span

@@ -140,10 +140,12 @@ def test_a_call_without_a_number_is_refused(tmp_path):
         pool.read_units([path])
 
 
-def _prof(host_sched, gpu_fwd, wall):
+def _prof(host_sched, gpu_fwd, wall, old_kernel_column=False):
     phases = {"schedule": {"host_ms": host_sched, "gpu_ms": 0.0, "calls": 1.0},
               "forward": {"host_ms": 5.0, "gpu_ms": gpu_fwd, "calls": 1.0}}
     run = {"steps": 1, "step_wall_ms": [wall], "gpu_kernel_ms": gpu_fwd, "phases": phases}
+    if not old_kernel_column:  # the harness since issue 37: kernels, and memory ops apart
+        run["gpu_memory_ms"] = 0.0
     return {"cold": run, "repeat": run, "decode": run, "decode_step": phases}
 
 
@@ -169,6 +171,23 @@ def test_step_profile_decomposition_pools_warm_calls(tmp_path):
     assert dec["off-plugin"]["phases"]["schedule"]["host_ms"] == pytest.approx(0.3)
     md = pool.profile_markdown(list(rows.values()), "cold")
     assert "| off-plugin | 8,192 | 3, 5 | 41.00 | 31.00 | 0.30 / 0.00 |" in md and "(compile only)" in md
+
+
+def test_a_kernel_column_that_summed_ranges_is_not_shown(tmp_path):
+    """Units written before issue 37 (no ``gpu_memory_ms``) summed every device-side profiler
+    event into ``gpu_kernel_ms``, user ranges included: their column is not kernel time and
+    is left out of the median; the other phases' numbers stay."""
+    files = []
+    for call, old in ((1, False), (3, True), (5, False), (7, True)):
+        u = _unit("off", call, 1, [1], [1], [], [1], [1])
+        u["step_profile"] = _prof(0.2, 30.0 + call, 40.0, old_kernel_column=old)
+        files.append(_write(tmp_path, [u], f"k{call}"))
+    (row,) = pool.profile_rows(pool.read_units(files), "cold")
+    assert row["calls"] == [3, 5, 7] and row["gpu_kernel_ms"] == 35.0  # call 5's alone
+    assert row["phases"]["forward"]["gpu_ms"] == 35.0  # median of 33, 35, 37
+    (row,) = pool.profile_rows(pool.read_units(files[:2] + files[3:]), "cold")  # 1 compiles
+    assert row["gpu_kernel_ms"] is None
+    assert "| off | 8,192 | 3, 7 | 40.00 | - |" in pool.profile_markdown([row], "cold")
 
 
 def test_rows_not_alternated_are_flagged(tmp_path):
