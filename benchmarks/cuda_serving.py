@@ -46,8 +46,10 @@ workload seed and the length only (every row sees the same prompts; printed and 
 ``--phases`` picks phases (``cold,repeat,floor,turns,conc``; e.g. ``conc`` alone with
 ``--clients 16`` for decode ITL). ``--step-profile N``: per engine step and phase (schedule,
 inputs, attention metadata, forward, sample, scheduler update, output processing) host time
-(no profiler) and GPU time (profiler ranges) of a cold prompt, its repeat and decode steps, in
-the unit's ``step_profile`` (:func:`step_profile`).
+(no profiler) and GPU time (the kernels launched in profiler ranges) of a cold prompt, its
+repeat and decode steps, with ``execute_model``'s host time of each step and each decode step
+measured one by one (``decode_each``), in the unit's ``step_profile`` (:func:`step_profile`);
+``benchmarks/pool.py --profile`` puts the rows' decode steps side by side with ratios to ``off``.
 
 5. (CUDA) a short pass under ``torch.profiler``: GPU time per engine step of the state-copy
    kernels (:data:`COPY_KERNEL_PATTERNS`) and of the exporter (the kernels launched inside
@@ -758,6 +760,7 @@ class PhaseTimer:
     def __init__(self, owners: dict, record_function=None, clock=time.perf_counter):
         self.owners, self.record_function, self.clock = owners, record_function, clock
         self.host: dict[str, list[float]] = {}  # phase -> [inclusive s, exclusive s, calls]
+        self.each: dict[str, list[float]] = {}  # phase -> inclusive s of each call, in order
         self.found: dict[str, str] = {}  # phase -> "owner.method"
         self._stack: list[float] = []
         self._installed: list[tuple[object, str]] = []
@@ -780,7 +783,7 @@ class PhaseTimer:
         self._installed = []
 
     def reset(self) -> None:
-        self.host = {}
+        self.host, self.each = {}, {}
 
     def _wrap(self, phase: str, fn):
         def timed(*args, **kwargs):
@@ -797,6 +800,7 @@ class PhaseTimer:
                 rec[0] += dt
                 rec[1] += dt - inner
                 rec[2] += 1
+                self.each.setdefault(phase, []).append(dt)
                 if self._stack:
                     self._stack[-1] += dt
 
@@ -839,7 +843,8 @@ def subtract_phases(a: dict, b: dict, steps: int) -> dict:
     return out
 
 
-def step_profile(drv: Driver, draw_prompts, length: int, vocab: int, rows: int, torch) -> dict:
+def step_profile(drv: Driver, draw_prompts, length: int, vocab: int, rows: int, torch,
+                 clock=time.perf_counter) -> dict:
     """Where the engine steps of a cold prompt, its repeat and a decode run go, per phase of a
     step (:data:`STEP_PHASES`: schedule, input preparation, attention metadata build, forward,
     sample, scheduler update, output processing), host and GPU time per executed step.
@@ -853,12 +858,15 @@ def step_profile(drv: Driver, draw_prompts, length: int, vocab: int, rows: int, 
     time of each ``engine.step()``, the GPU time of kernels (``gpu_kernel_ms``) and of memory
     copies and fills (``gpu_memory_ms``), user ranges not counted (:func:`device_time_us`); a
     phase's ``gpu_ms`` is the kernel time its range launched (:func:`range_device_us`). The top
-    ``rows`` profiler operators by device and by host time go to the row's log.
+    ``rows`` profiler operators by device and by host time go to the row's log. ``clock``: the
+    phases' host clock (seconds; tests pass a fake one).
 
     Returns:
         ``{"cold" | "repeat" | "decode": {"ttft_ms", "cached", "steps", "step_wall_ms": [..],
-        "gpu_kernel_ms", "gpu_memory_ms", "phases": {...}}, "decode_step": {...},
-        "phases_found": {...}}`` (times in ms per executed step; GPU columns None without CUDA).
+        "execute_model_ms": [..], "gpu_kernel_ms", "gpu_memory_ms", "phases": {...}},
+        "decode_step": {...}, "decode_each": {...}, "phases_found": {...}}`` (times in ms per
+        executed step, the lists one value per step or call, host pass; ``decode_each``:
+        :func:`decode_steps`; GPU columns None without CUDA).
     """
     from torch.profiler import ProfilerActivity, profile, record_function
 
@@ -869,7 +877,7 @@ def step_profile(drv: Driver, draw_prompts, length: int, vocab: int, rows: int, 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     owners = {"scheduler": drv.core.scheduler, "runner": runner,
               "output_processor": drv.engine.output_processor}
-    timer = PhaseTimer(owners, record_function).install()
+    timer = PhaseTimer(owners, record_function, clock=clock).install()
     prompts = {"host": draw_prompts(length, vocab), "gpu": draw_prompts(length, vocab)}
     out: dict = {"phases_found": dict(timer.found)}
     try:
@@ -890,7 +898,8 @@ def step_profile(drv: Driver, draw_prompts, length: int, vocab: int, rows: int, 
                 if kind == "host":
                     entry.update(ttft_ms=rec["ttft_ms"], cached=rec["cached"], steps=steps,
                                  steps_to_first=rec["steps_to_first"], run_wall_ms=1e3 * wall,
-                                 step_wall_ms=[round(1e3 * w, 3) for w, n in drv.step_walls if n])
+                                 step_wall_ms=[round(1e3 * w, 3) for w, n in drv.step_walls if n],
+                                 execute_model_ms=[round(1e3 * x, 3) for x in timer.each.get("execute_model", [])])
                     host = {k: list(v) for k, v in timer.host.items()}
                     continue
                 avg = prof.key_averages()
@@ -923,7 +932,20 @@ def step_profile(drv: Driver, draw_prompts, length: int, vocab: int, rows: int, 
         timer.uninstall()
     dec, rep = out["decode"], out["repeat"]
     out["decode_step"] = subtract_phases(dec, rep, dec["steps"] - rep["steps"])
+    out["decode_each"] = decode_steps(dec)
     return out
+
+
+def decode_steps(run: dict) -> dict:
+    """The decode steps of the step profile's ``decode`` run, one value per step, measured on
+    each step (no profiler) rather than by :func:`subtract_phases`: the run's executed steps
+    after its first token (its first ``steps_to_first`` steps are the hit), in ms:
+    ``step_wall_ms`` (each ``engine.step()``) and ``execute_model_ms`` (each call of the
+    runner's ``execute_model``, the phases inside it included; one call per executed step).
+    Lists shorter than ``steps_to_first`` give empty lists."""
+    k = int(run.get("steps_to_first") or 0)
+    return {"step_wall_ms": list(run.get("step_wall_ms") or [])[k:],
+            "execute_model_ms": list(run.get("execute_model_ms") or [])[k:]}
 
 
 def _fake_worker(args, mode: str) -> int:
@@ -1381,7 +1403,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--step-profile", type=int, default=0, metavar="ROWS",
                    help="diagnosis: host and GPU time per engine step and phase (schedule, inputs, "
                         "attention metadata, forward, sample, output processing) of a cold prompt, "
-                        "its repeat and a decode run, into the unit's step_profile; the top ROWS "
+                        "its repeat and a decode run, execute_model's host time of each step and "
+                        "the wall of each decode step, into the unit's step_profile; the top ROWS "
                         "profiler operators go to the row's log")
     p.add_argument("--phases", default=",".join(PHASES),
                    help=f"phases measured per length, comma list of {', '.join(PHASES)} "

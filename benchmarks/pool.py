@@ -190,11 +190,16 @@ def pool(units: list[dict], compile_calls: set[int] = frozenset(), allow_not_fir
             "excluded": excluded, "flags": flags}
 
 
+def _ms(x, fmt="{:.2f}"):
+    """A table cell: ``x`` formatted, "-" for None."""
+    return "-" if x is None else fmt.format(x)
+
+
 def markdown(doc: dict) -> str:
     """The pooled table (docs/benchmarks.md): pooled medians with each call's median beside."""
 
     def f(x, fmt="{:.1f}"):
-        return "-" if x is None else fmt.format(x)
+        return _ms(x, fmt)
 
     off = {r["prompt_tokens"]: r for r in doc["rows"] if r["row"] == "off"}
     lines = ["| row | prompt | cold TTFT ms, pooled (per call) | / off | steps | hit TTFT ms | "
@@ -234,12 +239,19 @@ def kernel_ms(prof_run: dict) -> float | None:
 
 
 def profile_rows(units: list[dict], run: str = "cold", compile_calls: set[int] = frozenset()) -> list[dict]:
-    """The step-profile decomposition (``--step-profile`` units): per (row, prompt length) and
-    phase, the median over the pooled calls of host and GPU ms per step of ``run`` (``cold``,
-    ``repeat`` or ``decode_step``), the step wall (no profiler) and the GPU kernel time
-    (:func:`kernel_ms`: None for units whose column was not kernel time). Compile
-    calls (first call of a row on its machine, or ``compile_calls``) are left out, as in
-    :func:`pool`; a row whose every call compiled keeps them (marked ``compile_only``)."""
+    """The step-profile decomposition (``--step-profile`` units): per (row, prompt length), the
+    median over the pooled calls of ``run``'s (``cold``, ``repeat`` or ``decode_step``) ms per
+    executed step: per phase host (own, and inclusive of the phases inside: ``host_incl_ms``)
+    and GPU time, the step wall (no profiler), the host time of ``execute_model`` with the
+    phases inside it (``execute_model_incl_ms``) and the GPU kernel time (:func:`kernel_ms`;
+    None for units whose column was not kernel time, and for ``decode_step``).
+
+    ``cold`` and ``repeat``: each call's mean over the run's steps. ``decode_step``: the phases
+    are the decode run less the repeat (the harness's ``decode_step``); the step wall and
+    ``execute_model`` are each call's median over its decode steps, measured one by one (the
+    harness's ``decode_each``; None for units written before it). Compile calls (first call of
+    a row on its machine, or ``compile_calls``) are left out, as in :func:`pool`; a row whose
+    every call compiled keeps them (marked ``compile_only``)."""
     first: dict[tuple[str, str], int] = {}
     for u in sorted(units, key=lambda u: u["call"]):
         first.setdefault((u["machine"], u["row"]), u["call"])
@@ -247,42 +259,71 @@ def profile_rows(units: list[dict], run: str = "cold", compile_calls: set[int] =
     for u in units:
         if (u["unit"].get("step_profile") or {}).get(run) is not None:
             groups.setdefault((u["row"], u["prompt_tokens"]), []).append(u)
+    decode = run == "decode_step"
     out = []
     for (row, length), us in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         warm = [u for u in us if u["call"] not in compile_calls and first[(u["machine"], u["row"])] != u["call"]]
         use = warm or us
         profs = [u["unit"]["step_profile"][run] for u in use]
-        phases = profs[0].get("phases", profs[0]) if run != "decode_step" else profs[0]
+        tables = profs if decode else [p.get("phases", p) for p in profs]
+        if decode:
+            each = [u["unit"]["step_profile"].get("decode_each") or {} for u in use]
+            wall = median([median(e.get("step_wall_ms") or []) for e in each])
+            execute = median([median(e.get("execute_model_ms") or []) for e in each])
+        else:
+            wall = median([sum(p.get("step_wall_ms") or [0]) / max(len(p.get("step_wall_ms") or []), 1)
+                           for p in profs])
+            execute = median([(t.get("execute_model") or {}).get("host_incl_ms") for t in tables])
         r = {"row": row, "prompt_tokens": length, "calls": [u["call"] for u in use], "compile_only": not warm,
-             "step_wall_ms": median([sum(p.get("step_wall_ms") or [0]) / max(len(p.get("step_wall_ms") or []), 1)
-                                     for p in profs]) if run != "decode_step" else None,
-             "gpu_kernel_ms": median([kernel_ms(p) for p in profs]) if run != "decode_step" else None,
-             "phases": {}}
+             "step_wall_ms": wall, "execute_model_incl_ms": execute,
+             "gpu_kernel_ms": None if decode else median([kernel_ms(p) for p in profs]), "phases": {}}
         for ph in PROFILE_PHASES:
-            cells = [(p.get("phases", p) if run != "decode_step" else p).get(ph) for p in profs]
-            cells = [c for c in cells if c]
+            cells = [c for c in (t.get(ph) for t in tables) if c]
             if cells:
-                r["phases"][ph] = {"host_ms": median([c.get("host_ms") for c in cells]),
-                                   "gpu_ms": median([c.get("gpu_ms") for c in cells])}
+                r["phases"][ph] = {k: median([c.get(k) for c in cells]) for k in ("host_ms", "host_incl_ms", "gpu_ms")}
         out.append(r)
     return out
 
 
 def profile_markdown(rows: list[dict], run: str) -> str:
-    """A table of :func:`profile_rows`: one line per row, ``host / GPU`` ms per step per phase."""
-    head = "| row | prompt | calls | step wall ms | GPU kernels ms | " + " | ".join(PROFILE_PHASES) + " |"
+    """A table of :func:`profile_rows`: one line per row, ``host / GPU`` ms per step per phase
+    (a phase's own host time), then ``execute_model``'s host time with the phases inside it."""
+    head = ("| row | prompt | calls | step wall ms | GPU kernels ms | " + " | ".join(PROFILE_PHASES)
+            + " | execute_model incl. host ms |")
     lines = [f"Step profile, run `{run}`, ms per executed step (host, no profiler / GPU, profiler):", "",
-             head, "|---" * (5 + len(PROFILE_PHASES)) + "|"]
-
-    def f(x, fmt="{:.2f}"):
-        return "-" if x is None else fmt.format(x)
-
+             head, "|---" * (6 + len(PROFILE_PHASES)) + "|"]
     for r in rows:
-        cells = [f"{f(r['phases'][p]['host_ms'])} / {f(r['phases'][p]['gpu_ms'])}" if p in r["phases"] else "-"
+        cells = [f"{_ms(r['phases'][p]['host_ms'])} / {_ms(r['phases'][p]['gpu_ms'])}" if p in r["phases"] else "-"
                  for p in PROFILE_PHASES]
         calls = ", ".join(map(str, r["calls"])) + (" (compile only)" if r["compile_only"] else "")
-        lines.append(f"| {r['row']} | {r['prompt_tokens']:,} | {calls} | {f(r['step_wall_ms'])} | "
-                     f"{f(r['gpu_kernel_ms'])} | " + " | ".join(cells) + " |")
+        lines.append(f"| {r['row']} | {r['prompt_tokens']:,} | {calls} | {_ms(r['step_wall_ms'])} | "
+                     f"{_ms(r['gpu_kernel_ms'])} | " + " | ".join(cells) + f" | {_ms(r['execute_model_incl_ms'])} |")
+    return "\n".join(lines) + "\n"
+
+
+def decode_markdown(rows: list[dict]) -> str:
+    """Host time per decode step of the rows side by side (:func:`profile_rows` of
+    ``decode_step``), each with its ratio to the ``off`` row at the same prompt length in
+    parentheses ("-" where ``off`` has no value): the step wall and ``execute_model`` (with the
+    phases inside it; medians over the decode steps, each measured), then each phase's own host
+    time (decode run less repeat)."""
+    off = {r["prompt_tokens"]: r for r in rows if r["row"] == "off"}
+
+    def cell(r, value_of):
+        v, ref = value_of(r), off.get(r["prompt_tokens"])
+        b = value_of(ref) if ref else None
+        return f"{_ms(v)} ({_ms(v / b if v is not None and b else None, '{:.3f}')})"
+
+    head = ("| row | prompt | calls | step wall ms | execute_model incl. ms | "
+            + " | ".join(PROFILE_PHASES) + " |")
+    lines = ["Decode steps, host ms per step (no profiler), ratio to `off` at the same length in "
+             "parentheses; step wall and execute_model: median over the decode steps; phases: own "
+             "time, decode run less repeat:", "", head, "|---" * (5 + len(PROFILE_PHASES)) + "|"]
+    for r in sorted(rows, key=lambda r: (r["prompt_tokens"], r["row"] != "off", r["row"])):
+        phases = [cell(r, lambda x, p=p: (x["phases"].get(p) or {}).get("host_ms")) for p in PROFILE_PHASES]
+        calls = ", ".join(map(str, r["calls"])) + (" (compile only)" if r["compile_only"] else "")
+        lines.append(f"| {r['row']} | {r['prompt_tokens']:,} | {calls} | {cell(r, lambda x: x['step_wall_ms'])} | "
+                     f"{cell(r, lambda x: x['execute_model_incl_ms'])} | " + " | ".join(phases) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -299,7 +340,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", action="store_true",
                    help="also the step-profile decomposition (units run with --step-profile): "
                         "cold, repeat and decode_step tables, into the JSON's step_profile and the "
-                        "markdown")
+                        "markdown, and the rows' host time per decode step side by side with "
+                        "ratios to off")
     args = p.parse_args(argv)
     try:
         compile_calls = {int(x) for x in args.compile_calls.split(",") if x.strip()}
@@ -320,6 +362,8 @@ def main(argv: list[str] | None = None) -> int:
            **doc}
     Path(args.out).write_text(json.dumps(doc, indent=1))
     table = markdown(doc) + "".join("\n" + profile_markdown(rows, run) for run, rows in profiles.items())
+    if profiles:
+        table += "\n" + decode_markdown(profiles["decode_step"])
     if args.markdown:
         Path(args.markdown).write_text(table)
     print(table)

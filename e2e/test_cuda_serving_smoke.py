@@ -102,9 +102,20 @@ def test_step_profile_lands_per_phase_in_the_json(tmp_path, tiny_model_dir, seed
         inner = sum(ph[p]["host_ms"] for p in ("prepare_inputs", "metadata_build", "forward") if p in ph)
         assert ph["execute_model"]["host_incl_ms"] >= inner - 1e-6
         assert (run["gpu_kernel_ms"] is None) == (e2e_target_name == "cpu")
+        assert (run["gpu_memory_ms"] is None) == (e2e_target_name == "cpu")
         assert all((ph[p]["gpu_ms"] is None) == (e2e_target_name == "cpu") for p in want)
+        # execute_model's host time of each call (issue 37): one per executed step on CPU (CUDA's
+        # async scheduling may call it apart from the step that returns the tokens)
+        assert run["execute_model_ms"] and all(x > 0 for x in run["execute_model_ms"])
+        if e2e_target_name == "cpu":
+            assert len(run["execute_model_ms"]) == run["steps"]
     assert set(prof["decode_step"]) >= want
     assert prof["decode_step"]["schedule"]["calls"] >= 1
+    each = prof["decode_each"]  # the decode steps after the hit's step, measured one by one
+    assert each["execute_model_ms"] and each["step_wall_ms"], each
+    if e2e_target_name == "cpu":  # 16 decode steps, each step's wall holding its execute_model
+        assert len(each["execute_model_ms"]) == 16 == len(each["step_wall_ms"]), each
+        assert all(w >= x for w, x in zip(each["step_wall_ms"], each["execute_model_ms"])), each
 
 
 def test_tensor_parallel_2_row(tmp_path, tiny_model_dir, seed, e2e_target_name):

@@ -637,3 +637,80 @@ def test_range_time_is_its_kernels_not_its_span(rng):
     avg, kernels, span = _range_tree(rng, cs.EXPORT_RANGE_PREFIX + ".ssm")
     assert sum(cs.range_device_us(avg, cs.EXPORT_RANGE_PREFIX).values()) == kernels
     assert sum(e.device_time_total for e in avg if e.key.startswith(cs.EXPORT_RANGE_PREFIX)) == kernels + span
+
+
+# ---------------------------------------------------------------- step profile: execute_model per step (issue 37)
+
+
+class _StepRunner:
+    """A model runner whose ``execute_model`` advances a fake clock: a prefill of an unseen
+    prompt costs ``cold`` s, of a seen one ``hit`` s, the i-th decode step ``decode[i]`` s."""
+
+    def __init__(self, clock, cold, hit, decode):
+        self.clock, self.cold, self.hit, self.decode = clock, cold, hit, decode
+
+    def execute_model(self, cost):
+        self.clock.t += cost
+
+
+class _StepDriver:
+    """Stands for :class:`cs.Driver` in :func:`cs.step_profile`: one engine step per token, each
+    calling the runner's (wrapped) ``execute_model`` once, its wall that call plus ``overhead`` s."""
+
+    def __init__(self, runner, overhead):
+        self.runner, self.overhead = runner, overhead
+        self.core = SimpleNamespace(model_executor=SimpleNamespace(
+            driver_worker=SimpleNamespace(worker=SimpleNamespace(model_runner=runner))), scheduler=SimpleNamespace())
+        self.engine = SimpleNamespace(output_processor=SimpleNamespace())
+        self.steps, self.step_walls, self.seen = 0, [], set()
+
+    def run(self, prompts, max_tokens, stagger_steps=0):
+        (p,) = prompts
+        hit = tuple(p) in self.seen
+        self.seen.add(tuple(p))
+        costs = [self.runner.hit if hit else self.runner.cold] + self.runner.decode[:max_tokens - 1]
+        for cost in costs:
+            t0 = self.runner.clock.t
+            self.runner.execute_model(cost)
+            self.runner.clock.t += self.overhead
+            self.steps += 1
+            self.step_walls.append((self.runner.clock.t - t0, 1))
+        return [{"ttft_ms": 1.0, "cached": len(p) - 1 if hit else 0, "steps_to_first": 1}]
+
+
+def test_step_profile_records_execute_model_of_each_step_and_the_decode_steps(rng):
+    """Issue 37, item 3: align mode's host work per decode step against vllm-align and off needs
+    ``execute_model``'s host time per step of the cold prompt, the repeat and the decode steps;
+    the decode steps are measured one by one (``decode_each``) beside the decode-less-repeat
+    subtraction. Costs drawn in whole microseconds on a fake clock (no profiler timing)."""
+    import torch
+
+    us = lambda: rng.randrange(1, 50_000) / 1e6  # noqa: E731
+    clock = _Clock(rng.uniform(0, 1e5))
+    decode = [us() for _ in range(cs.DECODE_PROFILE_TOKENS - 1)]
+    runner = _StepRunner(clock, cold=us(), hit=us(), decode=decode)
+    overhead = us()
+    drv = _StepDriver(runner, overhead)
+    draw = cs._draw(rng.randrange(1 << 30), 64, "stepprof")
+    prof = cs.step_profile(drv, draw_prompts=draw, length=64, vocab=1000, rows=1, torch=torch, clock=clock)
+    assert prof["phases_found"]["execute_model"] == "runner.execute_model"
+    ms = lambda xs: [pytest.approx(1e3 * x, abs=1e-6) for x in xs]  # noqa: E731
+    assert prof["cold"]["execute_model_ms"] == ms([runner.cold])
+    assert prof["repeat"]["execute_model_ms"] == ms([runner.hit])
+    assert prof["decode"]["execute_model_ms"] == ms([runner.hit, *decode])
+    assert prof["decode_each"]["execute_model_ms"] == ms(decode)
+    assert prof["decode_each"]["step_wall_ms"] == [pytest.approx(1e3 * (d + overhead), abs=2e-3) for d in decode]
+    for run, costs in (("cold", [runner.cold]), ("decode", [runner.hit, *decode])):
+        t = prof[run]["phases"]["execute_model"]
+        assert t["host_incl_ms"] == pytest.approx(1e3 * sum(costs) / len(costs)) and t["calls"] == 1
+        assert prof[run]["gpu_kernel_ms"] is None and prof[run]["gpu_memory_ms"] is None  # no CUDA
+    # the subtraction gives the decode steps' mean: the hit's cost cancels
+    sub = prof["decode_step"]["execute_model"]["host_incl_ms"]
+    assert sub == pytest.approx(1e3 * sum(decode) / len(decode))
+    assert "execute_model" not in vars(runner)  # the timer is off again
+
+
+def test_decode_steps_start_after_the_first_token():
+    run = {"steps_to_first": 2, "step_wall_ms": [9.0, 8.0, 1.5, 1.25], "execute_model_ms": [7.0, 6.0, 1.0, 0.75]}
+    assert cs.decode_steps(run) == {"step_wall_ms": [1.5, 1.25], "execute_model_ms": [1.0, 0.75]}
+    assert cs.decode_steps({"steps_to_first": 3, "step_wall_ms": [1.0]}) == {"step_wall_ms": [], "execute_model_ms": []}
