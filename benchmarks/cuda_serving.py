@@ -5,10 +5,13 @@ Model: ``--arch qwen3_5_moe`` (default; Qwen3.5-35B-A3B's widths: hidden 2048, 1
 heads of 256, GDN 16 key / 32 value heads of 128, 256 experts of 512 with 8 routed + a shared
 expert, vocabulary 248,320) or ``--arch qwen3_next`` (Qwen3-Next-80B-A3B's: 512 experts), with
 ``--layers`` decoder layers (default 8: 6 GDN + 2 full attention, the real 3:1 pattern), fp32 SSM
-state, bf16. Only ``config.json`` and a small local tokenizer are written (:func:`build_model`):
-the engine runs with ``--load-format dummy`` (random weights, real architecture, nothing
-downloaded or stored). ``--model-dir`` of an existing checkpoint with weights (CI's tiny model)
-loads it as is.
+state, bf16. Only ``config.json`` and a small local tokenizer are written (:func:`build_model`),
+by default to ``$VHN/<q35moe|qnext>-<layers>l`` (``$VHN`` default ``/tmp/vhn``; one folder per arch and depth,
+:func:`resolve_model`): the engine runs with ``--load-format dummy`` (random weights, real
+architecture, nothing downloaded or stored). ``--model-dir`` of an existing config or checkpoint
+with weights (CI's tiny model) loads it as is, with its own arch and depth; an ``--arch`` or
+``--layers`` that differs from it is refused. Each unit records the depth vLLM served
+(``engine.num_hidden_layers``); ``benchmarks/pool.py`` refuses to pool two depths.
 
 Rows (:data:`ROWS`), each in its own process group (patches are process-global), one after the
 other on one GPU:
@@ -362,16 +365,73 @@ def memory_verdict(free_mib: float, total_mib: float, fraction: float, holders: 
 # ------------------------------------------------------------------------------------- model
 
 
-def build_model(out_dir: Path, arch: str = "qwen3_5_moe", layers: int = 8, max_len: int = 65536) -> Path:
+#: ``--arch`` -> (the architecture ``config.json`` names, the default model folder's prefix)
+ARCHS = {"qwen3_5_moe": ("Qwen3_5MoeForCausalLM", "q35moe"), "qwen3_next": ("Qwen3NextForCausalLM", "qnext")}
+DEFAULT_ARCH, DEFAULT_LAYERS = "qwen3_5_moe", 8
+
+
+def model_root() -> Path:
+    """Where the default model folders go (``<root>/<prefix>-<layers>l``, e.g. ``q35moe-8l``):
+    ``$VHN`` (e2e/cuda_device.sh's state folder), else ``/tmp/vhn``."""
+    return Path(os.environ.get("VHN") or "/tmp/vhn")
+
+
+def model_config(model_dir: Path) -> dict | None:
+    """``{"arch", "layers"}`` of the ``config.json`` in ``model_dir`` (``arch``: the
+    :data:`ARCHS` key of its architecture, else the architecture as named there, None without
+    one; ``layers``: ``num_hidden_layers``, of its ``text_config`` where the top level has none),
+    None without a ``config.json``."""
+    path = Path(model_dir) / "config.json"
+    if not path.exists():
+        return None
+    cfg = json.loads(path.read_text())
+    names = cfg.get("architectures") or []
+    arch = next((a for a, (name, _) in ARCHS.items() if name in names), names[0] if names else None)
+    layers = cfg.get("num_hidden_layers", (cfg.get("text_config") or {}).get("num_hidden_layers"))
+    return {"arch": arch, "layers": layers}
+
+
+def resolve_model(model_dir: str | None, arch: str | None, layers: int | None) -> tuple[str, str | None, int | None]:
+    """The model a run serves: ``(model_dir, arch, layers)`` from the flags ``--model-dir``,
+    ``--arch`` and ``--layers`` (None where not given).
+
+    Without ``--model-dir`` the folder follows arch and depth (defaults :data:`DEFAULT_ARCH`,
+    :data:`DEFAULT_LAYERS`) under :func:`model_root`: ``q35moe-8l``, ``qnext-24l``, ... so a run at
+    another depth never reuses another depth's config. A folder with a ``config.json`` (written
+    earlier, or a checkpoint with weights) gives the arch and depth it has; a flag that differs
+    from it is refused. A folder without one gets the defaults (:func:`build_model` writes it).
+
+    Raises:
+        ValueError: ``--layers`` or ``--arch`` differs from the folder's ``config.json``,
+            naming both flags and both values; ``--arch`` not a key of :data:`ARCHS`.
+    """
+    if arch is not None and arch not in ARCHS:
+        raise ValueError(f"--arch {arch!r}: {' or '.join(ARCHS)}")
+    if model_dir is None:
+        arch, layers = arch or DEFAULT_ARCH, layers or DEFAULT_LAYERS
+        model_dir = str(model_root() / f"{ARCHS[arch][1]}-{layers}l")
+    have = model_config(Path(model_dir))
+    if have is None:
+        return model_dir, arch or DEFAULT_ARCH, layers or DEFAULT_LAYERS
+    for flag, want in (("layers", layers), ("arch", arch)):
+        if want is not None and have[flag] != want:
+            raise ValueError(f"--model-dir {model_dir} holds a model of {flag} {have[flag]!r}, --{flag} "
+                             f"{want!r}: drop --{flag}, or pass another --model-dir (without one the "
+                             f"folder follows --arch and --layers)")
+    return model_dir, have["arch"], have["layers"]
+
+
+def build_model(out_dir: Path, arch: str = DEFAULT_ARCH, layers: int = DEFAULT_LAYERS, max_len: int = 65536) -> Path:
     """Write ``config.json`` of ``arch`` at full width with ``layers`` decoder layers (every 4th
     full attention, as the real models) and the small local tokenizer of
     :mod:`vllm_hybrid_npu.tools.make_model` to ``out_dir``; no weights (``--load-format dummy``).
-    An existing ``config.json`` is kept (the layer count is checked)."""
-    cfg_path = out_dir / "config.json"
-    if cfg_path.exists():
-        have = json.loads(cfg_path.read_text()).get("num_hidden_layers")
-        if have != layers and not list(out_dir.glob("*.safetensors")):
-            raise ValueError(f"{out_dir} has {have} layers, --layers {layers}: use another --model-dir")
+    An existing ``config.json`` is kept when it has ``arch`` and ``layers``.
+
+    Raises:
+        ValueError: an existing ``config.json`` of another depth or architecture
+            (:func:`resolve_model`), or an unknown ``arch``."""
+    resolve_model(str(out_dir), arch, layers)  # another depth or architecture there, an unknown arch
+    if model_config(out_dir) is not None:
         return out_dir
     from vllm_hybrid_npu.tools.make_model import _train_tokenizer
 
@@ -380,22 +440,16 @@ def build_model(out_dir: Path, arch: str = "qwen3_5_moe", layers: int = 8, max_l
                   tie_word_embeddings=False)
     if arch == "qwen3_5_moe":
         from transformers.models.qwen3_5_moe import Qwen3_5MoeTextConfig as Config
-
-        architecture = "Qwen3_5MoeForCausalLM"
-    elif arch == "qwen3_next":
-        from transformers.models.qwen3_next import Qwen3NextConfig as Config
-
-        architecture = "Qwen3NextForCausalLM"
     else:
-        raise ValueError(f"--arch {arch!r}: qwen3_5_moe or qwen3_next")
+        from transformers.models.qwen3_next import Qwen3NextConfig as Config
     out_dir.mkdir(parents=True, exist_ok=True)
     _train_tokenizer(out_dir)
     cfg = Config(**common)
-    cfg.architectures = [architecture]
+    cfg.architectures = [ARCHS[arch][0]]
     cfg.mamba_ssm_dtype = "float32"
     d = cfg.to_dict()
     d["dtype"] = d["torch_dtype"] = "bfloat16"
-    cfg_path.write_text(json.dumps(d, indent=1, default=str))
+    (out_dir / "config.json").write_text(json.dumps(d, indent=1, default=str))
     return out_dir
 
 
@@ -555,6 +609,9 @@ def _worker(args) -> int:
             "mamba_cache_mode": cfg.cache_config.mamba_cache_mode,
             "compile_s": getattr(cfg.compilation_config, "compilation_time", None),
             "tensor_parallel_size": cfg.parallel_config.tensor_parallel_size,
+            # the depth and architecture vLLM serves (pool.py pools one depth at a time)
+            "num_hidden_layers": getattr(getattr(cfg.model_config, "hf_text_config", None), "num_hidden_layers", None),
+            "architectures": list(getattr(cfg.model_config, "architectures", None) or []),
             "executor": type(drv.core.model_executor).__name__,
             "runner": runner_module(drv.core.model_executor)}
     print("BENCH engine " + json.dumps(head), flush=True)
@@ -959,7 +1016,8 @@ def _fake_worker(args, mode: str) -> int:
         return 0
     rng = random.Random(f"{args.seed}:{args.worker}")
     _emit(args.result_file, {"kind": "engine", "row": args.worker, "load_s": 0.1, "block_size": 64,
-                             "tensor_parallel_size": args.tp})
+                             "tensor_parallel_size": args.tp,  # the served depth, as vLLM's config has it
+                             "num_hidden_layers": (model_config(Path(args.model_dir)) or {}).get("layers")})
     def unit(length: int) -> dict:
         base = length / 100.0
         slow = 1.0 if args.worker == "off" else 1.01
@@ -1367,9 +1425,13 @@ def row_skip_reason(row: str) -> str | None:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model-dir", default="/tmp/vhn/q35moe-8l")
-    p.add_argument("--arch", default="qwen3_5_moe", choices=("qwen3_5_moe", "qwen3_next"))
-    p.add_argument("--layers", type=int, default=8)
+    p.add_argument("--model-dir", default=None,
+                   help="model folder (default: $VHN/<q35moe|qnext>-<layers>l, VHN default /tmp/vhn, "
+                        "after --arch and --layers; a config.json is written there on first use). One with a "
+                        "config.json gives its arch and depth: --arch or --layers that differ are refused")
+    p.add_argument("--arch", default=None, help=f"{' or '.join(ARCHS)} (default: {DEFAULT_ARCH})")
+    p.add_argument("--layers", type=int, default=None,
+                   help=f"decoder layers of a config the harness writes (default {DEFAULT_LAYERS})")
     p.add_argument("--load-format", default=None, help="default: dummy without weights in --model-dir, else auto")
     p.add_argument("--rows", default=DEFAULT_ROWS, help=f"comma list of {', '.join(ROWS)}")
     p.add_argument("--lengths", default="2048,8192,32768", help="prompt lengths (tokens)")
@@ -1436,6 +1498,10 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--tp {args.tp}: the tensor-parallel size is at least 1")
     if args.worker:
         return _worker(args)
+    try:
+        args.model_dir, args.arch, args.layers = resolve_model(args.model_dir, args.arch, args.layers)
+    except ValueError as exc:
+        p.error(str(exc))
     budget = CallBudget(time.time() + args.call_budget)
     rows = [r.strip() for r in args.rows.split(",") if r.strip()]
     bad = [r for r in rows if r not in ROWS]

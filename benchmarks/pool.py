@@ -21,7 +21,8 @@ writes
   in their call.
 
 Several GPU models in the inputs are refused (``--device`` picks one), and so are several
-tensor-parallel sizes (``--tp`` of the harness: one table per size); several machines of one
+tensor-parallel sizes (``--tp`` of the harness: one table per size) and several model depths
+(``--layers``: one table per depth); several machines of one
 model are pooled and listed (``machines``). ``--markdown`` writes the table for
 docs/benchmarks.md.
 """
@@ -79,8 +80,10 @@ def _machine(ident: dict | None) -> str:
 
 def read_units(paths: list[Path]) -> list[dict]:
     """Every unit of every file, flattened: ``{"file", "row", "prompt_tokens", "call",
-    "position", "device", "machine", "compile_s", "tp", "unit"}`` (``tp``: the engine's
-    tensor-parallel size, 1 for JSONs written before the harness recorded it). A unit's own ``call`` and
+    "position", "device", "machine", "compile_s", "tp", "layers", "unit"}`` (``tp``: the engine's
+    tensor-parallel size, 1 for JSONs written before the harness recorded it; ``layers``: the
+    decoder layers vLLM served, ``engine.num_hidden_layers``, else the file's ``--layers``, which
+    the harness checked against the config it wrote, else None). A unit's own ``call`` and
     ``identity`` (written by the harness since issue 30) win over its file's.
 
     Raises:
@@ -97,11 +100,13 @@ def read_units(paths: list[Path]) -> list[dict]:
             if call is None:
                 raise ValueError(f"{path}: unit {key} has no call number: run the harness with --call N")
             ident = u.get("identity") or doc.get("identity") or {}
+            engine = u.get("engine") or {}
+            layers = engine.get("num_hidden_layers") or (doc.get("args") or {}).get("layers")
             out.append({"file": str(path), "row": u["row"], "prompt_tokens": int(u["prompt_tokens"]),
                         "call": int(call), "position": u.get("position"),
                         "device": ident.get("device") or doc.get("device"), "machine": _machine(ident),
-                        "compile_s": (u.get("engine") or {}).get("compile_s"),
-                        "tp": int((u.get("engine") or {}).get("tensor_parallel_size") or 1), "unit": u})
+                        "compile_s": engine.get("compile_s"), "tp": int(engine.get("tensor_parallel_size") or 1),
+                        "layers": None if layers is None else int(layers), "unit": u})
     return out
 
 
@@ -112,7 +117,8 @@ def pool(units: list[dict], compile_calls: set[int] = frozenset(), allow_not_fir
     Raises:
         ValueError: the units come from more than one GPU model and ``device`` names none of
             them, or ``device`` matches no unit, or they come from engines of several
-            tensor-parallel sizes.
+            tensor-parallel sizes or models of several depths (``layers``; unknown counts as
+            one more).
     """
     devices = sorted({u["device"] for u in units})
     if device is not None:
@@ -124,6 +130,10 @@ def pool(units: list[dict], compile_calls: set[int] = frozenset(), allow_not_fir
     sizes = sorted({u.get("tp", 1) for u in units})
     if len(sizes) > 1:
         raise ValueError(f"units from engines of tensor-parallel sizes {sizes}: pool one size at a time")
+    depths = sorted({u.get("layers") for u in units}, key=lambda n: (n is None, n or 0))
+    if len(depths) > 1:
+        raise ValueError(f"units from models of {', '.join(str(n or 'unknown') for n in depths)} decoder "
+                         f"layers (--layers): pool one depth at a time")
     units = sorted(units, key=lambda u: (u["call"], u["position"] or 0))
     first_call: dict[tuple[str, str], int] = {}
     for u in units:
@@ -186,6 +196,7 @@ def pool(units: list[dict], compile_calls: set[int] = frozenset(), allow_not_fir
             r["cold_ttft_vs_off"] = r["cold_ttft_ms"] / ref["cold_ttft_ms"]
     rows.sort(key=lambda r: (r["prompt_tokens"], r["row"] != "off", r["row"]))
     return {"device": units[0]["device"] if units else device, "tp": sizes[0] if sizes else None,
+            "layers": depths[0] if depths else None,
             "machines": sorted({u["machine"] for u in units}), "rows": rows, "calls": calls,
             "excluded": excluded, "flags": flags}
 

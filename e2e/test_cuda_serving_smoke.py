@@ -75,6 +75,10 @@ def test_rows_land_in_the_json_and_resume_keeps_them(tmp_path, tiny_model_dir, s
         assert rows[(name, 1200)]["floor_ttft_ms"] > 0
     assert not units["off@1200"]["samples"]["floor"]["ttft_ms"]  # caching off: no hit, no floor
     assert all(u["call"] == 1 and u["position"] for u in units.values())
+    # each unit records the depth vLLM served: the checkpoint's own (no --layers given; issue 37)
+    layers = json.loads((Path(model) / "config.json").read_text())["num_hidden_layers"]
+    assert doc["args"]["layers"] == layers and doc["args"]["arch"] == "qwen3_next", doc["args"]
+    assert all(u["engine"]["num_hidden_layers"] == layers for u in units.values()), layers
     stdout, again = _bench(out, model, seed, "off,vllm-align,exporter,flashinfer", "--resume")
     assert "keeping units ['exporter@1200', 'off@1200', 'vllm-align@1200']" in stdout, stdout
     assert again["units"] == doc["units"]

@@ -714,3 +714,74 @@ def test_decode_steps_start_after_the_first_token():
     run = {"steps_to_first": 2, "step_wall_ms": [9.0, 8.0, 1.5, 1.25], "execute_model_ms": [7.0, 6.0, 1.0, 0.75]}
     assert cs.decode_steps(run) == {"step_wall_ms": [1.5, 1.25], "execute_model_ms": [1.0, 0.75]}
     assert cs.decode_steps({"steps_to_first": 3, "step_wall_ms": [1.0]}) == {"step_wall_ms": [], "execute_model_ms": []}
+
+
+# ---------------------------------------------------------------- a row at --layers N runs at depth N (issue 37)
+
+
+def _depth(rng):
+    return rng.choice([n for n in range(4, 49, 4) if n != cs.DEFAULT_LAYERS])
+
+
+def test_the_default_model_folder_follows_arch_and_depth(tmp_path, monkeypatch, rng):
+    """e2e/cuda_device.sh passed ``--model-dir $VHN/q35moe-8l`` whatever ``--layers`` said: a
+    ``--layers 24`` run met the 8-layer folder. Without ``--model-dir`` the folder now follows
+    arch and depth; a folder with a config gives its own, and a flag that differs is refused."""
+    monkeypatch.setenv("VHN", str(tmp_path))
+    n = _depth(rng)
+    assert cs.resolve_model(None, None, None) == (str(tmp_path / "q35moe-8l"), "qwen3_5_moe", 8)
+    assert cs.resolve_model(None, None, n) == (str(tmp_path / f"q35moe-{n}l"), "qwen3_5_moe", n)
+    assert cs.resolve_model(None, "qwen3_next", n) == (str(tmp_path / f"qnext-{n}l"), "qwen3_next", n)
+    with pytest.raises(ValueError, match="--arch 'qwen3'"):
+        cs.resolve_model(None, "qwen3", None)
+    folder = tmp_path / f"q35moe-{n}l"
+    cs.build_model(folder, "qwen3_5_moe", n)
+    cfg = json.loads((folder / "config.json").read_text())
+    assert cfg["num_hidden_layers"] == n and cfg["architectures"] == ["Qwen3_5MoeForCausalLM"]
+    assert cfg["layer_types"].count("full_attention") == n // 4  # every 4th, as the real model
+    assert cs.resolve_model(str(folder), None, None) == (str(folder), "qwen3_5_moe", n)
+    with pytest.raises(ValueError) as exc:
+        cs.resolve_model(str(folder), None, 8)
+    assert f"--model-dir {folder}" in str(exc.value) and f"layers {n}" in str(exc.value) and "--layers 8" in str(exc.value)
+    with pytest.raises(ValueError, match="--arch 'qwen3_next'"):
+        cs.resolve_model(str(folder), "qwen3_next", None)
+    with pytest.raises(ValueError, match="--layers 8"):  # the config is kept, not overwritten
+        cs.build_model(folder, "qwen3_5_moe", 8)
+    assert json.loads((folder / "config.json").read_text())["num_hidden_layers"] == n
+    # a checkpoint with weights: its config decides too (the old check skipped it)
+    (folder / "model.safetensors").write_bytes(b"")
+    with pytest.raises(ValueError, match="--layers 8"):
+        cs.resolve_model(str(folder), None, 8)
+
+
+def _bench_at_depth(tmp_path, out, *extra):
+    env = {**os.environ, "CUDA_SERVING_BENCH_FAKE": "result", "PYTHONPATH": str(ROOT), "VHN": str(tmp_path)}
+    cmd = [sys.executable, "-m", "benchmarks.cuda_serving", "--out", str(tmp_path / out), "--seed", "7",
+           "--rows", "off", "--lengths", "2048", *extra]
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_a_row_at_layers_n_serves_n_layers_and_pool_keeps_depths_apart(tmp_path, rng):
+    """``--layers N`` without ``--model-dir``: the config in ``$VHN/q35moe-Nl`` has N layers, the
+    unit records the depth its engine served (the stand-in worker reads the folder's config as
+    vLLM does), the 8-layer folder is untouched; the 8-layer folder with ``--layers N`` is refused
+    naming both flags; pool.py refuses to pool the two depths."""
+    from benchmarks import pool
+
+    n = _depth(rng)
+    p = _bench_at_depth(tmp_path, "deep.json", "--layers", str(n), "--call", "1")
+    assert p.returncode == 0, p.stdout + p.stderr
+    deep = json.loads((tmp_path / "deep.json").read_text())
+    assert deep["args"]["model_dir"] == str(tmp_path / f"q35moe-{n}l") and deep["args"]["layers"] == n
+    assert deep["units"]["off@2048"]["engine"]["num_hidden_layers"] == n
+    p = _bench_at_depth(tmp_path, "eight.json", "--call", "2")
+    assert p.returncode == 0, p.stdout + p.stderr
+    eight = json.loads((tmp_path / "eight.json").read_text())
+    assert eight["units"]["off@2048"]["engine"]["num_hidden_layers"] == 8
+    assert cs.model_config(tmp_path / f"q35moe-{n}l")["layers"] == n  # not overwritten
+    p = _bench_at_depth(tmp_path, "bad.json", "--model-dir", str(tmp_path / "q35moe-8l"), "--layers", str(n))
+    assert p.returncode == 2 and "--model-dir" in p.stderr and f"--layers {n}" in p.stderr, p.stderr
+    assert not (tmp_path / "bad.json").exists()
+    with pytest.raises(ValueError, match=f"{min(8, n)}, {max(8, n)} decoder layers"):
+        pool.pool(pool.read_units([tmp_path / "deep.json", tmp_path / "eight.json"]))
+    assert pool.pool(pool.read_units([tmp_path / "deep.json"]), min_calls=0)["layers"] == n

@@ -248,3 +248,22 @@ def test_cli_profile_prints_the_decode_table(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "Decode steps, host ms per step" in printed
     assert "| exporter | 8,192 | 4, 6 | 2.00 (1.000) | 1.00 (1.000) |" in printed
+
+
+def test_one_depth_per_pool(tmp_path, rng):
+    """Units of models of different depths (``engine.num_hidden_layers``; older JSONs: the
+    file's ``--layers``) are not pooled together."""
+    files = _protocol(tmp_path)
+    assert pool.pool(pool.read_units(files))["layers"] is None  # these fakes record no depth
+    n = rng.choice([4, 12, 24, 40])
+    for f, layers in zip(files, [8, n] + [8] * (len(files) - 2)):
+        doc = json.loads(f.read_text())
+        doc["args"] = {"layers": layers}  # a JSON of before the engine recorded its depth
+        f.write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match=f"{min(8, n)}, {max(8, n)} decoder layers"):
+        pool.pool(pool.read_units(files))
+    doc = json.loads(files[1].read_text())
+    for u in doc["units"].values():
+        u["engine"]["num_hidden_layers"] = 8  # the engine's record wins over the flag
+    files[1].write_text(json.dumps(doc))
+    assert pool.pool(pool.read_units(files))["layers"] == 8
