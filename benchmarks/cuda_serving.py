@@ -5,10 +5,13 @@ Model: ``--arch qwen3_5_moe`` (default; Qwen3.5-35B-A3B's widths: hidden 2048, 1
 heads of 256, GDN 16 key / 32 value heads of 128, 256 experts of 512 with 8 routed + a shared
 expert, vocabulary 248,320) or ``--arch qwen3_next`` (Qwen3-Next-80B-A3B's: 512 experts), with
 ``--layers`` decoder layers (default 8: 6 GDN + 2 full attention, the real 3:1 pattern), fp32 SSM
-state, bf16. Only ``config.json`` and a small local tokenizer are written (:func:`build_model`):
-the engine runs with ``--load-format dummy`` (random weights, real architecture, nothing
-downloaded or stored). ``--model-dir`` of an existing checkpoint with weights (CI's tiny model)
-loads it as is.
+state, bf16. Only ``config.json`` and a small local tokenizer are written (:func:`build_model`),
+by default to ``$VHN/<q35moe|qnext>-<layers>l`` (``$VHN`` default ``/tmp/vhn``; one folder per arch and depth,
+:func:`resolve_model`): the engine runs with ``--load-format dummy`` (random weights, real
+architecture, nothing downloaded or stored). ``--model-dir`` of an existing config or checkpoint
+with weights (CI's tiny model) loads it as is, with its own arch and depth; an ``--arch`` or
+``--layers`` that differs from it is refused. Each unit records the depth vLLM served
+(``engine.num_hidden_layers``); ``benchmarks/pool.py`` refuses to pool two depths.
 
 Rows (:data:`ROWS`), each in its own process group (patches are process-global), one after the
 other on one GPU:
@@ -46,12 +49,15 @@ workload seed and the length only (every row sees the same prompts; printed and 
 ``--phases`` picks phases (``cold,repeat,floor,turns,conc``; e.g. ``conc`` alone with
 ``--clients 16`` for decode ITL). ``--step-profile N``: per engine step and phase (schedule,
 inputs, attention metadata, forward, sample, scheduler update, output processing) host time
-(no profiler) and GPU time (profiler ranges) of a cold prompt, its repeat and decode steps, in
-the unit's ``step_profile`` (:func:`step_profile`).
+(no profiler) and GPU time (the kernels launched in profiler ranges) of a cold prompt, its
+repeat and decode steps, with ``execute_model``'s host time of each step and each decode step
+measured one by one (``decode_each``), in the unit's ``step_profile`` (:func:`step_profile`);
+``benchmarks/pool.py --profile`` puts the rows' decode steps side by side with ratios to ``off``.
 
 5. (CUDA) a short pass under ``torch.profiler``: GPU time per engine step of the state-copy
-   kernels (:data:`COPY_KERNEL_PATTERNS`) and of the exporter (ranges named
-   :data:`EXPORT_RANGE_PREFIX`, where the runtime marks them);
+   kernels (:data:`COPY_KERNEL_PATTERNS`) and of the exporter (the kernels launched inside
+   ranges named :data:`EXPORT_RANGE_PREFIX`, where the runtime marks them; not the ranges'
+   device-side spans, :func:`range_device_us`);
 6. (CUDA) the same pass under ``torch.cuda.set_sync_debug_mode("warn")``: host syncs per engine
    step, counting only torch's own sync warning (:data:`SYNC_WARNING`).
 
@@ -199,6 +205,75 @@ def count_syncs(messages) -> int:
     return sum(1 for m in messages if SYNC_WARNING in str(m))
 
 
+#: kineto activity types (``FunctionEvent.activity_type``, lower-cased) of device work: kernels,
+#: and memory operations (copies and fills), which :func:`device_time_us` counts apart
+KERNEL_ACTIVITIES = ("kernel",)
+MEMORY_ACTIVITIES = ("gpu_memcpy", "gpu_memset")
+#: activity types of user annotations (``record_function`` ranges; torch's ``is_user_annotation``
+#: is true for both): the host-side range and its device-side copy
+ANNOTATION_ACTIVITIES = ("user_annotation", "gpu_user_annotation")
+
+
+def _on_device(event) -> bool:
+    return not str(getattr(event, "device_type", "CPU")).endswith("CPU")
+
+
+def _activity(event) -> str | None:
+    act = getattr(event, "activity_type", None)  # torch < 2.5 has none
+    return str(act).lower() if act else None
+
+
+def _is_annotation(event) -> bool:
+    return bool(getattr(event, "is_user_annotation", False)) or _activity(event) in ANNOTATION_ACTIVITIES
+
+
+def device_time_us(events) -> dict[str, float]:
+    """Device time of ``torch.profiler`` events (``prof.events()``: ``FunctionEvent``s), in
+    microseconds, by kind: ``kernel`` (activity ``kernel``), ``memory`` (``gpu_memcpy``,
+    ``gpu_memset``), ``ranges`` (user annotations: the device-side copy torch makes of every
+    ``record_function`` range that launched work, device type CUDA, named as the range; its
+    time is a span from the range's first kernel start to its last kernel end, idle gaps
+    included, over kernels counted already), ``other`` (any other device-side activity).
+    Host-side events (device type CPU: operators, runtime calls, the ranges themselves) count
+    nowhere. Where torch gives no activity type, a device-side event that is not a user
+    annotation counts as a kernel.
+
+    The step profile's kernel column is ``kernel`` alone: summing ``self_device_time_total`` of
+    every device-side event, as the harness did before issue 37, added ``ranges`` (the harness's
+    own ``bench.phase.*`` ranges among them) and ``memory``."""
+    out = {"kernel": 0.0, "memory": 0.0, "ranges": 0.0, "other": 0.0}
+    for e in events:
+        if not _on_device(e):
+            continue
+        act = _activity(e)
+        if _is_annotation(e):
+            kind = "ranges"
+        elif act is None or act in KERNEL_ACTIVITIES:
+            kind = "kernel"
+        elif act in MEMORY_ACTIVITIES:
+            kind = "memory"
+        else:
+            kind = "other"
+        out[kind] += float(getattr(e, "self_device_time_total", 0.0) or 0.0)
+    return out
+
+
+def range_device_us(averages, prefix: str) -> dict[str, float]:
+    """Device time (microseconds) of the work launched inside each ``record_function`` range
+    whose name starts with ``prefix``, keyed by the rest of the name, from
+    ``prof.key_averages()``. It is the host-side entry's ``device_time_total`` (device type
+    CPU: the device events torch linked to the range and to the operators inside it, nested
+    ranges included). ``key_averages`` lists a range's device-side copy (device type CUDA, a
+    span with idle gaps, :func:`device_time_us`) as a second entry under the same key: that one
+    is not counted. Empty when no such range ran."""
+    out: dict[str, float] = {}
+    for e in averages:
+        if e.key.startswith(prefix) and not _on_device(e):
+            name = e.key[len(prefix):]
+            out[name] = out.get(name, 0.0) + float(getattr(e, "device_time_total", 0.0) or 0.0)
+    return out
+
+
 def shared_prefix_len(prompt_len: int, block: int) -> int:
     """Length of the system prompt the concurrent clients share: half the prompt, rounded down to
     whole blocks, at least two blocks (so the concurrent phase hits in every caching row), and
@@ -296,16 +371,73 @@ def memory_verdict(free_mib: float, total_mib: float, fraction: float, holders: 
 # ------------------------------------------------------------------------------------- model
 
 
-def build_model(out_dir: Path, arch: str = "qwen3_5_moe", layers: int = 8, max_len: int = 65536) -> Path:
+#: ``--arch`` -> (the architecture ``config.json`` names, the default model folder's prefix)
+ARCHS = {"qwen3_5_moe": ("Qwen3_5MoeForCausalLM", "q35moe"), "qwen3_next": ("Qwen3NextForCausalLM", "qnext")}
+DEFAULT_ARCH, DEFAULT_LAYERS = "qwen3_5_moe", 8
+
+
+def model_root() -> Path:
+    """Where the default model folders go (``<root>/<prefix>-<layers>l``, e.g. ``q35moe-8l``):
+    ``$VHN`` (e2e/cuda_device.sh's state folder), else ``/tmp/vhn``."""
+    return Path(os.environ.get("VHN") or "/tmp/vhn")
+
+
+def model_config(model_dir: Path) -> dict | None:
+    """``{"arch", "layers"}`` of the ``config.json`` in ``model_dir`` (``arch``: the
+    :data:`ARCHS` key of its architecture, else the architecture as named there, None without
+    one; ``layers``: ``num_hidden_layers``, of its ``text_config`` where the top level has none),
+    None without a ``config.json``."""
+    path = Path(model_dir) / "config.json"
+    if not path.exists():
+        return None
+    cfg = json.loads(path.read_text())
+    names = cfg.get("architectures") or []
+    arch = next((a for a, (name, _) in ARCHS.items() if name in names), names[0] if names else None)
+    layers = cfg.get("num_hidden_layers", (cfg.get("text_config") or {}).get("num_hidden_layers"))
+    return {"arch": arch, "layers": layers}
+
+
+def resolve_model(model_dir: str | None, arch: str | None, layers: int | None) -> tuple[str, str | None, int | None]:
+    """The model a run serves: ``(model_dir, arch, layers)`` from the flags ``--model-dir``,
+    ``--arch`` and ``--layers`` (None where not given).
+
+    Without ``--model-dir`` the folder follows arch and depth (defaults :data:`DEFAULT_ARCH`,
+    :data:`DEFAULT_LAYERS`) under :func:`model_root`: ``q35moe-8l``, ``qnext-24l``, ... so a run at
+    another depth never reuses another depth's config. A folder with a ``config.json`` (written
+    earlier, or a checkpoint with weights) gives the arch and depth it has; a flag that differs
+    from it is refused. A folder without one gets the defaults (:func:`build_model` writes it).
+
+    Raises:
+        ValueError: ``--layers`` or ``--arch`` differs from the folder's ``config.json``,
+            naming both flags and both values; ``--arch`` not a key of :data:`ARCHS`.
+    """
+    if arch is not None and arch not in ARCHS:
+        raise ValueError(f"--arch {arch!r}: {' or '.join(ARCHS)}")
+    if model_dir is None:
+        arch, layers = arch or DEFAULT_ARCH, layers or DEFAULT_LAYERS
+        model_dir = str(model_root() / f"{ARCHS[arch][1]}-{layers}l")
+    have = model_config(Path(model_dir))
+    if have is None:
+        return model_dir, arch or DEFAULT_ARCH, layers or DEFAULT_LAYERS
+    for flag, want in (("layers", layers), ("arch", arch)):
+        if want is not None and have[flag] != want:
+            raise ValueError(f"--model-dir {model_dir} holds a model of {flag} {have[flag]!r}, --{flag} "
+                             f"{want!r}: drop --{flag}, or pass another --model-dir (without one the "
+                             f"folder follows --arch and --layers)")
+    return model_dir, have["arch"], have["layers"]
+
+
+def build_model(out_dir: Path, arch: str = DEFAULT_ARCH, layers: int = DEFAULT_LAYERS, max_len: int = 65536) -> Path:
     """Write ``config.json`` of ``arch`` at full width with ``layers`` decoder layers (every 4th
     full attention, as the real models) and the small local tokenizer of
     :mod:`vllm_hybrid_npu.tools.make_model` to ``out_dir``; no weights (``--load-format dummy``).
-    An existing ``config.json`` is kept (the layer count is checked)."""
-    cfg_path = out_dir / "config.json"
-    if cfg_path.exists():
-        have = json.loads(cfg_path.read_text()).get("num_hidden_layers")
-        if have != layers and not list(out_dir.glob("*.safetensors")):
-            raise ValueError(f"{out_dir} has {have} layers, --layers {layers}: use another --model-dir")
+    An existing ``config.json`` is kept when it has ``arch`` and ``layers``.
+
+    Raises:
+        ValueError: an existing ``config.json`` of another depth or architecture
+            (:func:`resolve_model`), or an unknown ``arch``."""
+    resolve_model(str(out_dir), arch, layers)  # another depth or architecture there, an unknown arch
+    if model_config(out_dir) is not None:
         return out_dir
     from vllm_hybrid_npu.tools.make_model import _train_tokenizer
 
@@ -314,22 +446,16 @@ def build_model(out_dir: Path, arch: str = "qwen3_5_moe", layers: int = 8, max_l
                   tie_word_embeddings=False)
     if arch == "qwen3_5_moe":
         from transformers.models.qwen3_5_moe import Qwen3_5MoeTextConfig as Config
-
-        architecture = "Qwen3_5MoeForCausalLM"
-    elif arch == "qwen3_next":
-        from transformers.models.qwen3_next import Qwen3NextConfig as Config
-
-        architecture = "Qwen3NextForCausalLM"
     else:
-        raise ValueError(f"--arch {arch!r}: qwen3_5_moe or qwen3_next")
+        from transformers.models.qwen3_next import Qwen3NextConfig as Config
     out_dir.mkdir(parents=True, exist_ok=True)
     _train_tokenizer(out_dir)
     cfg = Config(**common)
-    cfg.architectures = [architecture]
+    cfg.architectures = [ARCHS[arch][0]]
     cfg.mamba_ssm_dtype = "float32"
     d = cfg.to_dict()
     d["dtype"] = d["torch_dtype"] = "bfloat16"
-    cfg_path.write_text(json.dumps(d, indent=1, default=str))
+    (out_dir / "config.json").write_text(json.dumps(d, indent=1, default=str))
     return out_dir
 
 
@@ -489,6 +615,9 @@ def _worker(args) -> int:
             "mamba_cache_mode": cfg.cache_config.mamba_cache_mode,
             "compile_s": getattr(cfg.compilation_config, "compilation_time", None),
             "tensor_parallel_size": cfg.parallel_config.tensor_parallel_size,
+            # the depth and architecture vLLM serves (pool.py pools one depth at a time)
+            "num_hidden_layers": getattr(getattr(cfg.model_config, "hf_text_config", None), "num_hidden_layers", None),
+            "architectures": list(getattr(cfg.model_config, "architectures", None) or []),
             "executor": type(drv.core.model_executor).__name__,
             "runner": runner_module(drv.core.model_executor)}
     print("BENCH engine " + json.dumps(head), flush=True)
@@ -626,11 +755,15 @@ def _measure_length(args, drv: Driver, length: int, block: int, vocab: int, cuda
         workload("prof", 1, 0, min(args.clients, 4), timed=True)
         torch.cuda.synchronize()
     n = max(drv.steps - s0, 1)
-    copy_us = export_us = 0.0
-    copy_n, names, export_seen, state = 0, {}, False, {}
-    for ev in prof.key_averages():
-        dev_us = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0.0)
-        if ev.key.startswith(EXPORT_RANGE_PREFIX) or any(p in ev.key for p in EXPORT_KERNEL_PATTERNS):
+    avg = prof.key_averages()
+    export = range_device_us(avg, EXPORT_RANGE_PREFIX)  # the ranges' kernels, not their spans
+    export_us, export_seen = sum(export.values()), bool(export)
+    copy_us, copy_n, names, state = 0.0, 0, {}, {}
+    for ev in avg:
+        if not _on_device(ev) or _is_annotation(ev):
+            continue
+        dev_us = ev.device_time_total
+        if any(p in ev.key for p in EXPORT_KERNEL_PATTERNS):  # the one-pass export's conv writes
             export_us += dev_us
             export_seen = True
         elif any(p in ev.key for p in COPY_KERNEL_PATTERNS):
@@ -699,6 +832,7 @@ class PhaseTimer:
     def __init__(self, owners: dict, record_function=None, clock=time.perf_counter):
         self.owners, self.record_function, self.clock = owners, record_function, clock
         self.host: dict[str, list[float]] = {}  # phase -> [inclusive s, exclusive s, calls]
+        self.each: dict[str, list[float]] = {}  # phase -> inclusive s of each call, in order
         self.found: dict[str, str] = {}  # phase -> "owner.method"
         self._stack: list[float] = []
         self._installed: list[tuple[object, str]] = []
@@ -721,7 +855,7 @@ class PhaseTimer:
         self._installed = []
 
     def reset(self) -> None:
-        self.host = {}
+        self.host, self.each = {}, {}
 
     def _wrap(self, phase: str, fn):
         def timed(*args, **kwargs):
@@ -738,6 +872,7 @@ class PhaseTimer:
                 rec[0] += dt
                 rec[1] += dt - inner
                 rec[2] += 1
+                self.each.setdefault(phase, []).append(dt)
                 if self._stack:
                     self._stack[-1] += dt
 
@@ -780,7 +915,8 @@ def subtract_phases(a: dict, b: dict, steps: int) -> dict:
     return out
 
 
-def step_profile(drv: Driver, draw_prompts, length: int, vocab: int, rows: int, torch) -> dict:
+def step_profile(drv: Driver, draw_prompts, length: int, vocab: int, rows: int, torch,
+                 clock=time.perf_counter) -> dict:
     """Where the engine steps of a cold prompt, its repeat and a decode run go, per phase of a
     step (:data:`STEP_PHASES`: schedule, input preparation, attention metadata build, forward,
     sample, scheduler update, output processing), host and GPU time per executed step.
@@ -791,13 +927,18 @@ def step_profile(drv: Driver, draw_prompts, length: int, vocab: int, rows: int, 
     1), ``repeat`` (the same again: a hit), ``decode`` (again, then
     :data:`DECODE_PROFILE_TOKENS` tokens); ``decode_step`` is ``decode`` less ``repeat`` per
     decode step (:func:`subtract_phases`). Also per run: TTFT, cached tokens, steps, the wall
-    time of each ``engine.step()`` and the GPU kernel time; the top ``rows`` profiler operators
-    by device and by host time go to the row's log.
+    time of each ``engine.step()``, the GPU time of kernels (``gpu_kernel_ms``) and of memory
+    copies and fills (``gpu_memory_ms``), user ranges not counted (:func:`device_time_us`); a
+    phase's ``gpu_ms`` is the kernel time its range launched (:func:`range_device_us`). The top
+    ``rows`` profiler operators by device and by host time go to the row's log. ``clock``: the
+    phases' host clock (seconds; tests pass a fake one).
 
     Returns:
         ``{"cold" | "repeat" | "decode": {"ttft_ms", "cached", "steps", "step_wall_ms": [..],
-        "gpu_kernel_ms", "phases": {...}}, "decode_step": {...}, "phases_found": {...}}``
-        (times per executed step; GPU columns None without CUDA).
+        "execute_model_ms": [..], "gpu_kernel_ms", "gpu_memory_ms", "phases": {...}},
+        "decode_step": {...}, "decode_each": {...}, "phases_found": {...}}`` (times in ms per
+        executed step, the lists one value per step or call, host pass; ``decode_each``:
+        :func:`decode_steps`; GPU columns None without CUDA).
     """
     from torch.profiler import ProfilerActivity, profile, record_function
 
@@ -808,7 +949,7 @@ def step_profile(drv: Driver, draw_prompts, length: int, vocab: int, rows: int, 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     owners = {"scheduler": drv.core.scheduler, "runner": runner,
               "output_processor": drv.engine.output_processor}
-    timer = PhaseTimer(owners, record_function).install()
+    timer = PhaseTimer(owners, record_function, clock=clock).install()
     prompts = {"host": draw_prompts(length, vocab), "gpu": draw_prompts(length, vocab)}
     out: dict = {"phases_found": dict(timer.found)}
     try:
@@ -829,19 +970,18 @@ def step_profile(drv: Driver, draw_prompts, length: int, vocab: int, rows: int, 
                 if kind == "host":
                     entry.update(ttft_ms=rec["ttft_ms"], cached=rec["cached"], steps=steps,
                                  steps_to_first=rec["steps_to_first"], run_wall_ms=1e3 * wall,
-                                 step_wall_ms=[round(1e3 * w, 3) for w, n in drv.step_walls if n])
+                                 step_wall_ms=[round(1e3 * w, 3) for w, n in drv.step_walls if n],
+                                 execute_model_ms=[round(1e3 * x, 3) for x in timer.each.get("execute_model", [])])
                     host = {k: list(v) for k, v in timer.host.items()}
                     continue
                 avg = prof.key_averages()
-                gpu_us = None
-                if cuda:
-                    gpu_us = {e.key[len(PHASE_RANGE_PREFIX):]: (getattr(e, "device_time_total", None)
-                                                                or getattr(e, "cuda_time_total", 0.0))
-                              for e in avg if e.key.startswith(PHASE_RANGE_PREFIX)}
-                # kernels only (an operator's self device time repeats its kernels' time)
-                dev = sum((getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0.0))
-                          for e in prof.events() if str(getattr(e, "device_type", "")).endswith("CUDA"))
-                entry["gpu_kernel_ms"] = dev / 1e3 / steps if cuda else None
+                # each phase: the kernels its range launched (the host-side entry, not the span)
+                gpu_us = range_device_us(avg, PHASE_RANGE_PREFIX) if cuda else None
+                # device work of the run, kernels apart from copies and fills, user ranges not
+                # counted (device_time_us)
+                dev = device_time_us(prof.events()) if cuda else None
+                entry["gpu_kernel_ms"] = dev["kernel"] / 1e3 / steps if cuda else None
+                entry["gpu_memory_ms"] = dev["memory"] / 1e3 / steps if cuda else None
                 entry["phases"] = phase_table(host, None, entry["steps"])
                 gpu_table = phase_table(timer.host, gpu_us, steps) if cuda else {}
                 for phase, row in entry["phases"].items():
@@ -849,7 +989,8 @@ def step_profile(drv: Driver, draw_prompts, length: int, vocab: int, rows: int, 
                 walls = ", ".join(f"{w:.2f}" for w in entry["step_wall_ms"])
                 print(f"STEPPROF {run} @{length}: ttft {entry['ttft_ms']:.2f} ms, cached {entry['cached']}, "
                       f"steps {entry['steps']}, step walls (ms, no profiler): {walls}; GPU kernel "
-                      f"time per step {entry['gpu_kernel_ms']} ms; phases per step: "
+                      f"time per step {entry['gpu_kernel_ms']} ms, memory copies and fills "
+                      f"{entry['gpu_memory_ms']} ms; phases per step: "
                       + json.dumps({k: {c: (round(v, 3) if isinstance(v, float) else v) for c, v in r.items()}
                                     for k, r in entry["phases"].items()}), flush=True)
                 for key in ("self_device_time_total", "self_cpu_time_total"):
@@ -863,7 +1004,20 @@ def step_profile(drv: Driver, draw_prompts, length: int, vocab: int, rows: int, 
         timer.uninstall()
     dec, rep = out["decode"], out["repeat"]
     out["decode_step"] = subtract_phases(dec, rep, dec["steps"] - rep["steps"])
+    out["decode_each"] = decode_steps(dec)
     return out
+
+
+def decode_steps(run: dict) -> dict:
+    """The decode steps of the step profile's ``decode`` run, one value per step, measured on
+    each step (no profiler) rather than by :func:`subtract_phases`: the run's executed steps
+    after its first token (its first ``steps_to_first`` steps are the hit), in ms:
+    ``step_wall_ms`` (each ``engine.step()``) and ``execute_model_ms`` (each call of the
+    runner's ``execute_model``, the phases inside it included; one call per executed step).
+    Lists shorter than ``steps_to_first`` give empty lists."""
+    k = int(run.get("steps_to_first") or 0)
+    return {"step_wall_ms": list(run.get("step_wall_ms") or [])[k:],
+            "execute_model_ms": list(run.get("execute_model_ms") or [])[k:]}
 
 
 def _fake_worker(args, mode: str) -> int:
@@ -877,7 +1031,8 @@ def _fake_worker(args, mode: str) -> int:
         return 0
     rng = random.Random(f"{args.seed}:{args.worker}")
     _emit(args.result_file, {"kind": "engine", "row": args.worker, "load_s": 0.1, "block_size": 64,
-                             "tensor_parallel_size": args.tp})
+                             "tensor_parallel_size": args.tp,  # the served depth, as vLLM's config has it
+                             "num_hidden_layers": (model_config(Path(args.model_dir)) or {}).get("layers")})
     def unit(length: int) -> dict:
         base = length / 100.0
         slow = 1.0 if args.worker == "off" else 1.01
@@ -1285,9 +1440,13 @@ def row_skip_reason(row: str) -> str | None:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model-dir", default="/tmp/vhn/q35moe-8l")
-    p.add_argument("--arch", default="qwen3_5_moe", choices=("qwen3_5_moe", "qwen3_next"))
-    p.add_argument("--layers", type=int, default=8)
+    p.add_argument("--model-dir", default=None,
+                   help="model folder (default: $VHN/<q35moe|qnext>-<layers>l, VHN default /tmp/vhn, "
+                        "after --arch and --layers; a config.json is written there on first use). One with a "
+                        "config.json gives its arch and depth: --arch or --layers that differ are refused")
+    p.add_argument("--arch", default=None, help=f"{' or '.join(ARCHS)} (default: {DEFAULT_ARCH})")
+    p.add_argument("--layers", type=int, default=None,
+                   help=f"decoder layers of a config the harness writes (default {DEFAULT_LAYERS})")
     p.add_argument("--load-format", default=None, help="default: dummy without weights in --model-dir, else auto")
     p.add_argument("--rows", default=DEFAULT_ROWS, help=f"comma list of {', '.join(ROWS)}")
     p.add_argument("--lengths", default="2048,8192,32768", help="prompt lengths (tokens)")
@@ -1321,7 +1480,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--step-profile", type=int, default=0, metavar="ROWS",
                    help="diagnosis: host and GPU time per engine step and phase (schedule, inputs, "
                         "attention metadata, forward, sample, output processing) of a cold prompt, "
-                        "its repeat and a decode run, into the unit's step_profile; the top ROWS "
+                        "its repeat and a decode run, execute_model's host time of each step and "
+                        "the wall of each decode step, into the unit's step_profile; the top ROWS "
                         "profiler operators go to the row's log")
     p.add_argument("--phases", default=",".join(PHASES),
                    help=f"phases measured per length, comma list of {', '.join(PHASES)} "
@@ -1353,6 +1513,10 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--tp {args.tp}: the tensor-parallel size is at least 1")
     if args.worker:
         return _worker(args)
+    try:
+        args.model_dir, args.arch, args.layers = resolve_model(args.model_dir, args.arch, args.layers)
+    except ValueError as exc:
+        p.error(str(exc))
     budget = CallBudget(time.time() + args.call_budget)
     rows = [r.strip() for r in args.rows.split(",") if r.strip()]
     bad = [r for r in rows if r not in ROWS]

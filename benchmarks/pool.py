@@ -21,7 +21,8 @@ writes
   in their call.
 
 Several GPU models in the inputs are refused (``--device`` picks one), and so are several
-tensor-parallel sizes (``--tp`` of the harness: one table per size); several machines of one
+tensor-parallel sizes (``--tp`` of the harness: one table per size) and several model depths
+(``--layers``: one table per depth); several machines of one
 model are pooled and listed (``machines``). ``--markdown`` writes the table for
 docs/benchmarks.md.
 """
@@ -79,8 +80,10 @@ def _machine(ident: dict | None) -> str:
 
 def read_units(paths: list[Path]) -> list[dict]:
     """Every unit of every file, flattened: ``{"file", "row", "prompt_tokens", "call",
-    "position", "device", "machine", "compile_s", "tp", "unit"}`` (``tp``: the engine's
-    tensor-parallel size, 1 for JSONs written before the harness recorded it). A unit's own ``call`` and
+    "position", "device", "machine", "compile_s", "tp", "layers", "unit"}`` (``tp``: the engine's
+    tensor-parallel size, 1 for JSONs written before the harness recorded it; ``layers``: the
+    decoder layers vLLM served, ``engine.num_hidden_layers``, else the file's ``--layers``, which
+    the harness checked against the config it wrote, else None). A unit's own ``call`` and
     ``identity`` (written by the harness since issue 30) win over its file's.
 
     Raises:
@@ -97,11 +100,13 @@ def read_units(paths: list[Path]) -> list[dict]:
             if call is None:
                 raise ValueError(f"{path}: unit {key} has no call number: run the harness with --call N")
             ident = u.get("identity") or doc.get("identity") or {}
+            engine = u.get("engine") or {}
+            layers = engine.get("num_hidden_layers") or (doc.get("args") or {}).get("layers")
             out.append({"file": str(path), "row": u["row"], "prompt_tokens": int(u["prompt_tokens"]),
                         "call": int(call), "position": u.get("position"),
                         "device": ident.get("device") or doc.get("device"), "machine": _machine(ident),
-                        "compile_s": (u.get("engine") or {}).get("compile_s"),
-                        "tp": int((u.get("engine") or {}).get("tensor_parallel_size") or 1), "unit": u})
+                        "compile_s": engine.get("compile_s"), "tp": int(engine.get("tensor_parallel_size") or 1),
+                        "layers": None if layers is None else int(layers), "unit": u})
     return out
 
 
@@ -112,7 +117,8 @@ def pool(units: list[dict], compile_calls: set[int] = frozenset(), allow_not_fir
     Raises:
         ValueError: the units come from more than one GPU model and ``device`` names none of
             them, or ``device`` matches no unit, or they come from engines of several
-            tensor-parallel sizes.
+            tensor-parallel sizes or models of several depths (``layers``; unknown counts as
+            one more).
     """
     devices = sorted({u["device"] for u in units})
     if device is not None:
@@ -124,6 +130,10 @@ def pool(units: list[dict], compile_calls: set[int] = frozenset(), allow_not_fir
     sizes = sorted({u.get("tp", 1) for u in units})
     if len(sizes) > 1:
         raise ValueError(f"units from engines of tensor-parallel sizes {sizes}: pool one size at a time")
+    depths = sorted({u.get("layers") for u in units}, key=lambda n: (n is None, n or 0))
+    if len(depths) > 1:
+        raise ValueError(f"units from models of {', '.join(str(n or 'unknown') for n in depths)} decoder "
+                         f"layers (--layers): pool one depth at a time")
     units = sorted(units, key=lambda u: (u["call"], u["position"] or 0))
     first_call: dict[tuple[str, str], int] = {}
     for u in units:
@@ -186,15 +196,21 @@ def pool(units: list[dict], compile_calls: set[int] = frozenset(), allow_not_fir
             r["cold_ttft_vs_off"] = r["cold_ttft_ms"] / ref["cold_ttft_ms"]
     rows.sort(key=lambda r: (r["prompt_tokens"], r["row"] != "off", r["row"]))
     return {"device": units[0]["device"] if units else device, "tp": sizes[0] if sizes else None,
+            "layers": depths[0] if depths else None,
             "machines": sorted({u["machine"] for u in units}), "rows": rows, "calls": calls,
             "excluded": excluded, "flags": flags}
+
+
+def _ms(x, fmt="{:.2f}"):
+    """A table cell: ``x`` formatted, "-" for None."""
+    return "-" if x is None else fmt.format(x)
 
 
 def markdown(doc: dict) -> str:
     """The pooled table (docs/benchmarks.md): pooled medians with each call's median beside."""
 
     def f(x, fmt="{:.1f}"):
-        return "-" if x is None else fmt.format(x)
+        return _ms(x, fmt)
 
     off = {r["prompt_tokens"]: r for r in doc["rows"] if r["row"] == "off"}
     lines = ["| row | prompt | cold TTFT ms, pooled (per call) | / off | steps | hit TTFT ms | "
@@ -225,12 +241,28 @@ PROFILE_PHASES = ("schedule", "prepare_inputs", "metadata_build", "forward", "ex
                   "update_from_output", "output_processing")
 
 
+def kernel_ms(prof_run: dict) -> float | None:
+    """A step-profile run's GPU kernel ms per step, or None where it is not kernel time: units
+    without ``gpu_memory_ms`` were written before issue 37, when the column summed every
+    device-side profiler event, the device-side copies of ``record_function`` ranges (the
+    harness's ``bench.phase.*`` among them) and memory copies included."""
+    return prof_run.get("gpu_kernel_ms") if "gpu_memory_ms" in prof_run else None
+
+
 def profile_rows(units: list[dict], run: str = "cold", compile_calls: set[int] = frozenset()) -> list[dict]:
-    """The step-profile decomposition (``--step-profile`` units): per (row, prompt length) and
-    phase, the median over the pooled calls of host and GPU ms per step of ``run`` (``cold``,
-    ``repeat`` or ``decode_step``), the step wall (no profiler) and the GPU kernel time. Compile
-    calls (first call of a row on its machine, or ``compile_calls``) are left out, as in
-    :func:`pool`; a row whose every call compiled keeps them (marked ``compile_only``)."""
+    """The step-profile decomposition (``--step-profile`` units): per (row, prompt length), the
+    median over the pooled calls of ``run``'s (``cold``, ``repeat`` or ``decode_step``) ms per
+    executed step: per phase host (own, and inclusive of the phases inside: ``host_incl_ms``)
+    and GPU time, the step wall (no profiler), the host time of ``execute_model`` with the
+    phases inside it (``execute_model_incl_ms``) and the GPU kernel time (:func:`kernel_ms`;
+    None for units whose column was not kernel time, and for ``decode_step``).
+
+    ``cold`` and ``repeat``: each call's mean over the run's steps. ``decode_step``: the phases
+    are the decode run less the repeat (the harness's ``decode_step``); the step wall and
+    ``execute_model`` are each call's median over its decode steps, measured one by one (the
+    harness's ``decode_each``; None for units written before it). Compile calls (first call of
+    a row on its machine, or ``compile_calls``) are left out, as in :func:`pool`; a row whose
+    every call compiled keeps them (marked ``compile_only``)."""
     first: dict[tuple[str, str], int] = {}
     for u in sorted(units, key=lambda u: u["call"]):
         first.setdefault((u["machine"], u["row"]), u["call"])
@@ -238,42 +270,71 @@ def profile_rows(units: list[dict], run: str = "cold", compile_calls: set[int] =
     for u in units:
         if (u["unit"].get("step_profile") or {}).get(run) is not None:
             groups.setdefault((u["row"], u["prompt_tokens"]), []).append(u)
+    decode = run == "decode_step"
     out = []
     for (row, length), us in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         warm = [u for u in us if u["call"] not in compile_calls and first[(u["machine"], u["row"])] != u["call"]]
         use = warm or us
         profs = [u["unit"]["step_profile"][run] for u in use]
-        phases = profs[0].get("phases", profs[0]) if run != "decode_step" else profs[0]
+        tables = profs if decode else [p.get("phases", p) for p in profs]
+        if decode:
+            each = [u["unit"]["step_profile"].get("decode_each") or {} for u in use]
+            wall = median([median(e.get("step_wall_ms") or []) for e in each])
+            execute = median([median(e.get("execute_model_ms") or []) for e in each])
+        else:
+            wall = median([sum(p.get("step_wall_ms") or [0]) / max(len(p.get("step_wall_ms") or []), 1)
+                           for p in profs])
+            execute = median([(t.get("execute_model") or {}).get("host_incl_ms") for t in tables])
         r = {"row": row, "prompt_tokens": length, "calls": [u["call"] for u in use], "compile_only": not warm,
-             "step_wall_ms": median([sum(p.get("step_wall_ms") or [0]) / max(len(p.get("step_wall_ms") or []), 1)
-                                     for p in profs]) if run != "decode_step" else None,
-             "gpu_kernel_ms": median([p.get("gpu_kernel_ms") for p in profs]) if run != "decode_step" else None,
-             "phases": {}}
+             "step_wall_ms": wall, "execute_model_incl_ms": execute,
+             "gpu_kernel_ms": None if decode else median([kernel_ms(p) for p in profs]), "phases": {}}
         for ph in PROFILE_PHASES:
-            cells = [(p.get("phases", p) if run != "decode_step" else p).get(ph) for p in profs]
-            cells = [c for c in cells if c]
+            cells = [c for c in (t.get(ph) for t in tables) if c]
             if cells:
-                r["phases"][ph] = {"host_ms": median([c.get("host_ms") for c in cells]),
-                                   "gpu_ms": median([c.get("gpu_ms") for c in cells])}
+                r["phases"][ph] = {k: median([c.get(k) for c in cells]) for k in ("host_ms", "host_incl_ms", "gpu_ms")}
         out.append(r)
     return out
 
 
 def profile_markdown(rows: list[dict], run: str) -> str:
-    """A table of :func:`profile_rows`: one line per row, ``host / GPU`` ms per step per phase."""
-    head = "| row | prompt | calls | step wall ms | GPU kernels ms | " + " | ".join(PROFILE_PHASES) + " |"
+    """A table of :func:`profile_rows`: one line per row, ``host / GPU`` ms per step per phase
+    (a phase's own host time), then ``execute_model``'s host time with the phases inside it."""
+    head = ("| row | prompt | calls | step wall ms | GPU kernels ms | " + " | ".join(PROFILE_PHASES)
+            + " | execute_model incl. host ms |")
     lines = [f"Step profile, run `{run}`, ms per executed step (host, no profiler / GPU, profiler):", "",
-             head, "|---" * (5 + len(PROFILE_PHASES)) + "|"]
-
-    def f(x, fmt="{:.2f}"):
-        return "-" if x is None else fmt.format(x)
-
+             head, "|---" * (6 + len(PROFILE_PHASES)) + "|"]
     for r in rows:
-        cells = [f"{f(r['phases'][p]['host_ms'])} / {f(r['phases'][p]['gpu_ms'])}" if p in r["phases"] else "-"
+        cells = [f"{_ms(r['phases'][p]['host_ms'])} / {_ms(r['phases'][p]['gpu_ms'])}" if p in r["phases"] else "-"
                  for p in PROFILE_PHASES]
         calls = ", ".join(map(str, r["calls"])) + (" (compile only)" if r["compile_only"] else "")
-        lines.append(f"| {r['row']} | {r['prompt_tokens']:,} | {calls} | {f(r['step_wall_ms'])} | "
-                     f"{f(r['gpu_kernel_ms'])} | " + " | ".join(cells) + " |")
+        lines.append(f"| {r['row']} | {r['prompt_tokens']:,} | {calls} | {_ms(r['step_wall_ms'])} | "
+                     f"{_ms(r['gpu_kernel_ms'])} | " + " | ".join(cells) + f" | {_ms(r['execute_model_incl_ms'])} |")
+    return "\n".join(lines) + "\n"
+
+
+def decode_markdown(rows: list[dict]) -> str:
+    """Host time per decode step of the rows side by side (:func:`profile_rows` of
+    ``decode_step``), each with its ratio to the ``off`` row at the same prompt length in
+    parentheses ("-" where ``off`` has no value): the step wall and ``execute_model`` (with the
+    phases inside it; medians over the decode steps, each measured), then each phase's own host
+    time (decode run less repeat)."""
+    off = {r["prompt_tokens"]: r for r in rows if r["row"] == "off"}
+
+    def cell(r, value_of):
+        v, ref = value_of(r), off.get(r["prompt_tokens"])
+        b = value_of(ref) if ref else None
+        return f"{_ms(v)} ({_ms(v / b if v is not None and b else None, '{:.3f}')})"
+
+    head = ("| row | prompt | calls | step wall ms | execute_model incl. ms | "
+            + " | ".join(PROFILE_PHASES) + " |")
+    lines = ["Decode steps, host ms per step (no profiler), ratio to `off` at the same length in "
+             "parentheses; step wall and execute_model: median over the decode steps; phases: own "
+             "time, decode run less repeat:", "", head, "|---" * (5 + len(PROFILE_PHASES)) + "|"]
+    for r in sorted(rows, key=lambda r: (r["prompt_tokens"], r["row"] != "off", r["row"])):
+        phases = [cell(r, lambda x, p=p: (x["phases"].get(p) or {}).get("host_ms")) for p in PROFILE_PHASES]
+        calls = ", ".join(map(str, r["calls"])) + (" (compile only)" if r["compile_only"] else "")
+        lines.append(f"| {r['row']} | {r['prompt_tokens']:,} | {calls} | {cell(r, lambda x: x['step_wall_ms'])} | "
+                     f"{cell(r, lambda x: x['execute_model_incl_ms'])} | " + " | ".join(phases) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -290,7 +351,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", action="store_true",
                    help="also the step-profile decomposition (units run with --step-profile): "
                         "cold, repeat and decode_step tables, into the JSON's step_profile and the "
-                        "markdown")
+                        "markdown, and the rows' host time per decode step side by side with "
+                        "ratios to off")
     args = p.parse_args(argv)
     try:
         compile_calls = {int(x) for x in args.compile_calls.split(",") if x.strip()}
@@ -311,6 +373,8 @@ def main(argv: list[str] | None = None) -> int:
            **doc}
     Path(args.out).write_text(json.dumps(doc, indent=1))
     table = markdown(doc) + "".join("\n" + profile_markdown(rows, run) for run, rows in profiles.items())
+    if profiles:
+        table += "\n" + decode_markdown(profiles["decode_step"])
     if args.markdown:
         Path(args.markdown).write_text(table)
     print(table)

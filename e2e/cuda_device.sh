@@ -9,8 +9,9 @@
 #   bash e2e/cuda_device.sh bench ROWS [ARGS...]         benchmarks.cuda_serving --resume
 #   bash e2e/cuda_device.sh reap              only the clean-up below, and the GPU's holders
 #
-# MODEL_DIR overrides the benchmark's model (default: the Qwen3.5-35B-A3B-shaped config, written on
-# first use; dummy weights), BENCH_NAME its JSON's name (default cuda_serving). State lives outside the work tree under $VHN (default /tmp/vhn): the device keeps it only for
+# MODEL_DIR overrides the benchmark's model (default: the Qwen3.5-35B-A3B-shaped config of the
+# step's --arch and --layers, $VHN/q35moe-8l for the defaults, written on first use; dummy
+# weights), BENCH_NAME its JSON's name (default cuda_serving). State lives outside the work tree under $VHN (default /tmp/vhn): the device keeps it only for
 # back-to-back calls. Logs, pytest's junit XML and the benchmark JSON are copied to $OUT (the
 # folder the device tool brings back, at most 8 files a call). Every step stops itself at
 # $STEP_LIMIT seconds (default 570), under the tool's 600 s per call; chain steps in one call
@@ -113,7 +114,9 @@ case "$step" in
     mkdir -p "$VHN/bench"
     # the harness stops starting work at its --call-budget and kills its rows' process groups on
     # SIGTERM; timeout -k is the last resort (the rows die with it: PR_SET_PDEATHSIG)
-    timeout -k 15 "$STEP_LIMIT" "$PY" -m benchmarks.cuda_serving --model-dir "${MODEL_DIR:-$VHN/q35moe-8l}" --rows "$rows" \
+    # without MODEL_DIR the harness picks $VHN/<q35moe|qnext>-<layers>l after --arch and --layers
+    # (one folder per depth: --layers 24 never reuses the 8-layer config)
+    VHN="$VHN" timeout -k 15 "$STEP_LIMIT" "$PY" -m benchmarks.cuda_serving ${MODEL_DIR:+--model-dir "$MODEL_DIR"} --rows "$rows" \
       --out "$VHN/bench/$name.json" --call-budget $((STEP_LIMIT - 20)) --resume "$@" 2>&1 | tee -a "$log"
     rc=$?  # the harness's status (3: nothing measured in this call), the device call's rc
     # the device tool brings back at most 8 files of $OUT: the JSON and the last 256 KiB of each row's log

@@ -75,6 +75,10 @@ def test_rows_land_in_the_json_and_resume_keeps_them(tmp_path, tiny_model_dir, s
         assert rows[(name, 1200)]["floor_ttft_ms"] > 0
     assert not units["off@1200"]["samples"]["floor"]["ttft_ms"]  # caching off: no hit, no floor
     assert all(u["call"] == 1 and u["position"] for u in units.values())
+    # each unit records the depth vLLM served: the checkpoint's own (no --layers given; issue 37)
+    layers = json.loads((Path(model) / "config.json").read_text())["num_hidden_layers"]
+    assert doc["args"]["layers"] == layers and doc["args"]["arch"] == "qwen3_next", doc["args"]
+    assert all(u["engine"]["num_hidden_layers"] == layers for u in units.values()), layers
     stdout, again = _bench(out, model, seed, "off,vllm-align,exporter,flashinfer", "--resume")
     assert "keeping units ['exporter@1200', 'off@1200', 'vllm-align@1200']" in stdout, stdout
     assert again["units"] == doc["units"]
@@ -102,9 +106,20 @@ def test_step_profile_lands_per_phase_in_the_json(tmp_path, tiny_model_dir, seed
         inner = sum(ph[p]["host_ms"] for p in ("prepare_inputs", "metadata_build", "forward") if p in ph)
         assert ph["execute_model"]["host_incl_ms"] >= inner - 1e-6
         assert (run["gpu_kernel_ms"] is None) == (e2e_target_name == "cpu")
+        assert (run["gpu_memory_ms"] is None) == (e2e_target_name == "cpu")
         assert all((ph[p]["gpu_ms"] is None) == (e2e_target_name == "cpu") for p in want)
+        # execute_model's host time of each call (issue 37): one per executed step on CPU (CUDA's
+        # async scheduling may call it apart from the step that returns the tokens)
+        assert run["execute_model_ms"] and all(x > 0 for x in run["execute_model_ms"])
+        if e2e_target_name == "cpu":
+            assert len(run["execute_model_ms"]) == run["steps"]
     assert set(prof["decode_step"]) >= want
     assert prof["decode_step"]["schedule"]["calls"] >= 1
+    each = prof["decode_each"]  # the decode steps after the hit's step, measured one by one
+    assert each["execute_model_ms"] and each["step_wall_ms"], each
+    if e2e_target_name == "cpu":  # 16 decode steps, each step's wall holding its execute_model
+        assert len(each["execute_model_ms"]) == 16 == len(each["step_wall_ms"]), each
+        assert all(w >= x for w, x in zip(each["step_wall_ms"], each["execute_model_ms"])), each
 
 
 def test_tensor_parallel_2_row(tmp_path, tiny_model_dir, seed, e2e_target_name):

@@ -539,3 +539,249 @@ def test_calls_are_recorded_and_pool(tmp_path):
     assert rows["off"]["call"] == [3, 5] and rows["exporter"]["call"] == [4, 6]
     assert rows["exporter"]["cold_ttft_vs_off"] == pytest.approx(1.01, rel=0.05)
     assert rows["exporter"]["floor_ttft_ms"] is not None and rows["off"]["floor_ttft_ms"] is None
+
+
+# ---------------------------------------------------------------- profiler columns (issue 37, item 4)
+
+
+def _event(name, start, end, device, activity, annotation=False, thread=1):
+    """A ``FunctionEvent`` as torch's kineto parser makes it (``use_device`` cuda)."""
+    from torch.autograd import DeviceType
+    from torch.autograd.profiler_util import FunctionEvent
+
+    return FunctionEvent(id=0, name=name, thread=thread, start_us=start, end_us=end, use_device="cuda",
+                         device_type=DeviceType.CUDA if device else DeviceType.CPU, is_user_annotation=annotation,
+                         activity_type=activity, input_shapes=[], stack=[])
+
+
+def _old_kernel_sum(events):
+    """The harness's kernel column before issue 37: every CUDA event's self device time."""
+    return sum(e.self_device_time_total for e in events if str(e.device_type).endswith("CUDA"))
+
+
+def test_kernel_column_counts_kernels_not_ranges_hand_counted():
+    """On an H100, call 11's "GPU kernels ms" was 88.78 ms of which 57.77 ms were the device-side
+    copies of record_function ranges (the harness's bench.phase.* among them). Here: kernels
+    30 + 10 + 20 = 60 us, memcpy 5 + memset 2 = 7, ranges 80 + 10 + 95 = 185, a sync 5; host
+    events (an operator, the range's host side) nowhere."""
+    events = [
+        _event("aten::mm", 0, 50, False, "cpu_op"),
+        _event("bench.phase.forward", 0, 200, False, "user_annotation", annotation=True),
+        _event("gemm", 100, 130, True, "kernel"), _event("add", 140, 150, True, "kernel"),
+        _event("gemm", 160, 180, True, "kernel"),
+        _event("Memcpy HtoD", 90, 95, True, "gpu_memcpy"), _event("Memset", 96, 98, True, "gpu_memset"),
+        _event("bench.phase.forward", 100, 180, True, "gpu_user_annotation", annotation=True),
+        _event("vllm_hybrid_npu.export.ssm", 140, 150, True, "gpu_user_annotation", annotation=True),
+        _event("bench.phase.execute_model", 90, 185, True, "gpu_user_annotation", annotation=True),
+        _event("Context Sync", 185, 190, True, "cuda_sync"),
+    ]
+    got = cs.device_time_us(events)
+    assert got == {"kernel": 60.0, "memory": 7.0, "ranges": 185.0, "other": 5.0}
+    assert _old_kernel_sum(events) == 257  # what the column said before: 60 + 7 + 185 + 5
+
+
+def test_kernel_column_on_drawn_events_and_without_activity_types(rng):
+    """Drawn kernels and ranges; torch builds without ``activity_type`` (None) are told apart by
+    ``is_user_annotation`` alone (kineto sets it for both annotation kinds); capitalised activity
+    names of older kineto builds (``Kernel``, ``gpu_user_Annotation``) count the same."""
+    t, kernels, ranges, events = 0, [], [], []
+    for _ in range(rng.randrange(3, 30)):
+        d = rng.randrange(1, 500)
+        with_type = rng.random() < 0.5
+        events.append(_event(f"k{t}", t, t + d, True, rng.choice(["kernel", "Kernel"]) if with_type else None))
+        kernels.append(d)
+        if rng.random() < 0.5:  # a range around this kernel and a gap after it
+            gap = rng.randrange(1, 100)
+            events.append(_event("bench.phase.x", t, t + d + gap, True,
+                                 rng.choice(["gpu_user_annotation", "gpu_user_Annotation"]) if with_type else None,
+                                 annotation=True))
+            ranges.append(d + gap)
+            t += gap
+        t += d
+    got = cs.device_time_us(events)
+    assert got["kernel"] == sum(kernels) and got["ranges"] == sum(ranges) and got["memory"] == 0
+    assert _old_kernel_sum(events) == sum(kernels) + sum(ranges)
+    assert (_old_kernel_sum(events) == got["kernel"]) == (not ranges)
+
+
+def _range_tree(rng, name):
+    """A range on the host with two operators that launched kernels of drawn durations, and the
+    range's device-side copy spanning them with a drawn idle gap, as torch's key_averages sees
+    them (two entries under one key)."""
+    from torch.autograd.profiler_util import EventList
+
+    d1, d2, gap = rng.randrange(1, 1000), rng.randrange(1, 1000), rng.randrange(1, 1000)
+    host = _event(name, 0, 100, False, "user_annotation", annotation=True)
+    mm, add = _event("aten::mm", 10, 20, False, "cpu_op"), _event("aten::add", 30, 40, False, "cpu_op")
+    mm.append_kernel("gemm", 0, d1)
+    add.append_kernel("add", 0, d2)
+    span = _event(name, 200, 200 + d1 + gap + d2, True, "gpu_user_annotation", annotation=True, thread=7)
+    events = EventList([host, mm, add, _event("gemm", 200, 200 + d1, True, "kernel", thread=7),
+                        _event("add", 200 + d1 + gap, 200 + d1 + gap + d2, True, "kernel", thread=7), span],
+                       use_device="cuda")
+    events._build_tree()
+    return events.key_averages(), d1 + d2, d1 + d2 + gap
+
+
+def test_range_time_is_its_kernels_not_its_span(rng):
+    """A phase's (and the exporter's) GPU time: the kernels launched inside the range. torch's
+    key_averages lists the range twice under one key: the host side (the kernels' sum) and the
+    device-side span (idle gaps included). The harness took whichever came last for a phase and
+    summed both for the export."""
+    avg, kernels, span = _range_tree(rng, "bench.phase.forward")
+    assert cs.range_device_us(avg, cs.PHASE_RANGE_PREFIX) == {"forward": kernels}
+    assert cs.range_device_us(avg, cs.EXPORT_RANGE_PREFIX) == {}
+    old_phase = {e.key[len(cs.PHASE_RANGE_PREFIX):]: e.device_time_total
+                 for e in avg if e.key.startswith(cs.PHASE_RANGE_PREFIX)}
+    assert old_phase == {"forward": span} and span > kernels
+    avg, kernels, span = _range_tree(rng, cs.EXPORT_RANGE_PREFIX + ".ssm")
+    assert sum(cs.range_device_us(avg, cs.EXPORT_RANGE_PREFIX).values()) == kernels
+    assert sum(e.device_time_total for e in avg if e.key.startswith(cs.EXPORT_RANGE_PREFIX)) == kernels + span
+
+
+# ---------------------------------------------------------------- step profile: execute_model per step (issue 37)
+
+
+class _StepRunner:
+    """A model runner whose ``execute_model`` advances a fake clock: a prefill of an unseen
+    prompt costs ``cold`` s, of a seen one ``hit`` s, the i-th decode step ``decode[i]`` s."""
+
+    def __init__(self, clock, cold, hit, decode):
+        self.clock, self.cold, self.hit, self.decode = clock, cold, hit, decode
+
+    def execute_model(self, cost):
+        self.clock.t += cost
+
+
+class _StepDriver:
+    """Stands for :class:`cs.Driver` in :func:`cs.step_profile`: one engine step per token, each
+    calling the runner's (wrapped) ``execute_model`` once, its wall that call plus ``overhead`` s."""
+
+    def __init__(self, runner, overhead):
+        self.runner, self.overhead = runner, overhead
+        self.core = SimpleNamespace(model_executor=SimpleNamespace(
+            driver_worker=SimpleNamespace(worker=SimpleNamespace(model_runner=runner))), scheduler=SimpleNamespace())
+        self.engine = SimpleNamespace(output_processor=SimpleNamespace())
+        self.steps, self.step_walls, self.seen = 0, [], set()
+
+    def run(self, prompts, max_tokens, stagger_steps=0):
+        (p,) = prompts
+        hit = tuple(p) in self.seen
+        self.seen.add(tuple(p))
+        costs = [self.runner.hit if hit else self.runner.cold] + self.runner.decode[:max_tokens - 1]
+        for cost in costs:
+            t0 = self.runner.clock.t
+            self.runner.execute_model(cost)
+            self.runner.clock.t += self.overhead
+            self.steps += 1
+            self.step_walls.append((self.runner.clock.t - t0, 1))
+        return [{"ttft_ms": 1.0, "cached": len(p) - 1 if hit else 0, "steps_to_first": 1}]
+
+
+def test_step_profile_records_execute_model_of_each_step_and_the_decode_steps(rng):
+    """Issue 37, item 3: align mode's host work per decode step against vllm-align and off needs
+    ``execute_model``'s host time per step of the cold prompt, the repeat and the decode steps;
+    the decode steps are measured one by one (``decode_each``) beside the decode-less-repeat
+    subtraction. Costs drawn in whole microseconds on a fake clock (no profiler timing)."""
+    import torch
+
+    us = lambda: rng.randrange(1, 50_000) / 1e6  # noqa: E731
+    clock = _Clock(rng.uniform(0, 1e5))
+    decode = [us() for _ in range(cs.DECODE_PROFILE_TOKENS - 1)]
+    runner = _StepRunner(clock, cold=us(), hit=us(), decode=decode)
+    overhead = us()
+    drv = _StepDriver(runner, overhead)
+    draw = cs._draw(rng.randrange(1 << 30), 64, "stepprof")
+    prof = cs.step_profile(drv, draw_prompts=draw, length=64, vocab=1000, rows=1, torch=torch, clock=clock)
+    assert prof["phases_found"]["execute_model"] == "runner.execute_model"
+    ms = lambda xs: [pytest.approx(1e3 * x, abs=1e-6) for x in xs]  # noqa: E731
+    assert prof["cold"]["execute_model_ms"] == ms([runner.cold])
+    assert prof["repeat"]["execute_model_ms"] == ms([runner.hit])
+    assert prof["decode"]["execute_model_ms"] == ms([runner.hit, *decode])
+    assert prof["decode_each"]["execute_model_ms"] == ms(decode)
+    assert prof["decode_each"]["step_wall_ms"] == [pytest.approx(1e3 * (d + overhead), abs=2e-3) for d in decode]
+    for run, costs in (("cold", [runner.cold]), ("decode", [runner.hit, *decode])):
+        t = prof[run]["phases"]["execute_model"]
+        assert t["host_incl_ms"] == pytest.approx(1e3 * sum(costs) / len(costs)) and t["calls"] == 1
+        assert prof[run]["gpu_kernel_ms"] is None and prof[run]["gpu_memory_ms"] is None  # no CUDA
+    # the subtraction gives the decode steps' mean: the hit's cost cancels
+    sub = prof["decode_step"]["execute_model"]["host_incl_ms"]
+    assert sub == pytest.approx(1e3 * sum(decode) / len(decode))
+    assert "execute_model" not in vars(runner)  # the timer is off again
+
+
+def test_decode_steps_start_after_the_first_token():
+    run = {"steps_to_first": 2, "step_wall_ms": [9.0, 8.0, 1.5, 1.25], "execute_model_ms": [7.0, 6.0, 1.0, 0.75]}
+    assert cs.decode_steps(run) == {"step_wall_ms": [1.5, 1.25], "execute_model_ms": [1.0, 0.75]}
+    assert cs.decode_steps({"steps_to_first": 3, "step_wall_ms": [1.0]}) == {"step_wall_ms": [], "execute_model_ms": []}
+
+
+# ---------------------------------------------------------------- a row at --layers N runs at depth N (issue 37)
+
+
+def _depth(rng):
+    return rng.choice([n for n in range(4, 49, 4) if n != cs.DEFAULT_LAYERS])
+
+
+def test_the_default_model_folder_follows_arch_and_depth(tmp_path, monkeypatch, rng):
+    """e2e/cuda_device.sh passed ``--model-dir $VHN/q35moe-8l`` whatever ``--layers`` said: a
+    ``--layers 24`` run met the 8-layer folder. Without ``--model-dir`` the folder now follows
+    arch and depth; a folder with a config gives its own, and a flag that differs is refused."""
+    monkeypatch.setenv("VHN", str(tmp_path))
+    n = _depth(rng)
+    assert cs.resolve_model(None, None, None) == (str(tmp_path / "q35moe-8l"), "qwen3_5_moe", 8)
+    assert cs.resolve_model(None, None, n) == (str(tmp_path / f"q35moe-{n}l"), "qwen3_5_moe", n)
+    assert cs.resolve_model(None, "qwen3_next", n) == (str(tmp_path / f"qnext-{n}l"), "qwen3_next", n)
+    with pytest.raises(ValueError, match="--arch 'qwen3'"):
+        cs.resolve_model(None, "qwen3", None)
+    folder = tmp_path / f"q35moe-{n}l"
+    cs.build_model(folder, "qwen3_5_moe", n)
+    cfg = json.loads((folder / "config.json").read_text())
+    assert cfg["num_hidden_layers"] == n and cfg["architectures"] == ["Qwen3_5MoeForCausalLM"]
+    assert cfg["layer_types"].count("full_attention") == n // 4  # every 4th, as the real model
+    assert cs.resolve_model(str(folder), None, None) == (str(folder), "qwen3_5_moe", n)
+    with pytest.raises(ValueError) as exc:
+        cs.resolve_model(str(folder), None, 8)
+    assert f"--model-dir {folder}" in str(exc.value) and f"layers {n}" in str(exc.value) and "--layers 8" in str(exc.value)
+    with pytest.raises(ValueError, match="--arch 'qwen3_next'"):
+        cs.resolve_model(str(folder), "qwen3_next", None)
+    with pytest.raises(ValueError, match="--layers 8"):  # the config is kept, not overwritten
+        cs.build_model(folder, "qwen3_5_moe", 8)
+    assert json.loads((folder / "config.json").read_text())["num_hidden_layers"] == n
+    # a checkpoint with weights: its config decides too (the old check skipped it)
+    (folder / "model.safetensors").write_bytes(b"")
+    with pytest.raises(ValueError, match="--layers 8"):
+        cs.resolve_model(str(folder), None, 8)
+
+
+def _bench_at_depth(tmp_path, out, *extra):
+    env = {**os.environ, "CUDA_SERVING_BENCH_FAKE": "result", "PYTHONPATH": str(ROOT), "VHN": str(tmp_path)}
+    cmd = [sys.executable, "-m", "benchmarks.cuda_serving", "--out", str(tmp_path / out), "--seed", "7",
+           "--rows", "off", "--lengths", "2048", *extra]
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_a_row_at_layers_n_serves_n_layers_and_pool_keeps_depths_apart(tmp_path, rng):
+    """``--layers N`` without ``--model-dir``: the config in ``$VHN/q35moe-Nl`` has N layers, the
+    unit records the depth its engine served (the stand-in worker reads the folder's config as
+    vLLM does), the 8-layer folder is untouched; the 8-layer folder with ``--layers N`` is refused
+    naming both flags; pool.py refuses to pool the two depths."""
+    from benchmarks import pool
+
+    n = _depth(rng)
+    p = _bench_at_depth(tmp_path, "deep.json", "--layers", str(n), "--call", "1")
+    assert p.returncode == 0, p.stdout + p.stderr
+    deep = json.loads((tmp_path / "deep.json").read_text())
+    assert deep["args"]["model_dir"] == str(tmp_path / f"q35moe-{n}l") and deep["args"]["layers"] == n
+    assert deep["units"]["off@2048"]["engine"]["num_hidden_layers"] == n
+    p = _bench_at_depth(tmp_path, "eight.json", "--call", "2")
+    assert p.returncode == 0, p.stdout + p.stderr
+    eight = json.loads((tmp_path / "eight.json").read_text())
+    assert eight["units"]["off@2048"]["engine"]["num_hidden_layers"] == 8
+    assert cs.model_config(tmp_path / f"q35moe-{n}l")["layers"] == n  # not overwritten
+    p = _bench_at_depth(tmp_path, "bad.json", "--model-dir", str(tmp_path / "q35moe-8l"), "--layers", str(n))
+    assert p.returncode == 2 and "--model-dir" in p.stderr and f"--layers {n}" in p.stderr, p.stderr
+    assert not (tmp_path / "bad.json").exists()
+    with pytest.raises(ValueError, match=f"{min(8, n)}, {max(8, n)} decoder layers"):
+        pool.pool(pool.read_units([tmp_path / "deep.json", tmp_path / "eight.json"]))
+    assert pool.pool(pool.read_units([tmp_path / "deep.json"]), min_calls=0)["layers"] == n

@@ -140,10 +140,12 @@ def test_a_call_without_a_number_is_refused(tmp_path):
         pool.read_units([path])
 
 
-def _prof(host_sched, gpu_fwd, wall):
+def _prof(host_sched, gpu_fwd, wall, old_kernel_column=False):
     phases = {"schedule": {"host_ms": host_sched, "gpu_ms": 0.0, "calls": 1.0},
               "forward": {"host_ms": 5.0, "gpu_ms": gpu_fwd, "calls": 1.0}}
     run = {"steps": 1, "step_wall_ms": [wall], "gpu_kernel_ms": gpu_fwd, "phases": phases}
+    if not old_kernel_column:  # the harness since issue 37: kernels, and memory ops apart
+        run["gpu_memory_ms"] = 0.0
     return {"cold": run, "repeat": run, "decode": run, "decode_step": phases}
 
 
@@ -171,6 +173,23 @@ def test_step_profile_decomposition_pools_warm_calls(tmp_path):
     assert "| off-plugin | 8,192 | 3, 5 | 41.00 | 31.00 | 0.30 / 0.00 |" in md and "(compile only)" in md
 
 
+def test_a_kernel_column_that_summed_ranges_is_not_shown(tmp_path):
+    """Units written before issue 37 (no ``gpu_memory_ms``) summed every device-side profiler
+    event into ``gpu_kernel_ms``, user ranges included: their column is not kernel time and
+    is left out of the median; the other phases' numbers stay."""
+    files = []
+    for call, old in ((1, False), (3, True), (5, False), (7, True)):
+        u = _unit("off", call, 1, [1], [1], [], [1], [1])
+        u["step_profile"] = _prof(0.2, 30.0 + call, 40.0, old_kernel_column=old)
+        files.append(_write(tmp_path, [u], f"k{call}"))
+    (row,) = pool.profile_rows(pool.read_units(files), "cold")
+    assert row["calls"] == [3, 5, 7] and row["gpu_kernel_ms"] == 35.0  # call 5's alone
+    assert row["phases"]["forward"]["gpu_ms"] == 35.0  # median of 33, 35, 37
+    (row,) = pool.profile_rows(pool.read_units(files[:2] + files[3:]), "cold")  # 1 compiles
+    assert row["gpu_kernel_ms"] is None
+    assert "| off | 8,192 | 3, 7 | 40.00 | - |" in pool.profile_markdown([row], "cold")
+
+
 def test_rows_not_alternated_are_flagged(tmp_path):
     files = _protocol(tmp_path)
     # call 12 runs exporter right after call 10 (exporter; 11 is missing): not alternated
@@ -180,3 +199,71 @@ def test_rows_not_alternated_are_flagged(tmp_path):
     assert flags == [{"row": "exporter", "prompt_tokens": None, "call": 12,
                       "flag": "same row as call 10 before it (protocol: rows alternated)"}]
     assert not [f for f in pool.pool(pool.read_units(_protocol(tmp_path)))["flags"] if "alternated" in f["flag"]]
+
+
+def _decode_unit(row, call, sched_ms, walls=None, execute=None):
+    u = _unit(row, call, 1, [1], [1], [], [1], [1])
+    u["step_profile"] = {"decode_step": {"schedule": {"host_ms": sched_ms, "host_incl_ms": sched_ms,
+                                                      "gpu_ms": None, "calls": 1.0}}}
+    if walls is not None:  # the harness since issue 37: each decode step measured
+        u["step_profile"]["decode_each"] = {"step_wall_ms": walls, "execute_model_ms": execute}
+    return u
+
+
+def test_decode_steps_side_by_side_with_ratios_to_off(tmp_path):
+    """Issue 37: host time per decode step of off, vllm-align and the exporter side by side.
+    off (calls 3, 5; 1 compiles): walls medians 5 and 7 -> 6; execute_model 2 and 2 -> 2;
+    schedule 0.2, 0.4 -> 0.3. exporter (4, 6): walls 6.6, 7.8 -> 7.2 (1.2x); execute_model 2.5,
+    3.5 -> 3 (1.5x); schedule 0.3 (1.0x). vllm-align (8, 10): written before decode_each, so no
+    step wall or execute_model; schedule 0.6 (2.0x)."""
+    units = [_decode_unit("off", 1, 9.0, [99.0], [99.0]),
+             _decode_unit("off", 3, 0.2, [4.0, 5.0, 6.0], [1.0, 2.0, 3.0]),
+             _decode_unit("off", 5, 0.4, [6.0, 7.0, 8.0], [2.0, 2.0, 2.0]),
+             _decode_unit("exporter", 2, 9.0, [99.0], [99.0]),
+             _decode_unit("exporter", 4, 0.3, [6.0, 6.6, 7.2], [2.5, 2.5, 2.5]),
+             _decode_unit("exporter", 6, 0.3, [7.2, 7.8, 8.4], [3.5, 3.5, 3.5]),
+             _decode_unit("vllm-align", 7, 9.0), _decode_unit("vllm-align", 8, 0.6),
+             _decode_unit("vllm-align", 10, 0.6)]
+    files = [_write(tmp_path, [u], f"d{u['call']}") for u in units]
+    rows = pool.profile_rows(pool.read_units(files), "decode_step")
+    md = pool.decode_markdown(rows).splitlines()
+    lines = [x for x in md if x.startswith("| ") and "8,192" in x]
+    assert [x.split(" | ")[0] for x in lines] == ["| off", "| exporter", "| vllm-align"]
+    assert lines[0].startswith("| off | 8,192 | 3, 5 | 6.00 (1.000) | 2.00 (1.000) | 0.30 (1.000) | - (-) |")
+    assert lines[1].startswith("| exporter | 8,192 | 4, 6 | 7.20 (1.200) | 3.00 (1.500) | 0.30 (1.000) |")
+    assert lines[2].startswith("| vllm-align | 8,192 | 8, 10 | - (-) | - (-) | 0.60 (2.000) |")
+    # without an off row there is nothing to divide by
+    md = pool.decode_markdown([r for r in rows if r["row"] != "off"])
+    assert "| exporter | 8,192 | 4, 6 | 7.20 (-) | 3.00 (-) | 0.30 (-) |" in md
+
+
+def test_cli_profile_prints_the_decode_table(tmp_path, capsys):
+    files = [_write(tmp_path, [_decode_unit(row, c, 0.5, [2.0], [1.0])], f"p{c}")
+             for c, row in enumerate(["off", "exporter"] * 3, start=1)]
+    out = tmp_path / "pooled.json"
+    assert pool.main([*map(str, files), "--out", str(out), "--profile", "--min-calls", "2"]) == 0
+    doc = json.loads(out.read_text())
+    dec = {r["row"]: r for r in doc["step_profile"]["decode_step"]}
+    assert dec["exporter"]["calls"] == [4, 6] and dec["exporter"]["execute_model_incl_ms"] == 1.0
+    printed = capsys.readouterr().out
+    assert "Decode steps, host ms per step" in printed
+    assert "| exporter | 8,192 | 4, 6 | 2.00 (1.000) | 1.00 (1.000) |" in printed
+
+
+def test_one_depth_per_pool(tmp_path, rng):
+    """Units of models of different depths (``engine.num_hidden_layers``; older JSONs: the
+    file's ``--layers``) are not pooled together."""
+    files = _protocol(tmp_path)
+    assert pool.pool(pool.read_units(files))["layers"] is None  # these fakes record no depth
+    n = rng.choice([4, 12, 24, 40])
+    for f, layers in zip(files, [8, n] + [8] * (len(files) - 2)):
+        doc = json.loads(f.read_text())
+        doc["args"] = {"layers": layers}  # a JSON of before the engine recorded its depth
+        f.write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match=f"{min(8, n)}, {max(8, n)} decoder layers"):
+        pool.pool(pool.read_units(files))
+    doc = json.loads(files[1].read_text())
+    for u in doc["units"].values():
+        u["engine"]["num_hidden_layers"] = 8  # the engine's record wins over the flag
+    files[1].write_text(json.dumps(doc))
+    assert pool.pool(pool.read_units(files))["layers"] == 8
