@@ -160,16 +160,24 @@ def test_scope():
             pass
 
 
-def test_fused_metadata_is_one_upload():
+def test_fused_metadata_is_one_upload(monkeypatch):
     """Hand-counted: rows of 130, 64 (a decode-free batch), 200 and 5 tokens; checkpoints at 64
     in row 0 and 128 in row 2. Chunks of 64: 3, 1, 4, 1 -> starts 0, 3, 4, 8, 9 in all; the
-    checkpoints start chunks 0 + 1 = 1 and 4 + 2 = 6."""
+    checkpoints start chunks 0 + 1 = 1 and 4 + 2 = 6. A second KV-cache group (another block
+    table) of the same step uploads nothing; another plan uploads again."""
+    monkeypatch.setattr(ops, "_SHARED", [None, None])
     qsl = [0, 130, 194, 394, 399]
     plan = plan_step(qsl, [64, 0, 128, 0], [2, 0, 5, 0], num_decodes=0)
     table = torch.arange(40, dtype=torch.int32).view(4, 10)
     uploads = []
-    md = ops.build_metadata(plan, table, lambda v, d: uploads.append((v, d)) or torch.tensor(v, dtype=d), "fused")
+    up = lambda v, d: uploads.append((v, d)) or torch.tensor(v, dtype=d)  # noqa: E731
+    md = ops.build_metadata(plan, table, up, "fused")
     assert len(uploads) == 1 and uploads[0][1] == torch.int64  # the step's one upload
+    other = ops.build_metadata(plan_step(qsl, [64, 0, 128, 0], [2, 0, 5, 0], num_decodes=0),
+                               table + 100, up, "fused")
+    assert len(uploads) == 1 and other.slots.tolist() == [102, 125] and other.chunk_map is md.chunk_map
+    ops.build_metadata(plan_step(qsl, [0, 0, 128, 0], [0, 0, 5, 0], num_decodes=0), table, up, "fused")
+    assert len(uploads) == 2
     assert md.chunk_map.tolist() == [-1, 0, -1, -1, -1, -1, 1, -1, -1]
     assert md.chunk_starts.tolist() == [0, 3, 4, 8] and plan.num_chunks == 9
     assert md.slots.tolist() == [2, 25] and md.conv_end.tolist() == [64, 322]

@@ -92,13 +92,29 @@ class CheckpointMetadata:
 
 def build_metadata(plan: StepPlan, block_table: torch.Tensor, to_device: ToDevice,
                    method: str = "split", kernel_meta: KernelMeta | None = None) -> CheckpointMetadata:
-    """The device side of ``plan`` for ``method``: its int64 fields in one upload, the checkpoint
-    blocks gathered on the device from ``block_table`` (int32 [R, columns], the group's); for the
-    split also its calls' bounds and indices and ``kernel_meta``'s chunk metadata (None: the
-    backend needs none). Raises ValueError for a method other than ``split`` or ``fused``, and for
-    a fused checkpoint off the 64-token chunk grid."""
+    """The device side of ``plan`` for ``method``: its int64 fields in one upload (shared by the
+    step's GDN KV-cache groups: :data:`_SHARED`), the checkpoint blocks gathered on the device from
+    ``block_table`` (int32 [R, columns], the group's); for the split also its calls' bounds and
+    indices and ``kernel_meta``'s chunk metadata (None: the backend needs none). Raises
+    ValueError for a method other than ``split`` or ``fused``, and for a fused checkpoint off the
+    64-token chunk grid."""
     if method not in METHODS:
         raise ValueError(f"GDN checkpoint export method {method!r}: expected one of {METHODS}")
+    key = (plan, method, str(block_table.device))
+    if _SHARED[0] != key:  # the step's first GDN KV-cache group: plan the upload
+        _SHARED[:] = [key, _upload(plan, method, to_device, kernel_meta)]
+    shared = _SHARED[1]
+    return CheckpointMetadata(plan=plan, slots=block_table[shared["rows"], shared["cols"]].to(torch.int64),
+                              to_device=to_device, method=method, **shared)
+
+
+#: ``[key, fields]`` of the last plan uploaded: the step's other GDN KV-cache groups have the same
+#: plan (their block tables differ) and reuse its device tensors, so a step uploads once. The
+#: tensors are never written, so a later step with an equal plan may reuse them too.
+_SHARED: list = [None, None]
+
+
+def _upload(plan: StepPlan, method: str, to_device: ToDevice, kernel_meta: KernelMeta | None) -> dict:
     n, fused = len(plan.rows), method == "fused"
     if fused and any(off % CHUNK for off in plan.offsets):
         raise ValueError(f"fused GDN checkpoint export: offsets {plan.offsets} are not all at a "
@@ -109,16 +125,14 @@ def build_metadata(plan: StepPlan, block_table: torch.Tensor, to_device: ToDevic
     rows, cols, conv_end, chunk_index, ckpt_seq = (buf[i * n:(i + 1) * n] for i in range(len(fields)))
     bounds = {} if fused else {part: (torch.tensor(v, dtype=torch.int32), to_device(list(v), torch.int32))
                                for part, v in (("head", plan.head_bounds), ("tail", plan.tail_bounds))}
-    index = {part: None if plan.tails_are_suffix else to_device(plan.token_index(part), torch.int64)
-             for part in bounds}
-    return CheckpointMetadata(
-        plan=plan, rows=rows, cols=cols, slots=block_table[rows, cols].to(torch.int64),
-        conv_end=conv_end, chunk_index=chunk_index, ckpt_seq=ckpt_seq,
+    return dict(
+        rows=rows, cols=cols, conv_end=conv_end, chunk_index=chunk_index, ckpt_seq=ckpt_seq,
         chunk_map=buf[len(fields) * n:][:plan.num_chunks] if fused else None,
-        chunk_starts=buf[len(fields) * n + plan.num_chunks:] if fused else None, index=index,
+        chunk_starts=buf[len(fields) * n + plan.num_chunks:] if fused else None,
+        index={part: None if plan.tails_are_suffix else to_device(plan.token_index(part), torch.int64)
+               for part in bounds},
         bounds={part: device for part, (_, device) in bounds.items()},
-        kernel_meta={} if kernel_meta is None else {p: kernel_meta(*b) for p, b in bounds.items()},
-        to_device=to_device, method=method)
+        kernel_meta={} if kernel_meta is None else {p: kernel_meta(*b) for p, b in bounds.items()})
 
 
 def write_conv(conv_cache: torch.Tensor, mixed_qkv: torch.Tensor, md: CheckpointMetadata,
