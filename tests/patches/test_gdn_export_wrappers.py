@@ -33,6 +33,12 @@ from vllm_hybrid_npu.patches import gdn_prefill_checkpoint as mod  # noqa: E402
 PREFIX = "model.layers.3.linear_attn"
 
 
+def _has_triton() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("triton") is not None
+
+
 def _metadata(rng, lens, min_offset, method="split"):
     unit = 64 if method == "fused" else 1  # the fused export's checkpoints start a 64-token chunk
     offsets = [rng.choice([0, unit * rng.randint(-(-min_offset // unit), (n - 1) // unit)]) for n in lens]
@@ -56,7 +62,7 @@ def _context(monkeypatch, ck):
 @pytest.mark.parametrize("dim_first", [True, False])
 def test_forward_writes_conv_rows_and_opens_the_scope(monkeypatch, rng, seed, dim_first):
     width, dim = rng.choice([2, 3, 4]), rng.randint(5, 40)
-    method = rng.choice(["split", "fused"])
+    method = rng.choice(["split", "fused"] if _has_triton() else ["split"])
     ck, qsl = _metadata(rng, [rng.randint(66 if method == "fused" else width + 2, 150)
                               for _ in range(rng.randint(1, 4))], width, method=method)
     conv = torch.full((24, dim, width - 1) if dim_first else (24, width - 1, dim), float("nan"),
