@@ -522,8 +522,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="replay the settings of one search step in this many processes "
                         "(default 1; the machine's cores at most)")
     parser.add_argument("--no-exporter", action="store_true",
-                        help="never turn the plugin's GDN prefill-checkpoint exporter on (plain "
-                        "vLLM, or a target without it, e.g. NPU)")
+                        help="search vLLM's own options only, never the plugin's GDN "
+                        "prefill-checkpoint exporter (models an engine where no checkpoint is "
+                        "declared, so vLLM splits every cold prompt at its last block boundary: "
+                        "plain vLLM, VLLM_HYBRID_NPU_PREFILL_CHECKPOINTS=off, FlashInfer GDN "
+                        "prefill, speculative decoding, vllm-ascend with PCP > 1 or on 310P). The "
+                        "plugin exports on vLLM's CPU GDN function, CUDA's Triton/FLA kernels and "
+                        "vllm-ascend 0.30.0rc2's three prefill paths (those replayed on CPU, not "
+                        "run on an NPU)")
     parser.add_argument("--max-num-batched-tokens", type=int, default=8192)
     parser.add_argument("--max-num-seqs", type=int, default=256)
     parser.add_argument("--kernel-block-size", type=int, default=16,
