@@ -321,8 +321,10 @@ def run_sweep(args: argparse.Namespace) -> dict[str, Any]:
                         ).block_size
                     block_size = base_blocks[(gib, bs)]
                     unit = 0
-                    for r in policies.values():
-                        unit = math.gcd(unit, r["block_size"], r.get("hash_block_size") or r["block_size"])
+                    for name, r in policies.items():
+                        if name != CACHING_OFF:  # (no prefix cache: no hit unit)
+                            unit = math.gcd(unit, r["block_size"],
+                                            r.get("hash_block_size") or r["block_size"])
                     # The attention bound: the same bytes (device + host) on the full-attention
                     # layers alone, at the attention backend's block size, through the installed
                     # vLLM's own Scheduler. Independent of the hybrid's block size.
@@ -349,8 +351,8 @@ def run_sweep(args: argparse.Namespace) -> dict[str, Any]:
                     off = off_runs[okey]
                     for r in policies.values():
                         r["extra_prefill_steps_beyond_off"] = beyond_off(r, off)
-                    adict = {**ares.to_dict(), "extra_prefill_steps_beyond_off": beyond_off(
-                        ares.to_dict(), off)}
+                    adict = ares.to_dict()
+                    adict["extra_prefill_steps_beyond_off"] = beyond_off(adict, off)
                     if unit not in infinite:
                         infinite[unit] = infinite_bound_tokens(prompts, unit, outputs)
                     cached, total = infinite[unit]

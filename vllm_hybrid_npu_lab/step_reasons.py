@@ -184,10 +184,11 @@ class SplitRecorder:
 
         self.decisions: dict[str, SplitDecision] = {}
         sc = scheduler.scheduler_config
+        block = scheduler.cache_config.block_size
         self.settings = SplitSettings(
-            block_size=scheduler.cache_config.block_size,
-            hash_block_size=scheduler.hash_block_size,
-            budget=scheduler.max_num_scheduled_tokens,
+            block_size=block,
+            hash_block_size=getattr(scheduler, "hash_block_size", None) or block,
+            budget=getattr(scheduler, "max_num_scheduled_tokens", None) or sc.max_num_batched_tokens,
             long_prefill=sc.long_prefill_token_threshold or 0,
             checkpoints=bool(getattr(scheduler, "mamba_has_prefill_checkpoint_blocks", False)),
         )
