@@ -49,8 +49,9 @@ stops at once: the first named here wins):
 * ``long_prefill``: ``--long-prefill-token-threshold`` capped the chunk below ``B``.
 * ``block_rounding``: the chunk had the whole budget ``B`` and vLLM's align-mode split rounded its
   end down to a block boundary (``B`` not a multiple of the block).
-* ``unexplained``: none of the above matches (a vLLM whose split stops elsewhere); 0 in every
-  replay of this project so far, kept so that the reasons always sum to the total.
+* ``unexplained``: none of the above matches (a vLLM whose split stops elsewhere); 0 in the
+  tests and in the shared-trace rows of docs/hitrate-guide.md (2026-11-28), kept so that the
+  reasons always sum to the total.
 
 A chunk of ``B`` tokens from the frontier, and a prompt's last chunk, are never extra. What the
 replay cannot tell apart is merged by construction: a chunk end rounded down from a shared or
