@@ -411,6 +411,21 @@ class Replayer:
                   f"({res.wall_s:.0f} s)", file=sys.stderr, flush=True)
         return res.to_dict()
 
+    def caching_off(self) -> dict[str, Any]:
+        """These requests under the same arrivals with prefix caching off
+        (:data:`vllm_hybrid_npu_lab.policies.CACHING_OFF`; no host tier: nothing is cached): the
+        reference of the extra prefill steps, whose ``shared_budget`` part every setting pays."""
+        from vllm_hybrid_npu_lab.model import build_setup
+        from vllm_hybrid_npu_lab.policies import CACHING_OFF, get_policy, setup_kwargs
+        from vllm_hybrid_npu_lab.replay import replay, stderr_progress
+
+        pol = get_policy(CACHING_OFF)
+        setup = build_setup(self.cfg, tp=self.tp, kv_cache_bytes=int(self.gib * (1 << 30)),
+                            **setup_kwargs(pol), **self.common)
+        return replay(self.requests, setup, pol.scheduler_class(), **self.timing,
+                      progress=None if self.quiet else stderr_progress(f"{self.label} caching off")
+                      ).to_dict()
+
     def attention_bound(self, host_gib: float) -> dict[str, Any]:
         """The attention-only model at the same bytes (device + host), vLLM's defaults."""
         from vllm_hybrid_npu_lab.model import build_setup
@@ -507,8 +522,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="replay the settings of one search step in this many processes "
                         "(default 1; the machine's cores at most)")
     parser.add_argument("--no-exporter", action="store_true",
-                        help="never turn the plugin's GDN prefill-checkpoint exporter on (plain "
-                        "vLLM, or a target without it, e.g. NPU)")
+                        help="search vLLM's own options only, never the plugin's GDN "
+                        "prefill-checkpoint exporter (models an engine where no checkpoint is "
+                        "declared, so vLLM splits every cold prompt at its last block boundary: "
+                        "plain vLLM, VLLM_HYBRID_NPU_PREFILL_CHECKPOINTS=off, FlashInfer GDN "
+                        "prefill, speculative decoding, vllm-ascend with PCP > 1 or on 310P). The "
+                        "plugin exports on vLLM's CPU GDN function, CUDA's Triton/FLA kernels and "
+                        "vllm-ascend 0.30.0rc2's three prefill paths (those replayed on CPU, not "
+                        "run on an NPU)")
     parser.add_argument("--max-num-batched-tokens", type=int, default=8192)
     parser.add_argument("--max-num-seqs", type=int, default=256)
     parser.add_argument("--kernel-block-size", type=int, default=16,
@@ -581,6 +602,7 @@ def advise(args: argparse.Namespace) -> dict[str, Any]:
     """Run the search and the check; return the report (see ``docs/hitrate-guide.md``)."""
     from vllm_hybrid_npu_lab.host_tier import HostLink
     from vllm_hybrid_npu_lab.presets import resolve_model
+    from vllm_hybrid_npu_lab.step_reasons import beyond_off
     from vllm_hybrid_npu_lab.trace import read_trace
 
     model_name, cfg = resolve_model(args.model)
@@ -615,6 +637,7 @@ def advise(args: argparse.Namespace) -> dict[str, Any]:
     default = advised if best == start else check_replayer(start)
     most_check = {best: advised, start: default}.get(most) or check_replayer(most)
     attention = check_replayer.attention_bound(args.host_cache_gib)
+    off = check_replayer.caching_off()
     # every row the report prints, the attention bound's 16-token blocks included (over the
     # advised and default rows alone it could come out below the attention bound)
     infinite = infinite_bound_of(check, [advised, default, most_check, attention],
@@ -633,10 +656,12 @@ def advise(args: argparse.Namespace) -> dict[str, Any]:
                             known={best: advised, start: default, most: most_check})
 
     def row(r: dict[str, Any]) -> dict[str, Any]:
-        return {k: r[k] for k in ("token_hit_rate", "request_hit_rate", "block_size",
-                                  "prefill_steps_per_prompt", "extra_prefill_steps_per_prompt",
-                                  "host_cached_prompt_tokens", "prompt_tokens",
-                                  "cached_prompt_tokens", "busy_fraction", "preemptions")}
+        return {**{k: r[k] for k in ("token_hit_rate", "request_hit_rate", "block_size",
+                                     "prefill_steps_per_prompt", "extra_prefill_steps_per_prompt",
+                                     "extra_prefill_steps_by_reason",
+                                     "host_cached_prompt_tokens", "prompt_tokens",
+                                     "cached_prompt_tokens", "busy_fraction", "preemptions")},
+                "extra_prefill_steps_beyond_off": beyond_off(r, off)}
 
     def fit_row(c: Candidate) -> dict[str, Any]:
         r = result.result(c)
@@ -648,7 +673,7 @@ def advise(args: argparse.Namespace) -> dict[str, Any]:
     m = re.match(r"https://huggingface\.co/([^/]+/[^/]+)/", source)
     cost = {
         "fit_replays": result.replays,
-        "check_replays": check_replays + 1,  # + the attention bound
+        "check_replays": check_replays + 2,  # + the attention bound and caching off
         "audit_replays": audit["new_replays"] if audit else 0,
     }
     cost["total_replays"] = sum(cost.values())
@@ -669,6 +694,7 @@ def advise(args: argparse.Namespace) -> dict[str, Any]:
         "request_hit_rate": advised["request_hit_rate"],
         "prefill_steps_per_prompt": advised["prefill_steps_per_prompt"],
         "extra_prefill_steps_per_prompt": advised["extra_prefill_steps_per_prompt"],
+        "extra_prefill_steps_beyond_off": beyond_off(advised, off),
         "upstream_default": default["token_hit_rate"],
         "upstream_default_request_hit_rate": default["request_hit_rate"],
         "attention_bound": attention["token_hit_rate"],
@@ -680,6 +706,7 @@ def advise(args: argparse.Namespace) -> dict[str, Any]:
                                                  "host_cache_gib": most.host_gib,
                                                  **row(most_check)},
         "attention": row(attention),
+        "caching_off": row(off),
         "fit": {
             "requests": [1, n_fit],
             "token_hit_rate": result.result(best)["token_hit_rate"],
@@ -693,7 +720,7 @@ def advise(args: argparse.Namespace) -> dict[str, Any]:
             "search": result.cost(),
             "searched": result.table(),
         },
-        "check": {"requests": [n_fit + 1, len(requests)], "replays": check_replays + 1},
+        "check": {"requests": [n_fit + 1, len(requests)], "replays": check_replays + 2},
         "search_cost": cost,
         "audit": audit,
         "tokens_per_s": rate,
@@ -752,7 +779,10 @@ def audit_check(check_replayer: "Replayer", start: Candidate, advised_cand: Cand
 
 
 def format_report(rep: dict[str, Any]) -> str:
-    """Human-readable advice (hits and prefill steps per prompt side by side, the search's cost)."""
+    """Human-readable advice (hits and prefill steps per prompt side by side, the extra steps by
+    reason with caching off's, the search's cost)."""
+    from vllm_hybrid_npu_lab.step_reasons import format_reasons
+
     fit, check = rep["fit"], rep["check"]
     host = f" + {rep['host_cache_gib_max']:g} GiB host" if rep["host_cache_gib_max"] else ""
     sc = fit["search"]
@@ -795,6 +825,10 @@ def format_report(rep: dict[str, Any]) -> str:
                  f"{'-':>21} {'-':>6}")
     lines.append(f"{'infinite bound':<21} {rep['infinite_bound']:>8.2%} {'-':>8} {'-':>21} "
                  f"{'-':>6}  (at {rep['infinite']['unit']}-token units)")
+    if "caching_off" in rep:
+        lines.append("")
+        lines += format_reasons(rows + [("attention bound", a)], rep["caching_off"])
+        lines.append("")
     au = rep.get("audit")
     if au:
         host = f" with --host-cache-gib {au['best_host_cache_gib']:g}" if au["best_host_cache_gib"] else ""

@@ -233,14 +233,24 @@ def run_sweep(args: argparse.Namespace) -> dict[str, Any]:
     The report is the first point's object (``model``, ``tp``, ``kv_cache_gib``,
     ``host_cache_gib``, ``block_size``, ``tokens_per_s``, ``step_ms``, ``attention_bound``,
     ``infinite_bound``, ``policies``: name -> replay numbers, ``upstream-best`` among them when
-    an upstream setting was replayed (with ``setting``), plus ``attention`` and ``infinite``
-    detail objects), with ``default_policy``, ``miss_reasons`` and ``runs`` listing every point.
+    an upstream setting was replayed (with ``setting``), plus ``attention``, ``caching_off``
+    (the same requests and arrivals with prefix caching off, :data:`.policies.CACHING_OFF`) and
+    ``infinite`` detail objects), with ``default_policy``, ``miss_reasons`` and ``runs`` listing
+    every point. Every policy row and ``attention`` carry ``extra_prefill_steps_by_reason`` and
+    ``extra_prefill_steps_beyond_off`` (extra prefill steps per prompt beyond caching off's).
     """
     from vllm_hybrid_npu_lab.host_tier import HostLink
     from vllm_hybrid_npu_lab.model import build_setup
-    from vllm_hybrid_npu_lab.policies import DEFAULT_POLICY, UPSTREAM_BEST, get_policy, setup_kwargs
+    from vllm_hybrid_npu_lab.policies import (
+        CACHING_OFF,
+        DEFAULT_POLICY,
+        UPSTREAM_BEST,
+        get_policy,
+        setup_kwargs,
+    )
     from vllm_hybrid_npu_lab.presets import resolve_model
     from vllm_hybrid_npu_lab.replay import output_token, replay, stderr_progress
+    from vllm_hybrid_npu_lab.step_reasons import beyond_off
     from vllm_hybrid_npu_lab.trace import answers, carried_prompts, infinite_bound_tokens, read_trace
 
     model_name, cfg = resolve_model(args.model)
@@ -260,6 +270,7 @@ def run_sweep(args: argparse.Namespace) -> dict[str, Any]:
     blocks = args.block_size or [None]
     runs = []
     attention: dict[tuple[float, float, float], Any] = {}
+    off_runs: dict[tuple[float, float, int | None], Any] = {}
     infinite: dict[int, tuple[int, int]] = {}
     base_blocks: dict[tuple[float, int | None], int] = {}
     for rate in rates:
@@ -310,8 +321,10 @@ def run_sweep(args: argparse.Namespace) -> dict[str, Any]:
                         ).block_size
                     block_size = base_blocks[(gib, bs)]
                     unit = 0
-                    for r in policies.values():
-                        unit = math.gcd(unit, r["block_size"], r.get("hash_block_size") or r["block_size"])
+                    for name, r in policies.items():
+                        if name != CACHING_OFF:  # (no prefix cache: no hit unit)
+                            unit = math.gcd(unit, r["block_size"],
+                                            r.get("hash_block_size") or r["block_size"])
                     # The attention bound: the same bytes (device + host) on the full-attention
                     # layers alone, at the attention backend's block size, through the installed
                     # vLLM's own Scheduler. Independent of the hybrid's block size.
@@ -324,6 +337,22 @@ def run_sweep(args: argparse.Namespace) -> dict[str, Any]:
                             progress=None if args.quiet else stderr_progress(f"{label} attention bound"),
                         )
                     ares = attention[key]
+                    # Caching off under the same arrivals: its extra prefill steps are the load's
+                    # (the token budget shared in a step); no host tier (nothing is cached).
+                    okey = (rate, gib, bs)
+                    if okey not in off_runs:
+                        pol = get_policy(CACHING_OFF)
+                        osetup = build_setup(cfg, block_size=bs, **setup_kwargs(pol),
+                                             kv_cache_bytes=int(gib * (1 << 30)), **common)
+                        off_runs[okey] = replay(
+                            requests, osetup, pol.scheduler_class(), **timing,
+                            progress=None if args.quiet else stderr_progress(f"{label} caching off"),
+                        ).to_dict()
+                    off = off_runs[okey]
+                    for r in policies.values():
+                        r["extra_prefill_steps_beyond_off"] = beyond_off(r, off)
+                    adict = ares.to_dict()
+                    adict["extra_prefill_steps_beyond_off"] = beyond_off(adict, off)
                     if unit not in infinite:
                         infinite[unit] = infinite_bound_tokens(prompts, unit, outputs)
                     cached, total = infinite[unit]
@@ -346,7 +375,8 @@ def run_sweep(args: argparse.Namespace) -> dict[str, Any]:
                             "num_requests": len(requests),
                             "attention_bound": ares.token_hit_rate,
                             "infinite_bound": cached / total,
-                            "attention": ares.to_dict(),
+                            "attention": adict,
+                            "caching_off": off,
                             "infinite": {
                                 "block_size": unit,
                                 "cached_prompt_tokens": cached,
@@ -363,7 +393,11 @@ def run_sweep(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def format_table(report: dict[str, Any]) -> str:
-    """Return the human-readable table of every run in ``report``."""
+    """Return the human-readable table of every run in ``report``: hits per row, then the extra
+    prefill steps per prompt by reason (:func:`vllm_hybrid_npu_lab.step_reasons.format_reasons`)
+    with caching off's under the same arrivals."""
+    from vllm_hybrid_npu_lab.step_reasons import format_reasons
+
     lines = []
     head = (
         f"{'run':<34} {'policy':<26} {'block':>6} {'tok hit':>8} {'host hit':>8} {'req hit':>8} "
@@ -394,6 +428,8 @@ def format_table(report: dict[str, Any]) -> str:
             f"{run['infinite_bound']:>8.2%} {'-':>8} {'-':>8} "
             f"{inf['prompt_tokens'] - inf['cached_prompt_tokens']:>14,} {'-':>7} {'-':>9} {'-':>7}"
         )
+        reasons = [(name, r) for name, r in run["policies"].items()] + [("attention bound", a)]
+        lines += format_reasons(reasons, run.get("caching_off"), width=34)
         first = next(iter(run["policies"].values()))
         lines.append(
             f"prompt tokens: {inf['prompt_tokens']:,} in {run['num_requests']} requests; offered "

@@ -117,6 +117,36 @@ if "upstream" not in POLICIES:
     )
 
 
+#: Pseudo-policy: prefix caching off (the reference the extra prefill steps are measured against).
+CACHING_OFF = "caching-off"
+
+
+def caching_off(vllm_config) -> None:
+    """``configure`` hook of :data:`CACHING_OFF`: what ``vllm serve --no-enable-prefix-caching``
+    gives a hybrid model: no prefix caching and ``mamba_cache_mode='none'`` (one running state per
+    request, nothing cached), so vLLM's scheduler never splits for Mamba
+    (``need_mamba_block_aligned_split`` is false): a prompt's chunks end only where the token
+    budget ends them. The Mamba block is ``max_model_len`` tokens, as vLLM 0.30's
+    ``MambaModelConfig.verify_and_update_config`` sets it without prefix caching."""
+    cache_config = vllm_config.cache_config
+    cache_config.enable_prefix_caching = False
+    cache_config.mamba_cache_mode = "none"
+    cache_config.mamba_block_size = vllm_config.model_config.max_model_len
+
+
+if CACHING_OFF not in POLICIES:
+    register_policy(
+        Policy(
+            name=CACHING_OFF,
+            description="reference, not a policy: prefix caching off (vLLM's "
+            "--no-enable-prefix-caching): no hits, no align-mode split; its extra prefill steps "
+            "are the load's (the token budget shared in a step)",
+            scheduler_class=_upstream_scheduler,
+            configure=caching_off,
+        )
+    )
+
+
 def _free_states_scheduler() -> type:
     from vllm.v1.core.sched.scheduler import Scheduler
 

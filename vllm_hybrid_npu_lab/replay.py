@@ -104,9 +104,14 @@ class ReplayResult:
     #: mean steps that scheduled prompt tokens of a request (its prefill chunks, recomputation
     #: after preemption included), and the mean of those beyond the fewest the request's uncached
     #: prompt tokens need (``ceil(uncached / --max-num-batched-tokens)``): vLLM's block-aligned
-    #: split of a cold prompt is one extra step, the exporter's prompts take none
+    #: split of a cold prompt is one extra step, the exporter's prompts take none (a request
+    #: resumed after a preemption that finds more of its prompt cached than it had computed counts
+    #: its fewest steps from there: :class:`vllm_hybrid_npu_lab.step_reasons.PrefillLedger`)
     prefill_steps_per_prompt: float = 0.0
     extra_prefill_steps_per_prompt: float = 0.0
+    #: ``extra_prefill_steps_per_prompt`` by reason (:data:`vllm_hybrid_npu_lab.step_reasons.REASONS`,
+    #: every name, summing to it): which scheduler decision ended each extra step's chunk
+    extra_prefill_steps_by_reason: dict[str, float] = field(default_factory=dict)
     #: prompt tokens found cached at first scheduling, per request in trace order (not in JSON)
     cached_per_request: list[int] = field(default_factory=list, repr=False)
 
@@ -146,7 +151,10 @@ def _count_cached_states(scheduler: Any) -> int:
 
 def _miss_tracker(setup: Any, host_tier: bool) -> Any:
     """A ``MissTracker`` of the runtime's miss classifier (``vllm_hybrid_npu.core.miss_reasons``,
-    issue 15 item 5) for this replay, or ``None`` while that module is not installed."""
+    issue 15 item 5) for this replay, or ``None`` while that module is not installed or prefix
+    caching is off (nothing is looked up, so nothing is missed for a reason)."""
+    if not setup.vllm_config.cache_config.enable_prefix_caching:
+        return None
     try:
         from vllm_hybrid_npu.core.miss_reasons import MissTracker
     except ImportError:
@@ -194,6 +202,7 @@ def replay(
     from vllm.v1.request import Request
     from vllm.v1.structured_output import StructuredOutputManager
 
+    from vllm_hybrid_npu_lab.step_reasons import PrefillLedger, SplitRecorder, chunk_reason, per_prompt
     from vllm_hybrid_npu_lab.trace import carried_prompts
 
     t0 = time.perf_counter()
@@ -215,6 +224,7 @@ def replay(
 
         worker = SimulatedOffloadWorker(setup.kv_cache_config, link or HostLink())
 
+    recorder = SplitRecorder(sched)
     tracker = _miss_tracker(setup, host_tier=worker is not None)
     n = len(requests)
     prompts, parents = carried_prompts(
@@ -234,9 +244,9 @@ def replay(
     steps = idle_steps = 0
     prompt_tokens = cached_tokens = computed_tokens = hit_requests = preemptions = 0
     scheduled_total = 0
-    prefill_steps: dict[str, int] = {}
+    ledger = PrefillLedger(vllm_config.scheduler_config.max_num_batched_tokens)
     prefill_steps_total = extra_steps_total = 0
-    max_batched = vllm_config.scheduler_config.max_num_batched_tokens
+    extra_by_reason: dict[str, int] = {}
 
     def admit(idx: int) -> None:
         tr = requests[idx]
@@ -263,6 +273,7 @@ def replay(
         if not live:
             clock = max(clock, requests[next_idx].timestamp_ms / 1000.0)
             continue
+        recorder.begin_step()
         out = sched.schedule()
         total = out.total_num_scheduled_tokens
         req_ids = list(out.num_scheduled_tokens)
@@ -286,8 +297,11 @@ def replay(
             done_now = req.num_computed_tokens
             p = req.num_prompt_tokens
             computed_tokens += max(0, min(done_now, p) - min(done_now - k, p))
-            if done_now - k < p:
-                prefill_steps[rid] = prefill_steps.get(rid, 0) + 1
+            start = done_now - k
+            if start < p:  # a prefill chunk; its reason is asked for only when it is extra
+                ledger.chunk(rid, start, done_now, p, lambda: chunk_reason(
+                    start, done_now, req.num_tokens, p, recorder.settings,
+                    recorder.decision(rid, start, k)))
             sampled.append(
                 [output_token(int(rid), req.num_output_tokens)] if done_now >= req.num_tokens else []
             )
@@ -339,9 +353,11 @@ def replay(
             finished += 1
             prompt_tokens += req.num_prompt_tokens
             hit = first_hit.pop(rid)
-            chunks = prefill_steps.pop(rid, 0)
+            chunks, extra = ledger.finish(rid)
             prefill_steps_total += chunks
-            extra_steps_total += max(0, chunks - -(-(req.num_prompt_tokens - hit) // max_batched))
+            extra_steps_total += sum(extra.values())
+            for why, count in extra.items():
+                extra_by_reason[why] = extra_by_reason.get(why, 0) + count
             per_request[int(rid)] = hit
             host_per_request[int(rid)] = min(hit, first_host.pop(rid, 0))
             cached_tokens += hit
@@ -381,6 +397,7 @@ def replay(
         hash_block_size=setup.hash_block_size,
         prefill_steps_per_prompt=prefill_steps_total / n,
         extra_prefill_steps_per_prompt=extra_steps_total / n,
+        extra_prefill_steps_by_reason=per_prompt(extra_by_reason, n),
         cached_per_request=per_request,
         host_per_request=host_per_request,
         miss_per_request=miss_per_request,

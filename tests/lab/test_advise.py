@@ -195,6 +195,15 @@ def test_advise_json_and_its_policy_replays_the_same(tmp_path, tiny_model_dir, c
     assert rep["fit"]["requests"] == [1, 4] and rep["check"]["requests"] == [5, 8]
     assert rep["infinite_bound"] >= max(rep["token_hit_rate"], rep["upstream_default"],
                                         rep["attention_bound"])
+    # caching off on the check part, the requests 10 s apart (each alone): no extra step, so
+    # every row's extra steps are beyond it; the reasons sum to each row's extra steps
+    assert rep["caching_off"]["extra_prefill_steps_per_prompt"] == 0
+    for name in ("advised", "default", "attention", "caching_off"):
+        r = rep[name]
+        assert r["extra_prefill_steps_beyond_off"] == r["extra_prefill_steps_per_prompt"]
+        assert sum(r["extra_prefill_steps_by_reason"].values()) == pytest.approx(
+            r["extra_prefill_steps_per_prompt"])
+    assert rep["check"]["replays"] == rep["search_cost"]["check_replays"]
     # the check part replayed with hitrate --policy <policy> gives the advised numbers
     check = write_trace(tmp_path / "check.jsonl", rows[4:])
     assert main(["hitrate", "--trace", str(check), "--model", str(tiny_model_dir),

@@ -42,6 +42,24 @@ def test_hitrate_json(tmp_path, tiny_model_dir, capsys, write_trace):
     assert report["offered_prompt_tokens_per_s"] == 4500 / 40
     assert report["tokens_per_s"] == 4500 / 40 / 0.5
     assert report["host_cache_gib"] == 0.0
+    # extra prefill steps by reason: the first prompt (cold) stops at its last block boundary
+    # 1024, then 476 tokens: one prompt_tail step; the others hit 1024 and need 1 step for 476.
+    # Caching off (the requests 20 s apart: alone) never splits: 0, so all of it is beyond off.
+    off = report["caching_off"]
+    assert off["cached_prompt_tokens"] == 0 and off["extra_prefill_steps_per_prompt"] == 0
+    assert up["extra_prefill_steps_by_reason"]["prompt_tail"] == 1 / 3
+    assert sum(up["extra_prefill_steps_by_reason"].values()) == up["extra_prefill_steps_per_prompt"]
+    assert up["extra_prefill_steps_beyond_off"] == 1 / 3
+    assert main(
+        ["hitrate", "--trace", str(trace), "--model", str(tiny_model_dir), "--block-size", "1024",
+         "--kv-cache-gib", "0.05", "--quiet"]
+    ) == 0
+    table = capsys.readouterr().out.splitlines()
+    head = next(i for i, line in enumerate(table) if line.startswith("extra steps by reason"))
+    cols = table[head].split()[4:]
+    rows = {line[:34].strip(): dict(zip(cols, line[34:].split())) for line in table[head + 1:head + 5]}
+    assert rows["upstream"]["tail"] == "0.33" and rows["upstream"][">off"] == "0.33"
+    assert rows["caching off"]["extra"] == "0.00" and rows["attention bound"]["extra"] == "0.00"
 
 
 def test_hitrate_default_and_host_tier(tmp_path, tiny_model_dir, capsys, write_trace):

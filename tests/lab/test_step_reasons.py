@@ -1,0 +1,225 @@
+"""Extra prefill steps by reason (issue 38 item 1), on hand-counted cases.
+
+Replays go through vLLM's real Scheduler on the tiny hybrid (3 GDN + 1 attention layer) with the
+block size given; trace blocks are 512 tokens (equal hash ids = equal 512 tokens). Each case
+says where vLLM 0.30 ends every chunk (``Scheduler._mamba_block_aligned_split``): ``B`` is the
+token budget (``--max-num-batched-tokens``), the fewest steps of a prompt ``ceil(uncached / B)``.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from vllm_hybrid_npu_lab.model import build_setup
+from vllm_hybrid_npu_lab.policies import CACHING_OFF, get_policy, setup_kwargs
+from vllm_hybrid_npu_lab.presets import resolve_model
+from vllm_hybrid_npu_lab.replay import replay
+from vllm_hybrid_npu_lab.step_reasons import (
+    REASONS,
+    PrefillLedger,
+    SplitDecision,
+    SplitSettings,
+    chunk_reason,
+    format_reasons,
+)
+from vllm_hybrid_npu_lab.trace import TraceRequest
+
+BIG = 64 << 20  # bytes: no eviction, no preemption in these traces
+
+
+@pytest.fixture(scope="module")
+def cfg(tiny_model_dir):
+    return resolve_model(str(tiny_model_dir))[1]
+
+
+def _replay(cfg, rows, policy="upstream", *, block_size=256, budget=8192, together=False):
+    """Replay ``rows`` = [(input_length, hash_ids)] (4 output tokens each), 10 s apart (each
+    alone) or all at t = 0 (``together``), prompts as their hash ids say (no answer carried into
+    a longer prompt); returns the result and the extra steps by reason (counts over all prompts,
+    only the reasons that occur)."""
+    reqs = [TraceRequest(0.0 if together else 10_000.0 * i, n, 4, tuple(h))
+            for i, (n, h) in enumerate(rows)]
+    pol = get_policy(policy)
+    setup = build_setup(cfg, kv_cache_bytes=BIG, block_size=block_size,
+                        max_num_batched_tokens=budget, max_model_len=4096, **setup_kwargs(pol))
+    res = replay(reqs, setup, pol.scheduler_class(), carry_outputs=False)
+    n = len(rows)
+    by = {r: round(v * n, 9) for r, v in res.extra_prefill_steps_by_reason.items() if v}
+    assert set(res.extra_prefill_steps_by_reason) == set(REASONS)
+    assert sum(by.values()) == pytest.approx(res.extra_prefill_steps_per_prompt * n)
+    return res, by
+
+
+def test_cold_prompt_split_at_its_tail_is_one_prompt_tail_step(cfg, rng):
+    # Block 256, one cold prompt of p tokens, 2*256 < p < 5*256, not on the grid: vLLM ends the
+    # first chunk at the last block boundary (p // 256 * 256) and computes the rest in a second
+    # step; B = 8192 needs one. The exporter's checkpoint is valid there (start 0, checkpoint at
+    # (p - 1) // 256 * 256 on the 64-token grid): one step. Caching off never splits.
+    p = rng.choice([n for n in range(513, 1280) if n % 256])
+    res, by = _replay(cfg, [(p, [1, 2, 3])])
+    assert res.prefill_steps_per_prompt == 2 and by == {"prompt_tail": 1}
+    ckpt, by = _replay(cfg, [(p, [1, 2, 3])], "upstream:ckpt")
+    assert ckpt.prefill_steps_per_prompt == 1 and by == {}
+    off, by = _replay(cfg, [(p, [1, 2, 3])], CACHING_OFF)
+    assert off.prefill_steps_per_prompt == 1 and by == {}
+
+
+def test_prefix_shared_off_the_block_grid_costs_one_junction_step(cfg, rng):
+    # Block 384; A and B share their first two trace blocks (1024 tokens, off the 384 grid) and
+    # differ after; lengths in (1152, 1536). A (cold): stop at its last boundary 1152, then the
+    # rest: 1 prompt_tail. B: no GDN state at or below 1024 (A left one at 1152 only), so it
+    # misses; vLLM stops at the junction floored to the block (768), then at B's last boundary
+    # (1152), then the rest: 3 steps for 1 needed, 1 junction + 1 prompt_tail.
+    a, b = rng.randint(1153, 1535), rng.randint(1153, 1535)
+    res, by = _replay(cfg, [(a, [1, 2, 3]), (b, [1, 2, 4])], block_size=384)
+    assert res.cached_per_request == [0, 0]
+    assert by == {"prompt_tail": 2, "junction": 1}
+
+
+def test_prompts_arriving_together_under_a_small_budget_share_it(cfg, rng):
+    # Block 256, two cold 1024-token prompts (4 blocks: no tail stop) at t = 0, budget B in
+    # [1280, 2047]: step 1 gives A its 1024 and B what is left, B - 1024, rounded down to the
+    # block (>= 256 tokens); step 2 gives B the rest (<= 768 < B - 1 decode token). B takes 2
+    # steps for 1: one shared_budget step. Caching off and the attention-only model pay the same
+    # (no rounding there: B - 1024 then 2048 - B).
+    budget = rng.randint(1280, 2047)
+    rows = [(1024, [1, 2]), (1024, [3, 4])]
+    res, by = _replay(cfg, rows, budget=budget, together=True)
+    assert by == {"shared_budget": 1} and res.prefill_steps_per_prompt == 1.5
+    off, by_off = _replay(cfg, rows, CACHING_OFF, budget=budget, together=True)
+    assert by_off == {"shared_budget": 1}
+    # alone, the same prompts take one step each
+    _, by = _replay(cfg, rows, budget=budget)
+    assert by == {}
+
+
+def test_block_rounding_and_tail_on_a_budget_off_the_block(cfg):
+    # Block 384, B = 1000, one cold 2000-token prompt (2 steps needed). Chunks: [0, 768) (1000
+    # rounded down: block_rounding, 1232 left still needs 2), [768, 1536) (1768 rounded down;
+    # 464 left needs 1: on schedule), [1536, 1920) (the last boundary: prompt_tail, 80 left
+    # still needs 1), [1920, 2000). Caching off: [0, 1000), [1000, 2000): none extra.
+    res, by = _replay(cfg, [(2000, [1, 2, 3, 4])], block_size=384, budget=1000)
+    assert res.prefill_steps_per_prompt == 4 and by == {"block_rounding": 1, "prompt_tail": 1}
+    off, by = _replay(cfg, [(2000, [1, 2, 3, 4])], CACHING_OFF, block_size=384, budget=1000)
+    assert off.prefill_steps_per_prompt == 2 and by == {}
+
+
+def test_fine_grained_hit_starts_mid_block(cfg):
+    # Block 256, --prefix-match-unit 64. A (1100, cold): stops at its last block boundary 1024
+    # and at its last 64-token boundary 1088 (the partial-tail entry), then 12 tokens: 2
+    # prompt_tail. B (1600 tokens, A's 1100 followed by more) hits 1088, mid-block: stop at the
+    # next boundary 1280 (mid_block_start), at B's last boundary 1536 (prompt_tail), then 64.
+    res, by = _replay(cfg, [(1100, [1, 2, 3]), (1600, [1, 2, 3, 4])], "upstream:pmu=64")
+    assert res.cached_per_request == [0, 1088]
+    assert by == {"prompt_tail": 3, "mid_block_start": 1}
+
+
+def test_checkpoint_off_its_grid_is_checkpoint_invalid(cfg, rng):
+    # Block 256, exporter declared, unit 32. A cold prompt whose checkpoint (p - 1) // 32 * 32
+    # is an odd multiple of 32 is off the exporter's 64-token alignment: not valid, vLLM splits
+    # at 1024 (last block boundary), then at the last 32-token boundary (from 1024 the
+    # checkpoint's column is the start's: still not valid), then the rest: 2 checkpoint_invalid.
+    # The same prompt with unit 64 has a valid checkpoint: one step. Without the exporter the
+    # same two stops are prompt_tail.
+    p = rng.choice([n for n in range(1058, 1280) if (n - 1) // 32 % 2 and (n - 1) % 32])
+    res, by = _replay(cfg, [(p, [1, 2, 3])], "upstream:pmu=32,ckpt")
+    assert res.prefill_steps_per_prompt == 3 and by == {"checkpoint_invalid": 2}
+    _, by = _replay(cfg, [(p, [1, 2, 3])], "upstream:pmu=64,ckpt")
+    assert by == {}
+    _, by = _replay(cfg, [(p, [1, 2, 3])], "upstream:pmu=32")
+    assert by == {"prompt_tail": 2}
+
+
+def test_long_prefill_threshold_steps(cfg, rng):
+    # Block 256, --long-prefill-token-threshold 1 block, a cold prompt of k whole blocks: k
+    # chunks of 256 where B = 8192 needs 1: k - 1 long_prefill steps.
+    k = rng.randint(2, 6)
+    res, by = _replay(cfg, [(256 * k, list(range(1, k // 2 + 2)))], "upstream:lpt=1b")
+    assert res.prefill_steps_per_prompt == k and by == {"long_prefill": k - 1}
+
+
+S = SplitSettings(block_size=384, hash_block_size=384, budget=1000)
+
+
+@pytest.mark.parametrize("start,end,num_tokens,decision,settings,reason", [
+    # the split left vLLM's chunk as asked; the budget had been shared (600 < 1000, < 1500 left)
+    (0, 600, 2000, SplitDecision(0, 600, 600, 600, 0, 2000, 2000), S, "shared_budget"),
+    # the same chunk rounded down from the shared 600 to 384: still the load's
+    (0, 384, 2000, SplitDecision(0, 600, 384, 384, 0, 2000, 2000), S, "shared_budget"),
+    # the whole budget rounded down to the block
+    (0, 768, 2000, SplitDecision(0, 1000, 768, 768, 0, 2000, 2000), S, "block_rounding"),
+    # a threshold of 2 blocks (768 < 1000): the chunk ends at the threshold
+    (0, 768, 2000, SplitDecision(0, 768, 768, 768, 0, 2000, 2000),
+     SplitSettings(384, 384, 1000, long_prefill=768), "long_prefill"),
+    # junction 700 floored to the block: 384 (strictly inside [0, 768), the rounded end)
+    (0, 384, 2000, SplitDecision(0, 1000, 384, 384, 700, 2000, 2000), S, "junction"),
+    # junction 1000 floored is 768, the rounded end itself: not inside, so vLLM's end is the
+    # rounding (of a budget shared down to 1000 of 1100)
+    (0, 768, 2000, SplitDecision(0, 1000, 768, 768, 1000, 2000, 2000),
+     SplitSettings(384, 384, 1100), "shared_budget"),
+    # a fine-grained junction stop at the junction itself
+    (0, 700, 2000, SplitDecision(0, 1000, 700, 700, 700, 2000, 2000), S, "junction"),
+    # the last chunk stopped at the last boundary 1920; with the exporter declared: invalid
+    (1536, 1920, 2000, SplitDecision(1536, 464, 384, 384, 0, 2000, 2000), S, "prompt_tail"),
+    (1536, 1920, 2000, SplitDecision(1536, 464, 384, 384, 0, 2000, 2000),
+     SplitSettings(384, 384, 1000, checkpoints=True), "checkpoint_invalid"),
+    # a start mid-block (448) stopped at the next boundary 768
+    (448, 768, 2000, SplitDecision(448, 1000, 320, 320, 0, 2000, 2000), S, "mid_block_start"),
+    # a lab policy shortened vLLM's 768 to 384
+    (0, 384, 2000, SplitDecision(0, 1000, 768, 384, 0, 2000, 2000), S, "policy_stop"),
+    # no split (caching off): the budget shared, or the threshold
+    (0, 300, 2000, None, S, "shared_budget"),
+    (0, 500, 2000, None, SplitSettings(384, 384, 1000, long_prefill=500), "long_prefill"),
+    # an end none of vLLM's stops explains
+    (0, 500, 2000, SplitDecision(0, 1000, 500, 500, 0, 2000, 2000), S, "unexplained"),
+])
+def test_chunk_reason_reads_the_split(start, end, num_tokens, decision, settings, reason):
+    assert chunk_reason(start, end, num_tokens, num_tokens, settings, decision) == reason
+
+
+def test_ledger_counts_the_extra_chunks_and_recomputation(rng):
+    # B = 1000, a 2500-token prompt, no hit: 3 steps needed.
+    led = PrefillLedger(1000)
+    reasons = []
+    ask = lambda: reasons.append("x") or "block_rounding"  # noqa: E731
+    # [0, 400): 2100 left still needs 3 -> extra; [400, 1400): 1100 left needs 2, [1400, 2400):
+    # 100 left needs 1, [2400, 2500): done -> on schedule
+    chunks = ((0, 400), (400, 1400), (1400, 2400), (2400, 2500))
+    assert [led.chunk("a", s, e, 2500, ask) for s, e in chunks] == [True, False, False, False]
+    assert led.finish("a") == (4, {"block_rounding": 1}) and reasons == ["x"]
+    # preempted after [0, 1000), resumed from its hit 0: [0, 1000) again recomputes (extra,
+    # preemption, reason not asked), [1000, 2000), [2000, 2500): 4 steps for 3
+    steps = [(0, 1000), (0, 1000), (1000, 2000), (2000, 2500)]
+    assert [led.chunk("b", s, e, 2500, ask) for s, e in steps] == [False, True, False, False]
+    assert led.finish("b") == (4, {"preemption": 1}) and reasons == ["x"]
+    # resumed past what it had computed (a hit at 1600 after [0, 1000)): counted from there
+    assert [led.chunk("c", s, e, 2500, ask) for s, e in ((0, 1000), (1600, 2500))] \
+        == [False, False]
+    assert led.finish("c") == (2, {}) and led.finish("never") == (0, {})
+    # any chunking of a prompt: the extras are chunks - ceil(uncached / B)
+    p, hit = rng.randint(1, 9000), 0
+    hit = rng.randint(0, p - 1)
+    ends, pos = [], hit
+    while pos < p:
+        pos = min(p, pos + rng.randint(1, 1000))
+        ends.append(pos)
+    starts = [hit] + ends[:-1]
+    extra = sum(led.chunk("d", s, e, p, lambda: "shared_budget") for s, e in zip(starts, ends))
+    assert extra == len(ends) - -(-(p - hit) // 1000)
+    assert led.finish("d")[1] == ({"shared_budget": extra} if extra else {})
+
+
+def test_format_reasons_columns(rng):
+    k = rng.randint(1, 9)
+    row = {"extra_prefill_steps_per_prompt": 0.5 + k,
+           "extra_prefill_steps_by_reason": {"prompt_tail": k, "shared_budget": 0.5}}
+    off = {"extra_prefill_steps_per_prompt": 0.25,
+           "extra_prefill_steps_by_reason": {"shared_budget": 0.25}}
+    head, line, off_line = format_reasons([("upstream", row)], off, width=10)
+    assert head.split()[:4] == ["extra", "steps", "by", "reason"]
+    assert "policy" not in head and "unexpl" not in head  # shown only where a row has them
+    cols = head.split()[4:]
+    vals = dict(zip(cols, line.split()[1:]))
+    assert vals["extra"] == f"{0.5 + k:.2f}" and vals[">off"] == f"{0.25 + k:.2f}"
+    assert vals["tail"] == f"{k:.2f}" and vals["shared"] == "0.50"
+    assert off_line.split()[:4] == ["caching", "off", "0.25", "0.00"]
