@@ -281,6 +281,89 @@ def test_exported_state_bytes_equal_split(tiny_model_dir, engine_args, exporter,
         _close(split)
 
 
+def _junction_exported() -> bool:
+    from vllm_hybrid_npu.patches import registry
+
+    return "gdn-junction-split" in registry.REPORT.applied
+
+
+def test_shared_prefix_junction_exported_inside_the_step(tiny_model_dir, engine_args, rng,
+                                                         exact_across_schedules):
+    """Prompts sharing a prefix ``S`` off the block grid (``2B < |S| < 3B``), each with a tail of
+    its own (at least ``B``: its prompt checkpoint lies past the junction's column). The first
+    sharer caches its prompt checkpoint only; the second finds attention blocks up to
+    ``jf = |S| // B * B`` and no GDN state there (vLLM's shared-prefix junction). Where the
+    junction entries apply (vLLM 0.30, the CPU exporter path): the second sharer takes caching
+    off's one prefill step, the step writes the state at ``jf`` into the block vLLM caches there
+    (``_planned_blocks``: plan and ``MambaManager`` in lockstep, with the prompt's own checkpoint),
+    the third hits ``jf`` in one step, as after vLLM's split; elsewhere vLLM's stop at ``jf`` stays
+    (two steps). Two second sharers of two prefixes in one batch, the same. The conv and SSM bytes
+    cached at ``jf`` equal those vLLM's split caches there; outputs equal cold copies under a
+    fresh ``cache_salt`` (exact on CPU). Own engines (exporter, then vLLM's split)."""
+    states, hits = {}, {}
+    llm = _engine(tiny_model_dir("qwen3_next"), engine_args, "exporter")
+    try:
+        block, exported = _block(llm), _junction_exported()
+        shared = [_prompt(rng, 2 * block + rng.randrange(1, block)) for _ in range(3)]
+        jf = [len(s) // block * block for s in shared]
+        tails = [[_prompt(rng, rng.randrange(block, 2 * block)) for _ in range(3)] for _ in shared]
+        for i, (s, tail) in enumerate(zip(shared, tails)):
+            first = s + tail[0]
+            _, steps = _gen(llm, [first])
+            assert steps == 1, f"first sharer ({len(first)} tokens) took {steps} steps"
+            second = s + tail[1]
+            before = block_hashes(llm)
+            if i < 2:  # one sharer at a time
+                with _planned_blocks() as planned:
+                    (out,), steps = _gen(llm, [second])
+                where = f"prefix {len(s)}, second sharer {len(second)} tokens, block {block}"
+                assert out.num_cached_tokens == 0, where
+                assert steps == (1 if exported else 2), f"{where}: {steps} steps (caching off: 1)"
+                at_jf = cached_mamba_blocks(llm, jf[i], before)
+                own = cached_mamba_blocks(llm, (len(second) - 1) // block * block, before)
+                if exported:
+                    assert sorted(planned) == sorted([*at_jf.values(), *own.values()]), (where, planned)
+                states[i] = _checkpoint_states(llm, jf[i], before)
+                (cold,), _ = _gen(llm, [second], salt=uuid.uuid4().hex)
+                _assert_same([Sequence.from_output(cold.outputs[0])],
+                             [Sequence.from_output(out.outputs[0])], exact=True, cross_schedule=False)
+        # the last prefix's second sharer, in one batch with the first prefix's third sharer and a
+        # cold prompt: its junction exported beside the others' work
+        before = block_hashes(llm)
+        # (the cold prompt's own checkpoint at 0 or B, off the junctions at 2B: one state cached there)
+        batch = [shared[2] + tails[2][1], shared[0] + tails[0][2], _prompt(rng, rng.randrange(65, 2 * block))]
+        outs, steps = _gen(llm, batch)
+        assert outs[0].num_cached_tokens == 0 and outs[1].num_cached_tokens == jf[0], [o.num_cached_tokens for o in outs]
+        if exported:
+            assert steps == 1, f"mixed batch took {steps} steps"
+        states[2] = _checkpoint_states(llm, jf[2], before)
+        for i in range(3):  # third sharers, one at a time (prefix 0's ran in the batch)
+            (hit,), steps = _gen(llm, [shared[i] + tails[i][2]]) if i else ((outs[1],), 1)
+            hits[i] = hit.num_cached_tokens
+            assert hit.num_cached_tokens == jf[i] and steps == 1, (i, hit.num_cached_tokens, steps, jf[i])
+            (cold,), _ = _gen(llm, [shared[i] + tails[i][2]], salt=uuid.uuid4().hex)
+            _assert_same([Sequence.from_output(cold.outputs[0])], [Sequence.from_output(hit.outputs[0])],
+                         exact=exact_across_schedules)
+    finally:
+        _close(llm)
+    split = _engine(tiny_model_dir("qwen3_next"), engine_args, "split")
+    try:
+        for i, (s, tail) in enumerate(zip(shared, tails)):
+            _gen(split, [s + tail[0]])
+            before = block_hashes(split)
+            _, steps = _gen(split, [s + tail[1]])
+            assert steps >= 2, f"vLLM's split took {steps} steps for a second sharer"
+            ref = _checkpoint_states(split, jf[i], before)
+            for (name, conv, ssm), (name_s, conv_s, ssm_s) in zip(states[i], ref):
+                assert name == name_s
+                assert torch_equal(ssm, ssm_s), f"prefix {i} ({len(s)} tokens), {name}: SSM state at {jf[i]}"
+                assert torch_equal(conv, conv_s), f"prefix {i} ({len(s)} tokens), {name}: conv at {jf[i]}"
+            (hit,), _ = _gen(split, [s + tail[2]])
+            assert hit.num_cached_tokens == hits[i], (i, hit.num_cached_tokens, hits[i])
+    finally:
+        _close(split)
+
+
 def torch_equal(a, b) -> bool:
     import torch
 

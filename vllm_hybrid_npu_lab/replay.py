@@ -218,6 +218,13 @@ def replay(
         hash_block_size=setup.hash_block_size,
         log_stats=False,
     )
+    # the runtime's junction entries (vllm_hybrid_npu.patches.gdn_junction) export a shared-prefix
+    # junction's state on the CPU path only; the lab models the paths without them (CUDA, the NPU),
+    # also in a process where the runtime's registry is applied: vLLM's junction stop stays
+    from vllm_hybrid_npu.patches.gdn_junction import RULE
+
+    setattr(sched, RULE, None)
+    setattr(sched.kv_cache_manager, RULE, None)
     worker = None
     if getattr(sched, "connector", None) is not None:
         from vllm_hybrid_npu_lab.host_tier import HostLink, SimulatedOffloadWorker

@@ -92,3 +92,64 @@ def test_block_rounding_and_declaration():
         prefill_checkpoint_alignment: int | None = None
 
     assert pc.declare(Spec(1088)) == Spec(1088, 1, 64)
+
+
+def test_junction_rule_by_hand():
+    # block 384; a cold second sharer of a 1,000-token prefix: the attention hit (the junction)
+    # is 768, vLLM floors it to the block (768: column 1); a 1,500-token prompt's checkpoint is
+    # at 1,152 (column 4 - 2 = 2): export at 768
+    assert pc.junction_checkpoint(0, 1500, 1500, 768, 384, 1152) == ("export", 768)
+    # the same with a junction off the grid (prefix-match unit 64: 896) -> floored to 768
+    assert pc.junction_checkpoint(0, 1500, 1500, 896, 384, 1152) == ("export", 768)
+    # 1,100 tokens: checkpoint at 768 = the junction: the prompt's own block takes it
+    assert pc.junction_checkpoint(0, 1100, 1100, 768, 384, 768) == ("covered", 768)
+    # a 1,000-token chunk: checkpoint 768 (column 1) is the junction's column too -> covered;
+    # with a finer unit its checkpoint is 960 (column 1): the junction's column -> declined
+    assert pc.junction_checkpoint(0, 1000, 1000, 768, 384, 768) == ("covered", 768)
+    assert pc.junction_checkpoint(0, 1000, 1000, 768, 384, 960) == ("", 0)
+    # no prompt checkpoint in the chunk: below the running column (cdiv(800, 384) - 1 = 2), where
+    # a block-floored junction inside the chunk always is
+    assert pc.junction_checkpoint(0, 800, 800, 768, 384, 0) == ("export", 768)
+    # a chunk starting off the block grid, a junction at or before the start, past the chunk's
+    # end, past the prompt (a resumed request replaying its output tokens), none
+    assert pc.junction_checkpoint(448, 1500, 1500, 1152, 384, 1152) == ("", 0)
+    assert pc.junction_checkpoint(768, 2000, 2000, 768, 384, 1920) == ("", 0)
+    assert pc.junction_checkpoint(0, 700, 2000, 768, 384, 0) == ("", 0)
+    assert pc.junction_checkpoint(0, 2000, 700, 768, 384, 1920) == ("", 0)
+    assert pc.junction_checkpoint(0, 1500, 1500, 0, 384, 1152) == ("", 0)
+    # a chunk starting at 384 (after a hit): the junction 1,000 floors to 384 + 512 // 384 * 384
+    assert pc.junction_checkpoint(384, 1900, 1900, 1000, 384, 1536) == ("export", 768)
+
+
+def test_junction_columns_by_hand():
+    # a row from 0 to 1,500 at block 384, its checkpoint in column 2: columns 0 and 1 are the
+    # candidates; column 1 holds block 17 -> a junction at 768; null blocks (id 0) are none
+    assert pc.junction_columns(0, 1500, 384, 2, [0, 17, 9, 5]) == [(768, 1)]
+    assert pc.junction_columns(0, 1500, 384, 2, [0, 0, 9, 5]) == []
+    # no checkpoint: up to the running column (cdiv(1200, 384) - 1 = 3); a row starting at 384
+    assert pc.junction_columns(0, 1200, 384, -1, [0, 4, 6, 8]) == [(768, 1), (1152, 2)]
+    assert pc.junction_columns(384, 1500, 384, 2, [11, 12, 9, 5]) == [(384, 1)]
+    # a start off the block grid: none
+    assert pc.junction_columns(448, 1500, 384, 2, [11, 12, 9, 5]) == []
+
+
+def test_plan_with_a_junction_by_hand():
+    # a decode, then A (1,500 tokens: junction at 768 in column 1, checkpoint at 1,152 in column 2)
+    # and B (300 tokens, checkpoint at 128 in column 0)
+    qsl = [0, 1, 1501, 1801]
+    plan = pc.plan_step(qsl, [0, 1152, 128], [-1, 2, 0], num_decodes=1, junctions={1: [(768, 1)]})
+    assert plan.rows == (1, 1, 2) and plan.offsets == (768, 1152, 128) and plan.cols == (1, 2, 0)
+    assert plan.conv_end == (769, 1153, 1629)
+    # chunks of 64: A has 24 (0-23), B starts at 24: 768 // 64 = 12, 1152 // 64 = 18, 24 + 2
+    assert plan.chunk_index == (12, 18, 26) and plan.chunk_starts == (0, 24) and plan.num_chunks == 29
+    # rounds: A's three segments, B's two; the junction ends round 0, A's checkpoint round 1
+    assert plan.rounds == (((0, 0, 768), (1, 1500, 1628)), ((0, 768, 1152), (1, 1628, 1800)),
+                           ((0, 1152, 1500),))
+    assert plan.round_of == (0, 1, 0) and plan.ckpt_seq == (0, 0, 1) and plan.several_per_row
+    # the two-call split's view: heads up to each row's first checkpoint
+    assert plan.head_spans == ((0, 768), (1500, 1628)) and plan.tail_spans == ((768, 1500), (1628, 1800))
+    with pytest.raises(ValueError, match="repeated"):
+        pc.plan_step(qsl, [0, 768, 0], [-1, 1, -1], num_decodes=1, junctions={1: [(768, 1)]})
+    # a junction alone (no prompt checkpoint in the row) makes a plan too
+    alone = pc.plan_step(qsl, [0, 0, 0], [-1, -1, -1], num_decodes=1, junctions={1: [(768, 1)]})
+    assert alone.rows == (1,) and alone.rounds[1] == ((0, 768, 1500),) and not alone.several_per_row

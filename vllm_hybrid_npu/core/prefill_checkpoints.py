@@ -13,7 +13,7 @@ rule, shaped as vLLM 0.33's ``compute_mamba_prefill_checkpoints`` (per row an of
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 #: ``prefill_checkpoint_alignment`` the GDN exporters declare, tokens: the chunk of vLLM's and
 #: vllm-ascend's GDN chunk kernels (a checkpoint on a chunk boundary, after >= width - 1 rows).
@@ -74,6 +74,48 @@ def checkpoint_offsets(seq_lens: Sequence[int], query_lens: Sequence[int], *,
     return offsets, cols
 
 
+def junction_checkpoint(start: int, end: int, num_prompt_tokens: int, junction: int, block: int,
+                        checkpoint_position: int) -> tuple[str, int]:
+    """Whether a prefill chunk ``[start, end)`` (tokens) can run past the request's shared-prefix
+    junction (vLLM's ``request.shared_prefix_boundary``: attention blocks cached up to there, no
+    GDN state) with the junction's state exported from inside the step, where vLLM 0.30 / 0.32's
+    ``Scheduler._mamba_block_aligned_split`` ends the chunk at the junction floored to the block
+    (``start + (junction - start) // block * block``, ``jf``) so that align mode caches the state
+    there. The scheduler's and the KV-cache manager's wrappers both ask this, with the prompt
+    checkpoint the manager reserves in the same chunk (``checkpoint_position``, 0 for none; its
+    block-table column is ``cdiv(end, block) - 2``), so they decide in lockstep.
+
+    Returns ``("export", jf)`` (a block at column ``jf // block - 1`` takes the state at ``jf``),
+    ``("covered", jf)`` (the prompt checkpoint is at ``jf``: its block takes that state) or
+    ``("", 0)``: no junction, a chunk start off the block grid (the running state is not at a block
+    boundary), ``jf`` not strictly inside the chunk or past the prompt, or ``jf``'s column not
+    below the prompt checkpoint's (or the running state's) column."""
+    if junction <= 0 or block <= 0 or start % block:
+        return "", 0
+    jf = start + (junction - start) // block * block
+    if not start < jf < end or jf > num_prompt_tokens:
+        return "", 0
+    if checkpoint_position == jf:
+        return "covered", jf
+    limit = -(-end // block) - (2 if checkpoint_position else 1)
+    return ("export", jf) if jf // block - 1 < limit else ("", 0)
+
+
+def junction_columns(start: int, seq_len: int, block: int, checkpoint_col: int,
+                     table_row: Sequence[int]) -> list[tuple[int, int]]:
+    """The junction checkpoints of one prefill row as the worker finds them: ``(offset, column)``
+    for every block-table column in ``[start // block, limit)`` holding a real block (id != 0,
+    vLLM's null block), ``limit`` the prompt checkpoint's column ``checkpoint_col`` (or, with none,
+    -1, the running state's column ``cdiv(seq_len, block) - 1``). In align mode vLLM leaves those
+    columns null; the KV-cache manager entry of :func:`junction_checkpoint` puts a block in the
+    junction's column. ``offset`` is from the row's first token in the step (``start``, tokens);
+    none for a start off the block grid."""
+    if start % block:
+        return []
+    limit = checkpoint_col if checkpoint_col >= 0 else -(-seq_len // block) - 1
+    return [((c + 1) * block - start, c) for c in range(start // block, limit) if table_row[c]]
+
+
 @dataclasses.dataclass(frozen=True)
 class StepPlan:
     """The prefill checkpoints of one step for one GDN KV-cache group (host values, tokens).
@@ -89,7 +131,11 @@ class StepPlan:
     The split of the prefill rows (token indices relative to the first prefill token, batch index
     ``prefill_start``, after ``num_decodes`` decode rows): ``head_spans`` / ``head_bounds`` (spans,
     cu_seqlens [P + 1]) of the first kernel call, every prefill row with each checkpointed row cut
-    at its checkpoint; ``tail_spans`` / ``tail_bounds`` of the second, the checkpointed rows' rest.
+    at its first checkpoint; ``tail_spans`` / ``tail_bounds`` of the second, the checkpointed rows'
+    rest. With several checkpoints in a row (a shared-prefix junction before the prompt's own),
+    ``rounds`` cuts at every one: round ``k`` holds each row's ``k``-th segment as ``(row among the
+    prefill rows, start, end)``, row order (round 0: ``head_spans``), and ``round_of`` says per
+    checkpoint which round ends at it (its state is the row's running state after that round).
     """
 
     rows: tuple[int, ...]
@@ -107,6 +153,13 @@ class StepPlan:
     num_prefill_tokens: int
     chunk_starts: tuple[int, ...]
     num_chunks: int
+    rounds: tuple[tuple[tuple[int, int, int], ...], ...]
+    round_of: tuple[int, ...]
+
+    @property
+    def several_per_row(self) -> bool:
+        """Some row has more than one checkpoint (the two-call split cannot export it)."""
+        return len(self.rounds) > 2
 
     @property
     def tails_are_suffix(self) -> bool:
@@ -128,40 +181,54 @@ class StepPlan:
 
 
 def plan_step(query_start_loc: Sequence[int], offsets: Sequence[int], cols: Sequence[int],
-              num_decodes: int, chunk: int = ALIGNMENT) -> StepPlan | None:
+              num_decodes: int, chunk: int = ALIGNMENT,
+              junctions: Mapping[int, Sequence[tuple[int, int]]] | None = None) -> StepPlan | None:
     """The step's :class:`StepPlan` (or None without checkpoints) from the rows' batch token
     offsets ``query_start_loc`` (int [R + 1], host), the per-row ``offsets`` and ``cols`` of
     :func:`checkpoint_offsets` (or vLLM 0.33's ``compute_mamba_prefill_checkpoints``), the leading
-    decode rows and the chunk kernel's ``chunk`` (tokens, for :attr:`StepPlan.chunk_index`).
-    Raises ValueError for a checkpoint on a decode row or an offset outside ``(0, query_len)``."""
-    if not any(offsets):
+    decode rows, the chunk kernel's ``chunk`` (tokens, for :attr:`StepPlan.chunk_index`) and the
+    rows' shared-prefix junction checkpoints (``junctions``: row -> ``[(offset, column)]``, from
+    :func:`junction_columns`). A row's checkpoints are ordered by offset. Raises ValueError for a
+    checkpoint on a decode row, an offset outside ``(0, query_len)`` or two at one offset."""
+    junctions = junctions or {}
+    if not any(offsets) and not any(junctions.values()):
         return None
     base = int(query_start_loc[num_decodes])
     checkpoints, head_spans, tail_spans, head_bounds, tail_bounds = [], [], [], [0], [0]
+    rounds: list[list[tuple[int, int, int]]] = [[]]
     chunks_before, chunk_starts = 0, []
     for row, off in enumerate(map(int, offsets)):
         start, end = int(query_start_loc[row]), int(query_start_loc[row + 1])
+        own = sorted([*([(off, int(cols[row]))] if off else []), *junctions.get(row, ())])
         if row < num_decodes:
-            if off:
+            if own:
                 raise ValueError(f"row {row} is a decode row and cannot have a checkpoint")
             continue
         s, e = start - base, end - base
-        if off:
-            if not 0 < off < end - start:
-                raise ValueError(f"row {row}: checkpoint offset {off} outside (0, {end - start})")
-            # row, offset, column, conv end, chunk index, row among the prefill rows
-            checkpoints.append((row, off, int(cols[row]), start + off,
-                                chunks_before + off // chunk, row - num_decodes))
-            tail_spans.append((s + off, e))
-            tail_bounds.append(tail_bounds[-1] + e - s - off)
-        head_spans.append((s, s + off if off else e))
-        head_bounds.append(head_bounds[-1] + (off or e - s))
+        cuts = [o for o, _ in own]
+        if any(not 0 < o < end - start for o in cuts) or len(set(cuts)) < len(cuts):
+            raise ValueError(f"row {row}: checkpoint offsets {cuts}: outside (0, {end - start}) or repeated")
+        for k, (o, col) in enumerate(own):
+            # row, offset, column, conv end, chunk index, row among the prefill rows, round it ends
+            checkpoints.append((row, o, col, start + o, chunks_before + o // chunk, row - num_decodes, k))
+        edges = [0, *cuts, end - start]
+        for k, (a, b) in enumerate(zip(edges, edges[1:])):
+            if k == len(rounds):
+                rounds.append([])
+            rounds[k].append((row - num_decodes, s + a, s + b))
+        first = cuts[0] if cuts else 0
+        if first:
+            tail_spans.append((s + first, e))
+            tail_bounds.append(tail_bounds[-1] + e - s - first)
+        head_spans.append((s, s + first if first else e))
+        head_bounds.append(head_bounds[-1] + (first or e - s))
         chunk_starts.append(chunks_before)
         chunks_before += -(-(e - s) // chunk)
-    rows, offs, ckcols, conv_end, chunk_index, ckpt_seq = zip(*checkpoints)  # any(offsets): >= 1
+    rows, offs, ckcols, conv_end, chunk_index, ckpt_seq, round_of = zip(*checkpoints)  # >= 1
     return StepPlan(
         rows=rows, offsets=offs, cols=ckcols, conv_end=conv_end, chunk_index=chunk_index,
         num_decodes=num_decodes, prefill_start=base, head_bounds=tuple(head_bounds),
         head_spans=tuple(head_spans), tail_bounds=tuple(tail_bounds), tail_spans=tuple(tail_spans),
         ckpt_seq=ckpt_seq, num_prefill_tokens=int(query_start_loc[len(offsets)]) - base,
-        chunk_starts=tuple(chunk_starts), num_chunks=chunks_before)
+        chunk_starts=tuple(chunk_starts), num_chunks=chunks_before,
+        rounds=tuple(tuple(r) for r in rounds), round_of=round_of)

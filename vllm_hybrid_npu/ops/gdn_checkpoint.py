@@ -166,6 +166,9 @@ def run_split(run: Callable[..., tuple[torch.Tensor, torch.Tensor]], md: Checkpo
     where given) and ``final_state`` [P, ...] as one unsplit call returns them, and the checkpoint
     states [n, ...] (kernel layout) in ``cache_dtype``, the SSM cache's."""
     plan = md.plan
+    if plan.several_per_row:
+        raise ValueError("the split exports one checkpoint per row; this step plans several in a "
+                         "row (a shared-prefix junction): not on this path")
     if plan.tails_are_suffix:
         cut = plan.head_bounds[-1]
         heads, tails = tuple(x[:, :cut] for x in inputs), tuple(x[:, cut:] for x in inputs)

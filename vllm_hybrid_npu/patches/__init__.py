@@ -14,6 +14,9 @@ One module per patched upstream module (or, for ``gdn_prefill_checkpoint``, per 
   (``MambaSpec.num_prefill_checkpoint_blocks``): no block-aligned split in align mode (CPU, CUDA).
 * :mod:`.resend_tail` - vLLM 0.32's resend boundary for a prompt's partial attention tail, on
   vLLM 0.30 engines that declare prefill checkpoints.
+* :mod:`.gdn_junction` - shared-prefix junction states exported from inside the step (vLLM 0.30,
+  the CPU exporter path): the scheduler's junction stop dropped where the step writes that state,
+  the KV-cache manager reserving its block in the split's column.
 * :mod:`.vllm_v1_core_sched_scheduler` - ``Scheduler.schedule`` / ``make_stats`` and
   ``KVCacheManager.free`` / ``pop_blocks_for_free``: state-move and miss-reason counters carried
   to ``/metrics`` in ``SchedulerStats`` (:mod:`vllm_hybrid_npu.metrics`).
@@ -24,8 +27,11 @@ called by the model runner, the copy plan and its staging. ``docs/patches.md`` i
 
 ``VLLM_HYBRID_NPU_PATCHES=none`` applies nothing (upstream unchanged; the load line says so).
 
-No entry changes scheduling: checkpoint placement is vLLM's on every target (issue 20). The
-former ``checkpoint-policy`` entry and its policies are the hit-rate lab's
+Checkpoint placement is vLLM's on every target (issue 20): the plugin installs no scheduler. Two
+things move a chunk's end, both where a step exports the state vLLM would have stopped for: the
+prefill-checkpoint declaration (vLLM's own interface drops the split at a cold prompt's end) and
+the junction entries (:mod:`.gdn_junction`, one rule for the scheduler and the KV-cache manager).
+The former ``checkpoint-policy`` entry and its policies are the hit-rate lab's
 (``vllm_hybrid_npu_lab.scheduling``); :func:`apply_patches` rejects
 ``VLLM_HYBRID_NPU_CHECKPOINTS`` set to a policy (:mod:`vllm_hybrid_npu.core.placement`).
 """
@@ -51,6 +57,7 @@ PATCH_MODULES = (
     "vllm_hybrid_npu.patches.worker_warmup",
     "vllm_hybrid_npu.patches.gdn_prefill_checkpoint",
     "vllm_hybrid_npu.patches.resend_tail",
+    "vllm_hybrid_npu.patches.gdn_junction",
     "vllm_hybrid_npu.patches.vllm_ascend_gdn",
     "vllm_hybrid_npu.patches.vllm_v1_core_sched_scheduler",
 )

@@ -180,7 +180,7 @@ def build_checkpoints(builder: Any, common: Any, metadata: Any, stack: Stack,
     if (getattr(spec, "num_prefill_checkpoint_blocks", 0) <= 0 or metadata.num_prefills == 0
             or metadata.spec_sequence_masks is not None):
         return None
-    n, path = int(common.num_reqs), None
+    n, path, junctions = int(common.num_reqs), None, {}
     qsl = common.query_start_loc_cpu[: n + 1].tolist()
     if stack.vllm in VLLM_PLAN:  # request rows 0..n-1; each row's block (gathered) as a column
         planned = metadata.checkpoint
@@ -194,18 +194,40 @@ def build_checkpoints(builder: Any, common: Any, metadata: Any, stack: Stack,
         from vllm.v1 import kv_cache_interface as kv
 
         spec_config = config.speculative_config
+        seq_lens, qlens = common.seq_lens_cpu_upper_bound[:n].tolist(), [e - s for s, e in zip(qsl, qsl[1:])]
         offsets, cols = core.checkpoint_offsets(
-            common.seq_lens_cpu_upper_bound[:n].tolist(), [e - s for s, e in zip(qsl, qsl[1:])],
+            seq_lens, qlens,
             hash_block_size=getattr(config.cache_config, "prefix_match_unit", None) or spec.block_size,
             block_size=spec.block_size, alignment=spec.prefill_checkpoint_alignment,
             drop_eagle_block=bool(spec_config is not None and spec_config.use_eagle_block_drop()),
             position_fn=kv.get_mamba_prefill_checkpoint_position,
             valid_fn=kv.is_mamba_prefill_checkpoint_valid)
-    if (plan := core.plan_step(qsl, offsets, cols, metadata.num_decodes)) is None:
+        if (path := exporter_path(config, stack.target)[0]) in JUNCTION_PATHS:
+            junctions = _junctions(table, seq_lens, qlens, cols, metadata.num_decodes, spec.block_size)
+    if (plan := core.plan_step(qsl, offsets, cols, metadata.num_decodes, junctions=junctions)) is None:
         return None
     method = export_method(path or exporter_path(config, stack.target)[0], spec, config)
     return ops.build_metadata(plan, table, _to_device(table.device), method,
                               kernel_meta(builder, table.device) if method == "split" else None)
+
+
+#: Exporter paths that export shared-prefix junction states (:mod:`.gdn_junction`): the block
+#: table is host memory there, so the builder finds the junction blocks without a device read.
+JUNCTION_PATHS = ("cpu",)
+
+
+def _junctions(table: Any, seq_lens: list, qlens: list, cols: list, num_decodes: int,
+               block: int) -> dict[int, list[tuple[int, int]]]:
+    """Per prefill row the junction checkpoints the KV-cache manager reserved a block for
+    (:func:`core.junction_columns` on the row of ``table``, a host tensor [R, columns])."""
+    out = {}
+    for r in range(num_decodes, len(qlens)):
+        start = seq_lens[r] - qlens[r]
+        limit = cols[r] if cols[r] >= 0 else -(-seq_lens[r] // block) - 1
+        if qlens[r] > 1 and start % block == 0 and limit > start // block:
+            if found := core.junction_columns(start, seq_lens[r], block, cols[r], table[r, :limit].tolist()):
+                out[r] = found
+    return out
 
 
 def make_builder(kernel_meta: Callable[[Any, Any], ops.KernelMeta | None]):
@@ -342,9 +364,10 @@ def _make_cpu_forward(upstream: Any, stack: Stack) -> Any:
             return upstream(layer, attn_metadata_i, mixed_qkv, b, a, core_attn_out)
         rounds = ck.memo("cpu-rounds", lambda: _cpu_rounds(ck.plan, attn_metadata_i))
         for idx, sub, copy in rounds:
-            if copy is not None:  # the heads' running states (conv, SSM) are the checkpoints
+            if copy is not None:  # the running states (conv, SSM) after a round are checkpoints
+                dst, src = copy
                 for state in (layer.kv_cache[0], layer.kv_cache[1]):
-                    state[ck.slots] = state[copy]
+                    state[ck.slots[dst]] = state[src]
             out = core_attn_out.new_zeros((idx.numel(), *core_attn_out.shape[1:]))
             upstream(layer, sub, mixed_qkv[idx], b[idx], a[idx], out)
             core_attn_out[idx] = out
@@ -353,17 +376,20 @@ def _make_cpu_forward(upstream: Any, stack: Stack) -> Any:
 
 
 def _cpu_rounds(plan: core.StepPlan, md: Any) -> list:
-    """vLLM's CPU GDN function (conv and recurrence in one) split in two calls: the decodes and the
-    prefill heads, then the tails once the running states are copied into the checkpoint blocks.
-    ``(token index, metadata, copy source)`` per call."""
+    """vLLM's CPU GDN function (conv and recurrence in one) split at the checkpoints: the decodes
+    and every prefill row up to its first checkpoint, then (``plan.rounds``) each row's next
+    segment once the running states are copied into the checkpoint blocks that segment starts at.
+    ``(token index, metadata, copy)`` per call; ``copy`` None or ``(checkpoints, source states)``."""
     states, initial = md.non_spec_state_indices_tensor.tolist(), md.has_initial_state.tolist()
-    d, base, ck = plan.num_decodes, plan.prefill_start, [states[r] for r in plan.rows]
-    heads = [(t, t + 1, states[t], True) for t in range(d)] + [
-        (s + base, e + base, states[d + i], bool(initial[d + i]))
-        for i, (s, e) in enumerate(plan.head_spans) if e > s]
-    tails = [(s + base, e + base, st, True) for (s, e), st in zip(plan.tail_spans, ck)]
-    out = []
-    for rows, decodes, copy in ((heads, d, None), (tails, 0, torch.tensor(ck))):
+    d, base, out = plan.num_decodes, plan.prefill_start, []
+    for k, spans in enumerate(plan.rounds):
+        rows = [(t, t + 1, states[t], True) for t in range(d)] if k == 0 else []
+        rows += [(s + base, e + base, states[d + q], bool(initial[d + q]) or k > 0)
+                 for q, s, e in spans if e > s]
+        ends = [i for i, r in enumerate(plan.round_of) if r == k - 1]
+        copy = None if k == 0 else (torch.tensor(ends), torch.tensor(
+            [states[d + plan.ckpt_seq[i]] for i in ends]))
+        decodes = d if k == 0 else 0
         cu = [0, *itertools.accumulate(e - s for s, e, _, _ in rows)]
         out.append((torch.tensor([t for s, e, _, _ in rows for t in range(s, e)]), dataclasses.replace(
             md, num_decodes=decodes, num_decode_tokens=decodes, num_prefills=len(rows) - decodes,

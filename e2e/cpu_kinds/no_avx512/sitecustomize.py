@@ -2,7 +2,7 @@
 
 Put this folder on ``PYTHONPATH`` (``make test-no-avx512``): Python imports ``sitecustomize`` at
 start-up in every process, vLLM's server subprocesses included, and this one makes torch report
-neither AVX-512 nor AVX-512-BF16. vLLM 0.30.0's CPU platform (``vllm/platforms/cpu.py``) reads
+neither AVX-512 nor AVX-512-BF16 (nor AMX, which comes only with AVX-512). vLLM 0.30.0's CPU platform (``vllm/platforms/cpu.py``) reads
 exactly these two probes to choose what differs between the two kinds of CPU this project's CI
 runs on: the SSM state dtype (float32 only with AVX-512-BF16, else the model's bf16), hence the
 hybrid block size (384 against 256 tokens for the tiny Qwen3-Next), the conv state layout
@@ -46,3 +46,10 @@ import torch.cpu as _cpu
 
 _cpu._is_avx512_supported = lambda: False
 _cpu._is_avx512_bf16_supported = lambda: False
+# AMX (Intel Sapphire Rapids and later) comes only with AVX-512: on an Intel machine with AMX,
+# vLLM 0.30's CPU linear layers take the AMX "SGL" kernels (check_cpu_sgl_kernel), which exist in
+# vllm._C_AVX512 only, and fail in vllm._C ("no attribute 'convert_weight_packed'", seen on an
+# Intel Xeon with AMX, 2026-11-28)
+for _probe in ("_is_amx_tile_supported", "_is_amx_fp16_supported"):
+    if hasattr(_cpu, _probe):
+        setattr(_cpu, _probe, lambda: False)

@@ -1,0 +1,130 @@
+"""The junction entries (:mod:`vllm_hybrid_npu.patches.gdn_junction`) around stand-in upstream
+functions, hand-counted (the real scheduler and managers: ``e2e/test_prefill_checkpoints.py``,
+``test_shared_prefix_junction_exported_inside_the_step``).
+
+* the scheduler's split: upstream's chunk, or upstream's without the junction stop where the rule
+  exports (the request's junction restored either way);
+* ``allocate_slots``: the junction handed to the Mamba managers for that call only;
+* the Mamba manager: one block more counted, and put in the junction's column (after a
+  copy-on-write block of a new request too); a column that is not free keeps upstream's blocks.
+"""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+
+pytest.importorskip("vllm.v1.kv_cache_interface")
+
+from vllm_hybrid_npu.patches import gdn_junction as mod  # noqa: E402
+
+B = 384
+
+
+class Block:
+    def __init__(self, block_id):
+        self.block_id, self.is_null = block_id, block_id == 0
+
+    def __repr__(self):
+        return f"B{self.block_id}"
+
+
+NULL = Block(0)
+
+
+def _rule(*managers):
+    return mod.JunctionRule(block=B, hash_block=B, alignment=64, eagle_drop=False, managers=managers)
+
+
+def _request(prompt=1500, junction=768, computed=0):
+    return types.SimpleNamespace(request_id="r", num_prompt_tokens=prompt, num_computed_tokens=computed,
+                                 shared_prefix_boundary=junction)
+
+
+def test_split_runs_past_an_exported_junction():
+    seen = []
+
+    def upstream(self, request, n, local=0, external=0):  # vLLM: stops at the junction
+        seen.append(request.shared_prefix_boundary)
+        j = request.shared_prefix_boundary
+        return j - request.num_computed_tokens - local if j and j < n else n
+
+    sched = types.SimpleNamespace(**{mod.RULE: _rule()})
+    split = mod._make_split(upstream, None)
+    req = _request()
+    assert split(sched, req, 1500) == 1500 and seen == [768, 0] and req.shared_prefix_boundary == 768
+    # 1,000 tokens: the prompt checkpoint (960 at a 64-token unit) shares the junction's column
+    sched = types.SimpleNamespace(**{mod.RULE: dataclass_replace(_rule(), hash_block=64)})
+    assert split(sched, _request(prompt=1000), 1000) == 768
+    # no rule (a path without the export): upstream's stop, upstream called once
+    seen.clear()
+    assert split(types.SimpleNamespace(**{mod.RULE: None}), _request(), 1500) == 768 and seen == [768]
+
+
+def dataclass_replace(rule, **kw):
+    import dataclasses
+
+    return dataclasses.replace(rule, **kw)
+
+
+def test_allocate_slots_hands_the_junction_for_one_call():
+    mamba = types.SimpleNamespace()
+    kvm = types.SimpleNamespace(**{mod.RULE: _rule(mamba)})
+    during = []
+
+    def upstream(self, request, n, new_computed=0, blocks=None, lookahead=0, external=0, *a, **k):
+        during.append(dict(vars(mamba).get(mod.HINT, {})))
+        if k.get("boom"):
+            raise RuntimeError("boom")
+        return "blocks"
+
+    alloc = mod._make_allocate(upstream, None)
+    assert alloc(kvm, _request(), 1500) == "blocks" and during[-1] == {"r": 768}
+    assert vars(mamba)[mod.HINT] == {}
+    with pytest.raises(RuntimeError):
+        alloc(kvm, _request(), 1500, boom=True)
+    assert during[-1] == {"r": 768} and vars(mamba)[mod.HINT] == {}
+    alloc(kvm, _request(), 700)  # the chunk ends before the junction
+    alloc(kvm, _request(junction=0), 1500)
+    assert during[-2:] == [{}, {}]
+
+
+def _manager(blocks, hint):
+    pool = types.SimpleNamespace(get_new_blocks=lambda n: [Block(99)])
+    m = types.SimpleNamespace(block_size=B, req_to_blocks={"r": blocks}, block_pool=pool)
+    vars(m)[mod.HINT] = hint
+    return m
+
+
+def test_manager_puts_the_junction_block_in_its_column():
+    def upstream(self, rid, num_tokens, main):  # vLLM 0.30 align mode: nulls, checkpoint, running
+        before = len(self.req_to_blocks[rid])
+        self.req_to_blocks[rid] += [NULL, NULL, Block(5), Block(6)]
+        return self.req_to_blocks[rid][before:]
+
+    m = _manager([], {"r": 768})
+    out = mod._make_blocks(upstream, None)(m, "r", 1500, 1500)
+    assert [b.block_id for b in m.req_to_blocks["r"]] == [0, 99, 5, 6] == [b.block_id for b in out]
+    count = mod._make_count(lambda self, rid, *a, **k: 3, None)
+    assert count(m, "r", 1500) == 4 and count(_manager([], {}), "r", 1500) == 3
+
+    def with_cow(self, rid, num_tokens, main):  # a new request's partial hit: a CoW block first
+        self.req_to_blocks[rid] += [NULL, NULL, Block(5), Block(6)]
+        return [Block(7), *self.req_to_blocks[rid][1:]]
+
+    m = _manager([Block(3)], {"r": 768})  # one hit column before the step
+    out = mod._make_blocks(with_cow, None)(m, "r", 1500, 1500)
+    assert [b.block_id for b in m.req_to_blocks["r"]] == [3, 99, 0, 5, 6]
+    assert [b.block_id for b in out] == [7, 99, 0, 5, 6]
+
+
+def test_manager_keeps_a_column_that_is_not_free():
+    def upstream(self, rid, num_tokens, main):
+        before = len(self.req_to_blocks[rid])
+        self.req_to_blocks[rid] += [NULL, Block(4), Block(5), Block(6)]
+        return self.req_to_blocks[rid][before:]
+
+    m = _manager([], {"r": 768})
+    out = mod._make_blocks(upstream, None)(m, "r", 1500, 1500)
+    assert [b.block_id for b in out] == [0, 4, 5, 6]

@@ -1,0 +1,209 @@
+"""Shared-prefix junction states exported from inside the step: no align-mode stop at a junction.
+
+When a request's attention blocks hit a prefix that has no GDN state at its end (the second
+request sharing a system prompt, a document asked a second question), vLLM 0.30 sets
+``request.shared_prefix_boundary`` (the attention hit, ``KVCacheManager.get_computed_blocks``) and
+``Scheduler._mamba_block_aligned_split`` ends the request's chunk there, floored to the block
+(``jf``), so that align mode caches the state at ``jf`` for the next sharer: one more prefill
+step for that request, even where the GDN layers export the prompt's own checkpoint from inside
+the step (:mod:`.gdn_prefill_checkpoint`). Here, where the exporter path can also write the
+junction state (:data:`~.gdn_prefill_checkpoint.JUNCTION_PATHS`: vLLM's CPU GDN function), the
+chunk runs on and the state at ``jf`` goes into a block of its own, in the block-table column
+vLLM's split would have left it in (``jf // block - 1``), so vLLM caches it there under the same
+block hash, retention rule and host-tier offer as the split's step end. One rule decides for all
+(:func:`vllm_hybrid_npu.core.prefill_checkpoints.junction_checkpoint`):
+
+* ``Scheduler._mamba_block_aligned_split`` (``gdn-junction-split``): upstream's chunk, and
+  upstream's chunk without the junction stop; the longer one where the rule exports (or the
+  prompt checkpoint sits at ``jf`` already);
+* ``KVCacheManager.allocate_slots`` (``gdn-junction-allocate``): the same rule on the chunk being
+  allocated; a hit hands each align-mode Mamba manager the junction for this call only;
+* ``MambaManager.get_num_blocks_to_allocate`` / ``allocate_new_blocks`` (``gdn-junction-count``,
+  ``gdn-junction-blocks``): one block more, put in the junction's column (vLLM leaves it null);
+  vLLM's own ``cache_blocks`` then caches it (the junction is one of its reachable boundaries);
+* the worker's GDN metadata builder finds that block in the host block table and plans a second
+  checkpoint in the row (``core.junction_columns``); vLLM's CPU GDN function runs in one more round.
+
+Elsewhere (CUDA, the NPU: the block table is device memory; vLLM 0.32 / 0.33, whose managers
+reserve checkpoints by other rules; speculative decoding) nothing applies and vLLM stops at the
+junction, as before. A junction the manager cannot place (its column not null) keeps nothing
+there: the chunk already ran past it, so a later sharer hits less, but no block is cached
+unwritten. Until: vLLM exports junction states inside the step itself (RFC #52959).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+from typing import Any
+
+from vllm_hybrid_npu.core import prefill_checkpoints as core
+from vllm_hybrid_npu.patches import gdn_prefill_checkpoint as gdn
+from vllm_hybrid_npu.support import Stack
+
+logger = logging.getLogger("vllm_hybrid_npu")
+
+#: The KV-cache manager's rule (:class:`JunctionRule`), set by the scheduler entry; None: off.
+RULE = "_vhn_junction_rule"
+#: A Mamba manager's ``{request id: junction position}`` for the allocation in progress.
+HINT = "_vhn_junction"
+VERSIONS = ("0.30.0",)
+
+
+@dataclasses.dataclass(frozen=True)
+class JunctionRule:
+    """The engine's parameters of :func:`core.junction_checkpoint` (tokens): the Mamba block, the
+    prefix-match unit (vLLM's hash block), the declared checkpoint alignment, EAGLE's block drop;
+    and the engine's align-mode Mamba managers that declare prefill checkpoints."""
+
+    block: int
+    hash_block: int
+    alignment: int
+    eagle_drop: bool
+    managers: tuple
+
+    def decide(self, request: Any, start: int, end: int) -> tuple[str, int]:
+        """The rule on the chunk ``[start, end)`` of ``request``, with the prompt checkpoint vLLM
+        0.30's ``MambaManager.get_num_blocks_to_allocate`` reserves for that chunk (the last
+        hash boundary before ``end`` where ``is_mamba_prefill_checkpoint_valid``)."""
+        from vllm.v1.kv_cache_interface import (get_mamba_prefill_checkpoint_position,
+                                                is_mamba_prefill_checkpoint_valid)
+
+        position = get_mamba_prefill_checkpoint_position(end, self.hash_block, self.eagle_drop)
+        valid = is_mamba_prefill_checkpoint_valid(
+            query_start=start, query_end=end, checkpoint_position=position,
+            hash_block_size=self.hash_block, mamba_block_size=self.block,
+            checkpoint_alignment=self.alignment)
+        return core.junction_checkpoint(start, end, request.num_prompt_tokens,
+                                        getattr(request, "shared_prefix_boundary", 0) or 0,
+                                        self.block, position if valid else 0)
+
+
+def _rule(scheduler: Any, stack: Stack) -> JunctionRule | None:
+    """The scheduler's :class:`JunctionRule`, or None where junctions keep vLLM's stop; decided
+    once per scheduler and handed to its KV-cache manager (:data:`RULE`)."""
+    if hasattr(scheduler, RULE):
+        return getattr(scheduler, RULE)
+    rule = None
+    managers = tuple(m for m in scheduler.kv_cache_manager.coordinator.single_type_managers
+                     if type(m).__name__ == "MambaManager" and m.mamba_cache_mode == "align"
+                     and getattr(m, "has_prefill_checkpoint_blocks", False))
+    if (managers and scheduler.mamba_has_prefill_checkpoint_blocks
+            and not scheduler.use_eagle_block_drop and not scheduler.mamba_fine_grained_prefix_cache
+            and gdn.exporter_path(scheduler.vllm_config, stack.target)[0] in gdn.JUNCTION_PATHS):
+        rule = JunctionRule(scheduler.cache_config.block_size, scheduler.hash_block_size,
+                            scheduler.mamba_prefill_checkpoint_alignment, False, managers)
+        logger.info("vllm-hybrid-npu: shared-prefix junction states exported from inside the step "
+                    "(block %d tokens): the scheduler does not stop at a junction it can export",
+                    rule.block)
+    setattr(scheduler, RULE, rule)
+    setattr(scheduler.kv_cache_manager, RULE, rule)
+    return rule
+
+
+def _make_split(upstream: Any, stack: Stack) -> Any:
+    @functools.wraps(upstream)
+    def _mamba_block_aligned_split(self, request, num_new_tokens, num_new_local_computed_tokens=0,
+                                   num_external_computed_tokens=0):
+        args = (num_new_tokens, num_new_local_computed_tokens, num_external_computed_tokens)
+        n = upstream(self, request, *args)
+        junction = getattr(request, "shared_prefix_boundary", 0)
+        if not junction or n >= num_new_tokens or (rule := _rule(self, stack)) is None:
+            return n
+        request.shared_prefix_boundary = 0  # upstream only reads it: its chunk without the stop
+        try:
+            free = upstream(self, request, *args)
+        finally:
+            request.shared_prefix_boundary = junction
+        start = request.num_computed_tokens + num_new_local_computed_tokens + num_external_computed_tokens
+        return free if free > n and rule.decide(request, start, start + free)[0] else n
+
+    return _mamba_block_aligned_split
+
+
+def _make_allocate(upstream: Any, stack: Stack) -> Any:
+    @functools.wraps(upstream)
+    def allocate_slots(self, request, num_new_tokens, num_new_computed_tokens=0,
+                       new_computed_blocks=None, num_lookahead_tokens=0,
+                       num_external_computed_tokens=0, *args, **kwargs):
+        call = (request, num_new_tokens, num_new_computed_tokens, new_computed_blocks,
+                num_lookahead_tokens, num_external_computed_tokens, *args)
+        rule = getattr(self, RULE, None)
+        if rule is None or num_new_tokens <= 0 or not getattr(request, "shared_prefix_boundary", 0):
+            return upstream(self, *call, **kwargs)
+        start = request.num_computed_tokens + num_new_computed_tokens + num_external_computed_tokens
+        decision, position = rule.decide(request, start, start + num_new_tokens)
+        if decision != "export":
+            return upstream(self, *call, **kwargs)
+        rid = request.request_id
+        for manager in rule.managers:
+            vars(manager).setdefault(HINT, {})[rid] = position
+        try:
+            return upstream(self, *call, **kwargs)
+        finally:
+            for manager in rule.managers:
+                vars(manager)[HINT].pop(rid, None)
+
+    return allocate_slots
+
+
+def _make_count(upstream: Any, stack: Stack) -> Any:
+    @functools.wraps(upstream)
+    def get_num_blocks_to_allocate(self, request_id, *args, **kwargs):
+        n = upstream(self, request_id, *args, **kwargs)
+        return n + 1 if vars(self).get(HINT, {}).get(request_id) else n
+
+    return get_num_blocks_to_allocate
+
+
+def _make_blocks(upstream: Any, stack: Stack) -> Any:
+    @functools.wraps(upstream)
+    def allocate_new_blocks(self, request_id, *args, **kwargs):
+        position = vars(self).get(HINT, {}).get(request_id)
+        before = len(self.req_to_blocks[request_id])
+        out = upstream(self, request_id, *args, **kwargs)
+        if not position:
+            return out
+        blocks, col = self.req_to_blocks[request_id], position // self.block_size - 1
+        # ``out`` is the request's new columns (``blocks[before:]``), after a copy-on-write block
+        # for a new request's partial hit
+        at = col - before + len(out) - (len(blocks) - before)
+        if not (before <= col < len(blocks) and blocks[col].is_null and 0 <= at < len(out)):
+            gdn._log_once("junction-column", "junction at %d tokens: column %d not free (%d "
+                          "blocks before, %d after); its state is not kept", position, col,
+                          before, len(blocks))
+            return out
+        blocks[col] = out[at] = self.block_pool.get_new_blocks(1)[0]
+        return out
+
+    return allocate_new_blocks
+
+
+SINGLE_TYPE = "vllm.v1.core.single_type_kv_cache_manager"
+PATCHES = [
+    gdn.entry("gdn-junction-split", "vllm.v1.core.sched.scheduler",
+              "Scheduler._mamba_block_aligned_split", _make_split, ("cpu",),
+              "no chunk end at a shared-prefix junction whose state the step exports "
+              "(core.junction_checkpoint)", vllm=VERSIONS,
+              signature=("self", "request", "num_new_tokens", "num_new_local_computed_tokens",
+                         "num_external_computed_tokens"),
+              until="vLLM exports junction states inside the step (RFC #52959)"),
+    gdn.entry("gdn-junction-allocate", "vllm.v1.core.kv_cache_manager",
+              "KVCacheManager.allocate_slots", _make_allocate, ("cpu",),
+              "the same rule on each allocation: the align-mode Mamba managers reserve the "
+              "junction's block for that call", vllm=VERSIONS,
+              signature=("self", "request", "num_new_tokens", "num_new_computed_tokens",
+                         "new_computed_blocks", "num_lookahead_tokens",
+                         "num_external_computed_tokens"),
+              until="vLLM exports junction states inside the step (RFC #52959)"),
+    gdn.entry("gdn-junction-count", SINGLE_TYPE, "MambaManager.get_num_blocks_to_allocate",
+              _make_count, ("cpu",), "one block more for a reserved junction", vllm=VERSIONS,
+              signature=("self", "request_id"),
+              until="vLLM exports junction states inside the step (RFC #52959)"),
+    gdn.entry("gdn-junction-blocks", SINGLE_TYPE, "MambaManager.allocate_new_blocks",
+              _make_blocks, ("cpu",), "the junction's block in the column vLLM's split would have "
+              "cached it in (jf // block - 1)", vllm=VERSIONS,
+              signature=("self", "request_id"),
+              until="vLLM exports junction states inside the step (RFC #52959)"),
+]
