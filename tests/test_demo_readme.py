@@ -30,3 +30,15 @@ def test_project_readme_has_the_markers():
 
     text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     assert text.count(demo.README_BEGIN) == 1 and text.count(demo.README_END) == 1
+
+
+def test_baselines_take_the_budget_the_plugin_raised():
+    from vllm_hybrid_npu.tools.demo import raised_budget
+
+    # the token-budget entry's INFO line (core.token_budget.decide's "raise" message), as the
+    # server logs it; the last one counts (the engine core logs after the API server)
+    line = ("INFO 11-28 04:44:02 [vllm_config.py:221] vllm-hybrid-npu: max_num_batched_tokens 2048 "
+            "(vLLM's default) -> 2304 (6 blocks of 384, +256 tokens): in align mode ...")
+    assert raised_budget(line) == 2304
+    assert raised_budget(line + "\n" + line.replace("2304", "2560")) == 2560
+    assert raised_budget("vllm-hybrid-npu: token budget 4096 is a multiple of the hybrid block 256") is None

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -282,6 +283,7 @@ def run(args: argparse.Namespace) -> int:
         )
         hit_unit_lines = [l for l in server.log_text().splitlines()
                           if "vllm-hybrid-npu: block size" in l]
+        budget = raised_budget(server.log_text())
     except ServerError as exc:
         log(str(exc))
         return 2
@@ -298,14 +300,18 @@ def run(args: argparse.Namespace) -> int:
         # vLLM's own align mode (its block-aligned split): the same flags, our exporter off
         from vllm_hybrid_npu.patches.gdn_prefill_checkpoint import ENV_VAR as EXPORTER_ENV
 
+        # the baselines at the plugin's server's token budget: the same chunks, so outputs can
+        # be compared exactly (a budget the plugin raised would otherwise chunk only the baselines)
+        same_budget = [] if budget is None else ["--max-num-batched-tokens", str(budget)]
         split_results, split_metrics = _replay_on(
-            args.model, cached_args, results, {EXPORTER_ENV: "off"}, "vLLM's split", log, progress)
+            args.model, [*cached_args, *same_budget], results, {EXPORTER_ENV: "off"},
+            "vLLM's split", log, progress)
         if split_results is None:
             return 2
         steps["split"] = counter_from_metrics(split_metrics, PREFILL_STEPS_METRIC)
         ttft["split"] = _mean([r.ttft_ms for r in split_results])
         split_match = [r.cached_tokens for r in split_results]
-        base_args = ["--no-enable-prefix-caching", *CPU_SAFE_ARGS, *args.server_arg]
+        base_args = ["--no-enable-prefix-caching", *CPU_SAFE_ARGS, *args.server_arg, *same_budget]
         base_results, base_metrics = _replay_on(
             args.model, base_args, results, {}, "prefix caching off", log, progress)
         if base_results is None:
@@ -336,6 +342,7 @@ def run(args: argparse.Namespace) -> int:
             "hit_unit_log": hit_unit_lines[:1],
             "prefill_steps": steps,
             "mean_ttft_ms": ttft,
+            "token_budget": budget,
             "split_cached_tokens": split_match,
             "machine": machine_line(),
         }, indent=2))
@@ -368,7 +375,9 @@ def run(args: argparse.Namespace) -> int:
         if "off" in steps:
             name = {"off": "caching off", "split": "vLLM's split", "exporter": "exporter (plugin)"}
             out.append(f"engine steps that computed prompt tokens, {len(results)} requests one at "
-                       "a time (server /metrics): " + ", ".join(
+                       "a time (server /metrics" + ("" if budget is None else
+                                                    f"; all three at the token budget {budget}") +
+                       "): " + ", ".join(
                            f"{name[k]} {steps[k]:.0f}" for k in ("off", "split", "exporter")
                            if steps.get(k) is not None))
             out.append("mean TTFT, all requests: " + ", ".join(
@@ -415,6 +424,14 @@ def _replay_on(model, server_args, results, env, tag, log, progress):
         return None, None
     finally:
         server.stop()
+
+
+def raised_budget(log_text: str) -> int | None:
+    """The token budget (tokens) the plugin's ``token-budget`` entry raised vLLM's default to, read
+    off the server's log (its INFO line ``max_num_batched_tokens N (vLLM's default) -> M``), or
+    None where it kept the budget."""
+    found = re.findall(r"max_num_batched_tokens \d+ \(vLLM's default\) -> (\d+)", log_text)
+    return int(found[-1]) if found else None
 
 
 def machine_line() -> str:
