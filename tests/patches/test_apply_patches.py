@@ -221,6 +221,8 @@ from vllm.config import VllmConfig, SchedulerConfig
 import vllm.engine.arg_utils  # what LLM / vllm serve import first: the 0.33 flag check applies
 import vllm.v1.core.sched.scheduler  # the engine core's modules: the step counters apply
 import vllm.v1.core.single_type_kv_cache_manager
+import vllm.v1.core.kv_cache_manager
+import vllm.v1.engine.core
 # the worker's GDN modules (a model runner imports them): the prefill-checkpoint entries apply
 import vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn
 import vllm.v1.attention.backends.gdn_attn
@@ -262,7 +264,9 @@ def test_cpu_default_keeps_vllms_copy_kernel():
     expected = {"gdn-checkpoint-spec", "gdn-checkpoint-block-size", "gdn-checkpoint-plan",
                 "gdn-checkpoint-cpu"}
     if vllm.__version__.startswith("0.30."):  # vLLM 0.32 has the retention rule itself
-        expected.add("gdn-checkpoint-retention")
+        expected |= {"gdn-checkpoint-retention", "gdn-junction-split", "gdn-junction-allocate",
+                     "gdn-junction-count", "gdn-junction-blocks"}
+    expected |= {"engine-core-block-size-record", "engine-core-block-size"}
     assert expected <= set(r["applied"])
     assert r["skipped"]["gdn-checkpoint-triton"] == "not for target cpu"
     assert r["skipped"]["gdn-checkpoint-alignment"].startswith("not for vLLM")
