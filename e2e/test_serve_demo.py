@@ -140,3 +140,16 @@ def test_served_counters_explain_every_miss(cached_server, replay):
     assert copies and copies > 0 and nbytes > 0 and nbytes % copies == 0
     lines = [l for l in cached_server.log_text().splitlines() if "vllm-hybrid-npu: block size" in l]
     assert lines and f"block size {bs} tokens" in lines[0], lines
+
+
+def test_served_prompts_take_one_prefill_step_each(cached_server, replay, e2e_target_name):
+    """One request at a time, every prompt (a cold one, then hits followed by less than the token
+    budget) is computed in one engine step, as caching off computes it: the engine core aligns
+    prefill chunks to the hybrid block, not to the block size the CPU platform's handshake reset
+    it to (``engine-core-block-size``: without it, hits here were cut at a 128-token boundary)."""
+    from vllm_hybrid_npu.tools.server import counter_from_metrics
+
+    steps = counter_from_metrics(cached_server.metrics(), demo.PREFILL_STEPS_METRIC)
+    assert steps == len(replay), (steps, [(r.prompt_tokens, r.cached_tokens) for r in replay])
+    if e2e_target_name == "cpu":
+        assert "block size was reset from" in cached_server.log_text()
