@@ -48,12 +48,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib.util
-import os
-import sys
 
 import triton
 import triton.language as tl
+
+from vllm_hybrid_npu.ops._interpreter import interpreted_copy
 
 #: CUDA: resident programs per SM the grid is bounded by (programs loop over further items).
 CUDA_PROGRAMS_PER_SM = 16
@@ -408,25 +407,8 @@ def _launch_kwargs(cfg: LaunchConfig, cyclic: bool) -> dict:
 
 @functools.lru_cache(maxsize=1)
 def interpreted_kernel():
-    """This module's kernel built for the Triton interpreter (CPU tensors).
-
-    ``triton.jit`` decides compiled vs interpreted when the function is decorated, from
-    ``TRITON_INTERPRET``; a second copy of this module is executed with the variable set, so the
-    compiled kernel of the first copy stays usable in the same process.
-    """
+    """This module's kernel built for the Triton interpreter (CPU tensors;
+    :func:`vllm_hybrid_npu.ops._interpreter.interpreted_copy`)."""
     if type(batch_memcpy_kernel).__name__ == "InterpretedFunction":
         return batch_memcpy_kernel  # this very module was decorated under the interpreter
-    name = __name__ + "_interpreted"
-    spec = importlib.util.spec_from_file_location(name, __file__)
-    mod = importlib.util.module_from_spec(spec)
-    old = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1"
-    try:
-        sys.modules[name] = mod
-        spec.loader.exec_module(mod)
-    finally:
-        if old is None:
-            os.environ.pop("TRITON_INTERPRET", None)
-        else:
-            os.environ["TRITON_INTERPRET"] = old
-    return mod.batch_memcpy_kernel
+    return interpreted_copy(__name__, __file__).batch_memcpy_kernel

@@ -23,12 +23,12 @@ this module inside ``try``.
 from __future__ import annotations
 
 import functools
-import importlib.util
-import os
 import sys
 
 import triton
 import triton.language as tl
+
+from vllm_hybrid_npu.ops._interpreter import interpreted_copy
 
 #: tokens per chunk (FLA's ``FLA_CHUNK_SIZE``; the checkpoint alignment)
 CHUNK = 64
@@ -213,24 +213,11 @@ def conv_checkpoint_kernel(x, s_xt, s_xd, conv_end, slots, cache, s_cb, s_cd, s_
 
 @functools.lru_cache(maxsize=1)
 def interpreted():
-    """This module executed again under ``TRITON_INTERPRET=1`` (its kernels run on CPU tensors):
-    ``triton.jit`` decides compiled vs interpreted when a function is decorated."""
+    """This module executed again under ``TRITON_INTERPRET=1`` (its kernels run on CPU tensors;
+    :func:`vllm_hybrid_npu.ops._interpreter.interpreted_copy`)."""
     if type(chunk_states_kernel).__name__ == "InterpretedFunction":
         return sys.modules[__name__]
-    name = __name__ + "_interpreted"
-    spec = importlib.util.spec_from_file_location(name, __file__)
-    mod = importlib.util.module_from_spec(spec)
-    old = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1"
-    try:
-        sys.modules[name] = mod
-        spec.loader.exec_module(mod)
-    finally:
-        if old is None:
-            os.environ.pop("TRITON_INTERPRET", None)
-        else:
-            os.environ["TRITON_INTERPRET"] = old
-    return mod
+    return interpreted_copy(__name__, __file__)
 
 
 def chunk_states(k, w, u, g, initial_state, output_final_state: bool, cu_seqlens, chunk_offsets,
