@@ -48,11 +48,13 @@ prefill steps per prompt, then fewer options changed from vLLM's defaults; ``--h
 widens "the most" to a share of it); if none is eligible, the fewest extra steps beyond caching
 off's (ties: hits), said plainly with the reasons the others failed (:func:`failure_reasons`).
 With a bound the search ranks settings by (eligible, hits), descends from the best ``starts``
-grid settings by that rank and once more by hits alone from the grid's most hits (the
-unconstrained best, printed beside the advice). The report states the bound, every searched
+grid settings by that rank, once more by hits alone from the grid's most hits (the
+unconstrained best, printed beside the advice) and once more by hits alone with the exporter
+off (vLLM's split at its best, replayed on the check part beside the advice). The report states the bound, every searched
 setting's extra steps beyond caching off's and whether it was eligible, and the search's cost in
 replays. ``--audit`` runs the same search on the check part and compares the advice with the
-best eligible setting found there (and prints the unconstrained best). ``--jobs`` replays the
+best eligible setting found there (and prints the unconstrained best and vLLM's split at its
+best there). ``--jobs`` replays the
 settings of one step (the grid, one axis's values) in parallel processes. The same search without
 a bound is the ``upstream-best`` row of ``hitrate`` (its best by hits, on the replayed requests,
 the host tier fixed by ``--host-cache-gib``).
@@ -261,6 +263,14 @@ class SearchResult:
         """Valid evaluated settings that meet :attr:`bound`."""
         return sum(self.eligible(c) for c in self.valid)
 
+    def best_split(self) -> Candidate | None:
+        """vLLM's split at its best: the most token hits among the evaluated settings without the
+        exporter that meet :attr:`bound` or, when none does, among all without it (ties: the
+        first evaluated); ``None`` when none was evaluated."""
+        split = [c for c in self.valid if not c.setting.ckpt]
+        pool = [c for c in split if self.eligible(c)] or split
+        return max(pool, key=lambda c: self.result(c)["token_hit_rate"], default=None)
+
     @property
     def replays(self) -> int:
         """Settings replayed (valid ones; the search's cost)."""
@@ -331,8 +341,10 @@ def search(
 
     With a step ``bound``, settings are ranked by (meets the bound, token hit rate): an eligible
     setting beats every ineligible one, hits decide within each class; the descents start from
-    the best ``starts`` grid settings by that rank, and one more descends by hits alone from the
-    grid's most hits where that is not among them (the unconstrained best, for comparison).
+    the best ``starts`` grid settings by that rank, one more descends by hits alone from the
+    grid's most hits where that is not among them (the unconstrained best, for comparison), and,
+    where the exporter may be on, one more by hits alone with the exporter kept off from the
+    grid's most hits without it (vLLM's split at its best, :meth:`SearchResult.best_split`).
 
     Args:
         evaluate: replays a candidate, returns a dict with ``token_hit_rate`` or ``None`` when
@@ -400,20 +412,31 @@ def search(
     # best first (eligible ones first with a bound); sorted() is stable, reverse too, so ties
     # keep grid order (vLLM's defaults first)
     seeds = sorted(valid, key=lambda c: rank(evaluated[c]), reverse=True)[:starts]
-    runs = [(seed, score_all) for seed in seeds]
-    if bound is not None:  # the unconstrained best too: one descent by hits alone
-        top = min(enumerate(valid), key=lambda ic: (-evaluated[ic[1]]["token_hit_rate"], ic[0]))[1]
+    runs = [(seed, score_all, exporter) for seed in seeds]
+
+    def most(cands: list[Candidate]) -> Candidate | None:
+        return min(enumerate(cands), key=lambda ic: (-evaluated[ic[1]]["token_hit_rate"], ic[0]),
+                   default=(0, None))[1]
+
+    if bound is not None:
+        # the unconstrained best too: one descent by hits alone from the grid's most hits
+        top = most(valid)
         if top not in seeds:
-            runs.append((top, hits_all))
+            runs.append((top, hits_all, exporter))
+        # and vLLM's split at its best (the comparison the plugin answers to): one descent by
+        # hits alone, the exporter kept off, from the grid's most hits without it
+        split = most([c for c in valid if not c.setting.ckpt])
+        if exporter and split is not None and (split, hits_all, False) not in runs:
+            runs.append((split, hits_all, False))
 
     endpoints = []
     passes = 0
-    for seed, scorer in runs:
-        end, ran = _descend(scorer, seed, axes, host_gib, exporter, max_passes)
+    for seed, scorer, ckpt_allowed in runs:
+        end, ran = _descend(scorer, seed, axes, host_gib, ckpt_allowed, max_passes)
         endpoints.append(end)
         passes = max(passes, ran)
     return SearchResult(best=_most_hits(evaluated, start), start=start, evaluated=evaluated,
-                        passes=passes, grid=grid, starts=[seed for seed, _ in runs],
+                        passes=passes, grid=grid, starts=[seed for seed, _, _ in runs],
                         endpoints=endpoints, grid_axes=tuple(gaxes), bound=bound)
 
 
@@ -814,12 +837,18 @@ def advise(args: argparse.Namespace) -> dict[str, Any]:
     advised = check_replayer(best)
     default = advised if best == start else check_replayer(start)
     most_check = {best: advised, start: default}.get(most) or check_replayer(most)
+    # vLLM's split at its best on the fit part (none with --no-exporter: the advice is one)
+    split = None if args.no_exporter else result.best_split()
+    split_check = (None if split is None else
+                   {best: advised, start: default, most: most_check}.get(split)
+                   or check_replayer(split))
     attention = check_replayer.attention_bound(args.host_cache_gib)
     off = check_replayer.caching_off()
     check_bound = StepBound(off["extra_prefill_steps_per_prompt"], margin)
     # every row the report prints, the attention bound's 16-token blocks included (over the
     # advised and default rows alone it could come out below the attention bound)
-    infinite = infinite_bound_of(check, [advised, default, most_check, attention],
+    infinite = infinite_bound_of(check, [advised, default, most_check, attention]
+                                 + ([split_check] if split_check else []),
                                  carry=not args.no_carry)
     block = advised["block_size"]
     flags, env = serve_flags(best, block, args.kv_cache_gib, args.tp)
@@ -827,12 +856,13 @@ def advise(args: argparse.Namespace) -> dict[str, Any]:
                   f"--tp {args.tp} --kv-cache-gib {args.kv_cache_gib:g} --policy {best.policy}"
                   + (f" --host-cache-gib {best.host_gib:g}" if best.host_gib else "")
                   + f" --tokens-per-s {rate:.0f}" + (" --no-carry" if args.no_carry else ""))
-    check_replays = check_replayer.count  # advised, defaults and most-hits rows (distinct ones)
+    check_replays = check_replayer.count  # advised, defaults, most-hits and split rows (distinct)
 
     audit = None
     if args.audit:
         audit = audit_check(check_replayer, start, best, advised, default, args,
-                            known={best: advised, start: default, most: most_check},
+                            known={best: advised, start: default, most: most_check,
+                                   **({split: split_check} if split is not None else {})},
                             bound=check_bound)
 
     def row(r: dict[str, Any]) -> dict[str, Any]:
@@ -899,6 +929,8 @@ def advise(args: argparse.Namespace) -> dict[str, Any]:
         "most_hits": None if most == best else {"policy": most.policy,
                                                  "host_cache_gib": most.host_gib,
                                                  **row(most_check)},
+        "best_without_exporter": None if split is None else {
+            "policy": split.policy, "host_cache_gib": split.host_gib, **row(split_check)},
         "attention": row(attention),
         "caching_off": row(off),
         "fit": {
@@ -913,6 +945,7 @@ def advise(args: argparse.Namespace) -> dict[str, Any]:
                 result.result(start)["prefill_steps_per_prompt"],
             "default": fit_row(start),
             "most_hits": fit_row(most),
+            "best_without_exporter": None if split is None else fit_row(split),
             "caching_off": {k: fit_off[k] for k in ("prefill_steps_per_prompt",
                                                     "extra_prefill_steps_per_prompt",
                                                     "extra_prefill_steps_by_reason")},
@@ -989,9 +1022,7 @@ def audit_check(check_replayer: "Replayer", start: Candidate, advised_cand: Cand
                 "prefill_steps_per_prompt": r["prefill_steps_per_prompt"],
                 "extra_prefill_steps_beyond_off": beyond(c), "meets_step_bound": every.eligible(c)}
 
-    split = [c for c in every.valid if not c.setting.ckpt]
-    split_ok = [c for c in split if every.eligible(c)] or split
-    split_best = max(split_ok, key=lambda c: every.result(c)["token_hit_rate"], default=None)
+    split_best = every.best_split()
     best_rate = best_r["token_hit_rate"]
     ratio = share(advised["token_hit_rate"], best_rate)
     return {
@@ -1087,9 +1118,11 @@ def format_report(rep: dict[str, Any]) -> str:
         fit_rows = [("advised", adv)]
         if (most["policy"], most["host_cache_gib"]) != (adv["policy"], adv["host_cache_gib"]):
             fit_rows.append(("most fit hits", most))
-        if (fit["default"]["policy"], fit["default"]["host_cache_gib"]) != (
-                adv["policy"], adv["host_cache_gib"]):
-            fit_rows.append(("vLLM defaults", fit["default"]))
+        for name, r in (("vLLM defaults", fit["default"]),
+                        ("best w/o exporter", fit.get("best_without_exporter"))):
+            if r and all((r["policy"], r["host_cache_gib"]) != (x["policy"], x["host_cache_gib"])
+                         for _, x in fit_rows):
+                fit_rows.append((name, r))
         lines.append("")
         lines += [line.replace("extra steps by reason", "fit part: extra steps")
                   for line in format_reasons(fit_rows, fit["caching_off"])]
@@ -1106,8 +1139,13 @@ def format_report(rep: dict[str, Any]) -> str:
     ]
     rows = [("advised", rep["advised"]), ("vLLM defaults", rep["default"])]
     mh = rep.get("most_hits")
-    if mh and (mh["policy"], mh["host_cache_gib"]) != ("upstream", rep["host_cache_gib_max"]):
+    shown = {(rep["policy"], rep["host_cache_gib"]), ("upstream", rep["host_cache_gib_max"])}
+    if mh and (mh["policy"], mh["host_cache_gib"]) not in shown:
         rows.insert(1, ("most fit hits", mh))  # (unless it is vLLM's defaults' row)
+        shown.add((mh["policy"], mh["host_cache_gib"]))
+    sp = rep.get("best_without_exporter")
+    if sp and (sp["policy"], sp["host_cache_gib"]) not in shown:
+        rows.insert(len(rows) - 1, ("best w/o exporter", sp))  # vLLM's split at its best (fit)
     for name, r in rows:
         lines.append(f"{name:<21} {r['token_hit_rate']:>8.2%} {r['request_hit_rate']:>8.2%} "
                      f"{r['prefill_steps_per_prompt']:>21.2f} "

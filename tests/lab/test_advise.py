@@ -461,6 +461,10 @@ def test_advise_weighs_steps_when_settings_tie_in_hits(tmp_path, tiny_model_dir,
     assert not rep["fit"]["default"]["eligible"]
     assert rep["default"]["extra_prefill_steps_beyond_off"] == 0.5
     assert not rep["default"]["meets_step_bound"] and rep["advised"]["meets_step_bound"]
+    # vLLM's split at its best: every setting without the exporter ties in hits and is over the
+    # bound, so the first evaluated, vLLM's defaults (not replayed again on the check part)
+    assert rep["best_without_exporter"]["policy"] == rep["fit"]["best_without_exporter"]["policy"]
+    assert rep["best_without_exporter"]["policy"] == "upstream"
     # the text report prints both figures and the cost
     assert main(common) == 0
     text = capsys.readouterr().out
@@ -565,6 +569,11 @@ def test_advice_is_the_most_hits_within_the_step_bound(rng):
     assert choose(res) == Candidate(UpstreamSetting(ret=4, ckpt=True))
     assert choose(res, 0.15) == Candidate(UpstreamSetting(ckpt=True))
     assert choose(_bound_result(rows, off, math.inf)) == Candidate(UpstreamSetting(ret=8, lpt=1))
+    # vLLM's split at its best: no setting without the exporter is within the bound, so the most
+    # hits without it; one within the bound (fewer hits) comes first
+    assert res.best_split() == Candidate(UpstreamSetting(ret=8, lpt=1))
+    within = rows + [(UpstreamSetting(ret=2), 0.5 * top, 2.8, off + 0.01)]
+    assert _bound_result(within, off).best_split() == Candidate(UpstreamSetting(ret=2))
     # a tie in hits within the bound: the fewer prefill steps
     tie = rows + [(UpstreamSetting(ret=2, ckpt=True), 0.9 * top, 2.75, off + 0.03)]
     assert choose(_bound_result(tie, off)) == Candidate(UpstreamSetting(ret=2, ckpt=True))
@@ -624,7 +633,8 @@ def test_search_with_a_step_bound_finds_the_best_eligible_and_the_unconstrained_
     block. Eligible: the exporter, no threshold, no unit. By hand: the advice is the exporter at
     the best ``ret`` (``r*``, argmax of ``base``) and no threshold; the most hits, found by the
     extra descent by hits alone from the grid's most hits (vLLM's defaults: the exporter-free
-    settings tie, grid order), is ``r*`` with a 4-block threshold, no exporter."""
+    settings tie, grid order), is ``r*`` with a 4-block threshold, no exporter; so is vLLM's
+    split at its best (the third descent, the exporter kept off, from the same setting)."""
     from vllm_hybrid_npu_lab.advise import RET_VALUES, StepBound, choose
 
     base = collections.defaultdict(float, {r: rng.uniform(0.1, 1.0) for r in RET_VALUES})
@@ -638,10 +648,11 @@ def test_search_with_a_step_bound_finds_the_best_eligible_and_the_unconstrained_
 
     r_star = max(RET_VALUES, key=lambda r: base[r])
     res = search(evaluate, Candidate(), 0.0, starts=1, bound=StepBound(off, 0.05))
-    assert res.starts == [Candidate(UpstreamSetting(ckpt=True)), Candidate()]
+    assert res.starts == [Candidate(UpstreamSetting(ckpt=True)), Candidate(), Candidate()]
     assert choose(res) == Candidate(UpstreamSetting(ret=r_star, ckpt=True))
     assert res.best == Candidate(UpstreamSetting(ret=r_star, lpt=4))
     assert res.eligible(choose(res)) and not res.eligible(res.best)
+    assert res.best_split() == res.best
     # without a bound: one descent, from the grid's most hits, to the same most hits
     free = search(evaluate, Candidate(), 0.0, starts=1)
     assert free.starts == [Candidate()] and free.best == res.best
