@@ -30,21 +30,34 @@ Search (:func:`search`, issue 33), in two phases, every replay memoized:
    misses pairs (the search before issue 33 fixed the exporter first, then tried the unit with it).
 2. **Coordinate descent** from each of the best ``starts`` grid settings (default 3) over all
    axes (:data:`AXES`): each axis in turn is set to its best value with the others fixed, a move
-   is taken only when it raises the fit part's token hit rate (ties keep the current value);
+   is taken only when it raises the fit part's token hit rate (with a step bound: its rank,
+   eligible before ineligible, then hits; ties keep the current value);
    ``ret+lpt`` (retention interval and long-prefill threshold) is scanned jointly (a threshold
    leaves states at chunk ends and the interval decides which stay, so one without the other
    misleads), and an axis whose best retention interval or threshold is the largest tried is
    extended (twice as many blocks) until it stops winning; passes repeat until one changes nothing
    (at most ``max_passes``).
 
-:attr:`SearchResult.best` is the evaluated setting with the most fit-part hits. The advice
-(:func:`choose`) weighs prefill steps too (issue 30 item 7): among the evaluated settings whose
-fit-part token hit rate is within ``--hit-tolerance`` (relative, default 1%) of the best, the one
-with the fewest prefill steps per prompt (ties: more hits, then fewer options changed from vLLM's
-defaults). The report states both figures and the search's cost in replays. ``--jobs`` replays
-the settings of one step (the grid, one axis's values) in parallel processes. The same search is
-the ``upstream-best`` row of ``hitrate`` (its best by hits, on the replayed requests, the host
-tier fixed by ``--host-cache-gib``).
+:attr:`SearchResult.best` is the evaluated setting with the most fit-part hits, whatever its
+steps. The advice (:func:`choose`) keeps the plugin's promise, prefix caching at caching off's
+prompt cost (issue 38): caching off is replayed on the fit part under the same arrivals, and a
+setting is *eligible* only if its extra prefill steps per prompt are at most caching off's plus a
+margin (:class:`StepBound`; ``--max-extra-steps-over-off``, default 0.05 steps per prompt,
+``inf`` for no bound). Among the eligible settings the advice is the most token hits (ties: fewer
+prefill steps per prompt, then fewer options changed from vLLM's defaults; ``--hit-tolerance``
+widens "the most" to a share of it); if none is eligible, the fewest extra steps beyond caching
+off's (ties: hits), said plainly with the reasons the others failed (:func:`failure_reasons`).
+With a bound the search ranks settings by (eligible, hits), descends from the best ``starts``
+grid settings by that rank, once more by hits alone from the grid's most hits (the
+unconstrained best, printed beside the advice) and once more by hits alone with the exporter
+off (vLLM's split at its best, replayed on the check part beside the advice). The report states the bound, every searched
+setting's extra steps beyond caching off's and whether it was eligible, and the search's cost in
+replays. ``--audit`` runs the same search on the check part and compares the advice with the
+best eligible setting found there (and prints the unconstrained best and vLLM's split at its
+best there). ``--jobs`` replays the
+settings of one step (the grid, one axis's values) in parallel processes. The same search without
+a bound is the ``upstream-best`` row of ``hitrate`` (its best by hits, on the replayed requests,
+the host tier fixed by ``--host-cache-gib``).
 """
 
 from __future__ import annotations
@@ -78,9 +91,56 @@ DEFAULT_MAX_PASSES = 2
 GRID_AXES = ("ckpt", "pmu", "host")
 #: grid settings the coordinate descent starts from (the best by fit-part hits)
 DEFAULT_STARTS = 3
-#: relative hit tolerance of the advice: settings with at least (1 - this) x the best fit-part
-#: token hit rate compete on prefill steps per prompt
-DEFAULT_HIT_TOLERANCE = 0.01
+#: relative hit tolerance of the advice: eligible settings with at least (1 - this) x the most
+#: fit-part token hit rate among the eligible ones compete on prefill steps per prompt (0: the
+#: most hits; issue 38 made 0 the default, the step bound now limits the steps)
+DEFAULT_HIT_TOLERANCE = 0.0
+#: the step bound's default margin (issue 38): extra prefill steps per prompt at most caching
+#: off's on the same requests and arrivals plus this many (steps per prompt)
+DEFAULT_MAX_EXTRA_STEPS_OVER_OFF = 0.05
+#: slack of the bound's comparison (steps per prompt): extra steps per prompt are counts over
+#: prompts, so a setting exactly at the bound may land a rounding error above it
+_BOUND_EPS = 1e-9
+
+
+@dataclasses.dataclass(frozen=True)
+class StepBound:
+    """The step bound of issue 38: the plugin's promise is prefix caching at caching off's prompt
+    cost, so a setting is *eligible* only if its extra prefill steps per prompt (a replay's
+    ``extra_prefill_steps_per_prompt``: steps that computed prompt tokens beyond the fewest its
+    uncached tokens need under the token budget) are at most caching off's on the same requests
+    and arrivals plus ``margin``.
+
+    Attributes:
+        off_extra: caching off's extra prefill steps per prompt on the same requests and arrivals
+            (steps per prompt; the load's: the token budget shared in a step).
+        margin: steps per prompt allowed beyond ``off_extra`` (>= 0; ``math.inf``: no bound,
+            every setting eligible).
+    """
+
+    off_extra: float
+    margin: float = DEFAULT_MAX_EXTRA_STEPS_OVER_OFF
+
+    def beyond(self, r: dict[str, Any]) -> float:
+        """Extra prefill steps per prompt of replay dict ``r`` beyond caching off's (steps per
+        prompt; negative when its hits lighten the load below caching off's)."""
+        return r["extra_prefill_steps_per_prompt"] - self.off_extra
+
+    def eligible(self, r: dict[str, Any]) -> bool:
+        """Whether replay dict ``r`` meets the bound (always, with an infinite margin)."""
+        return math.isinf(self.margin) or self.beyond(r) <= self.margin + _BOUND_EPS
+
+    @property
+    def limit(self) -> float:
+        """The largest eligible extra prefill steps per prompt (``off_extra + margin``)."""
+        return self.off_extra + self.margin
+
+    def to_dict(self) -> dict[str, Any]:
+        """``margin`` (``None`` for no bound: JSON has no infinity), ``caching_off_extra``,
+        ``limit`` (``None`` for no bound)."""
+        inf = math.isinf(self.margin)
+        return {"margin": None if inf else self.margin, "caching_off_extra": self.off_extra,
+                "limit": None if inf else self.limit}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,12 +220,14 @@ def _extensions(axis: str, best: Any, tried: set) -> list:
 
 @dataclasses.dataclass
 class SearchResult:
-    """``best``: the evaluated setting with the highest token hit rate (ties: the fewest options
-    changed from ``start``, then the one evaluated first); ``start``: vLLM's defaults (with the
-    host tier given); ``evaluated``: candidate -> its replay dict, in evaluation order (``None`` when vLLM rejects
-    the combination, e.g. a prefix-match unit that does not divide the block); ``passes``: the
-    most coordinate-descent passes any descent ran; ``grid``: the grid phase's candidates;
-    ``starts``: the grid settings the descents started from; ``endpoints``: where each ended."""
+    """``best``: the evaluated setting with the highest token hit rate, whatever its steps (ties:
+    the fewest options changed from ``start``, then the one evaluated first); ``start``: vLLM's
+    defaults (with the host tier given); ``evaluated``: candidate -> its replay dict, in
+    evaluation order (``None`` when vLLM rejects the combination, e.g. a prefix-match unit that
+    does not divide the block); ``passes``: the most coordinate-descent passes any descent ran;
+    ``grid``: the grid phase's candidates; ``starts``: the grid settings the descents started
+    from; ``endpoints``: where each ended; ``bound``: the step bound the search ranked by
+    (``None``: none, every setting eligible)."""
 
     best: Candidate
     start: Candidate
@@ -175,11 +237,39 @@ class SearchResult:
     starts: list[Candidate] = dataclasses.field(default_factory=list)
     endpoints: list[Candidate] = dataclasses.field(default_factory=list)
     grid_axes: tuple[str, ...] = ()
+    bound: StepBound | None = None
 
     def result(self, cand: Candidate) -> dict[str, Any]:
         r = self.evaluated[cand]
         assert r is not None
         return r
+
+    def eligible(self, cand: Candidate) -> bool:
+        """Whether the evaluated, valid ``cand`` meets :attr:`bound` (True without a bound)."""
+        return self.bound is None or self.bound.eligible(self.result(cand))
+
+    def beyond_off(self, cand: Candidate) -> float | None:
+        """``cand``'s extra prefill steps per prompt beyond caching off's (``None`` without a
+        bound)."""
+        return None if self.bound is None else self.bound.beyond(self.result(cand))
+
+    @property
+    def valid(self) -> list[Candidate]:
+        """The evaluated settings vLLM accepted, in evaluation order."""
+        return [c for c, r in self.evaluated.items() if r is not None]
+
+    @property
+    def n_eligible(self) -> int:
+        """Valid evaluated settings that meet :attr:`bound`."""
+        return sum(self.eligible(c) for c in self.valid)
+
+    def best_split(self) -> Candidate | None:
+        """vLLM's split at its best: the most token hits among the evaluated settings without the
+        exporter that meet :attr:`bound` or, when none does, among all without it (ties: the
+        first evaluated); ``None`` when none was evaluated."""
+        split = [c for c in self.valid if not c.setting.ckpt]
+        pool = [c for c in split if self.eligible(c)] or split
+        return max(pool, key=lambda c: self.result(c)["token_hit_rate"], default=None)
 
     @property
     def replays(self) -> int:
@@ -192,12 +282,17 @@ class SearchResult:
         return sum(r is None for r in self.evaluated.values())
 
     def table(self) -> list[dict[str, Any]]:
-        """Every valid evaluated candidate: ``policy``, ``host_cache_gib``, ``token_hit_rate``
-        and (where the replay has it) ``prefill_steps_per_prompt``."""
+        """Every valid evaluated candidate: ``policy``, ``host_cache_gib``, ``token_hit_rate``,
+        where the replay has them ``prefill_steps_per_prompt``,
+        ``extra_prefill_steps_per_prompt`` and ``extra_prefill_steps_by_reason`` (steps per
+        prompt), and with a bound ``extra_prefill_steps_beyond_off`` and ``eligible``."""
+        keys = ("prefill_steps_per_prompt", "extra_prefill_steps_per_prompt",
+                "extra_prefill_steps_by_reason")
         return [
             {"policy": c.policy, "host_cache_gib": c.host_gib, "token_hit_rate": r["token_hit_rate"],
-             **({"prefill_steps_per_prompt": r["prefill_steps_per_prompt"]}
-                if "prefill_steps_per_prompt" in r else {})}
+             **{k: r[k] for k in keys if k in r},
+             **({"extra_prefill_steps_beyond_off": self.bound.beyond(r),
+                 "eligible": self.bound.eligible(r)} if self.bound is not None else {})}
             for c, r in self.evaluated.items() if r is not None
         ]
 
@@ -208,6 +303,23 @@ class SearchResult:
         return {"replays": self.replays, "invalid": self.invalid, "grid": len(self.grid),
                 "grid_axes": list(self.grid_axes), "starts": [c.label for c in self.starts],
                 "endpoints": [c.label for c in self.endpoints], "passes": self.passes}
+
+    def merged(self, known: dict[Candidate, dict[str, Any] | None]) -> "SearchResult":
+        """A copy whose :attr:`evaluated` also holds the ``known`` replays the search did not
+        visit (after its own), with :attr:`best` recomputed over them all."""
+        evaluated = dict(self.evaluated)
+        for c, r in known.items():
+            evaluated.setdefault(c, r)
+        return dataclasses.replace(self, evaluated=evaluated,
+                                   best=_most_hits(evaluated, self.start))
+
+
+def _most_hits(evaluated: dict[Candidate, dict[str, Any] | None], start: Candidate) -> Candidate:
+    """The most token hits; among equals the fewest options changed from ``start``, then the
+    first evaluated."""
+    rated = [(i, c, r["token_hit_rate"]) for i, (c, r) in enumerate(evaluated.items())
+             if r is not None]
+    return min(rated, key=lambda icr: (-icr[2], icr[1].changes(start), icr[0]))[1]
 
 
 def search(
@@ -222,9 +334,17 @@ def search(
     max_passes: int = DEFAULT_MAX_PASSES,
     map_fn: Callable | None = None,
     known: dict[Candidate, dict[str, Any] | None] | None = None,
+    bound: StepBound | None = None,
 ) -> SearchResult:
     """Grid over ``grid_axes``, then coordinate descent over ``axes`` from the best ``starts``
     grid settings (see module docstring).
+
+    With a step ``bound``, settings are ranked by (meets the bound, token hit rate): an eligible
+    setting beats every ineligible one, hits decide within each class; the descents start from
+    the best ``starts`` grid settings by that rank, one more descends by hits alone from the
+    grid's most hits where that is not among them (the unconstrained best, for comparison), and,
+    where the exporter may be on, one more by hits alone with the exporter kept off from the
+    grid's most hits without it (vLLM's split at its best, :meth:`SearchResult.best_split`).
 
     Args:
         evaluate: replays a candidate, returns a dict with ``token_hit_rate`` or ``None`` when
@@ -241,6 +361,9 @@ def search(
             ``map``); default the builtin ``map``.
         known: replays already made on the same requests (candidate -> replay dict), taken
             instead of replaying them again (they count in :attr:`SearchResult.evaluated`).
+        bound: the step bound (:class:`StepBound`, caching off's extra steps on the same
+            requests); the replay dicts then need ``extra_prefill_steps_per_prompt``. ``None``:
+            hits alone (``upstream-best``).
 
     Raises:
         ValueError: ``start`` is not valid, ``starts`` < 1 (names ``--starts``) or
@@ -253,14 +376,26 @@ def search(
     evaluated: dict[Candidate, dict[str, Any] | None] = {}
     known = dict(known or {})
 
-    def score_all(cands: list[Candidate]) -> list[float | None]:
+    def replay_all(cands: list[Candidate]) -> list[dict[str, Any] | None]:
         for c in dict.fromkeys(cands):
             if c not in evaluated and c in known:
                 evaluated[c] = known[c]
         todo = [c for c in dict.fromkeys(cands) if c not in evaluated]
         for c, r in zip(todo, (map_fn or map)(evaluate, todo)):
             evaluated[c] = r
-        return [None if evaluated[c] is None else evaluated[c]["token_hit_rate"] for c in cands]
+        return [evaluated[c] for c in cands]
+
+    def rank(r: dict[str, Any] | None, constrained: bool = True) -> tuple[bool, float] | None:
+        if r is None:
+            return None
+        ok = bound is None or not constrained or bound.eligible(r)
+        return (ok, r["token_hit_rate"])
+
+    def score_all(cands: list[Candidate]) -> list[tuple[bool, float] | None]:
+        return [rank(r) for r in replay_all(cands)]
+
+    def hits_all(cands: list[Candidate]) -> list[tuple[bool, float] | None]:
+        return [rank(r, constrained=False) for r in replay_all(cands)]
 
     if score_all([start])[0] is None:
         raise ValueError(f"the starting setting {start.label} is not valid")
@@ -274,28 +409,43 @@ def search(
     grid = list(dict.fromkeys(grid))
     score_all(grid)
     valid = [c for c in grid if evaluated[c] is not None]
-    # best first; sorted() is stable, so ties keep grid order (vLLM's defaults first)
-    seeds = sorted(valid, key=lambda c: -evaluated[c]["token_hit_rate"])[:starts]
+    # best first (eligible ones first with a bound); sorted() is stable, reverse too, so ties
+    # keep grid order (vLLM's defaults first)
+    seeds = sorted(valid, key=lambda c: rank(evaluated[c]), reverse=True)[:starts]
+    runs = [(seed, score_all, exporter) for seed in seeds]
+
+    def most(cands: list[Candidate]) -> Candidate | None:
+        return min(enumerate(cands), key=lambda ic: (-evaluated[ic[1]]["token_hit_rate"], ic[0]),
+                   default=(0, None))[1]
+
+    if bound is not None:
+        # the unconstrained best too: one descent by hits alone from the grid's most hits
+        top = most(valid)
+        if top not in seeds:
+            runs.append((top, hits_all, exporter))
+        # and vLLM's split at its best (the comparison the plugin answers to): one descent by
+        # hits alone, the exporter kept off, from the grid's most hits without it
+        split = most([c for c in valid if not c.setting.ckpt])
+        if exporter and split is not None and (split, hits_all, False) not in runs:
+            runs.append((split, hits_all, False))
 
     endpoints = []
     passes = 0
-    for seed in seeds:
-        end, ran = _descend(score_all, seed, axes, host_gib, exporter, max_passes)
+    for seed, scorer, ckpt_allowed in runs:
+        end, ran = _descend(scorer, seed, axes, host_gib, ckpt_allowed, max_passes)
         endpoints.append(end)
         passes = max(passes, ran)
-    # the most hits; among equals the fewest options changed from vLLM's defaults, then the
-    # first evaluated
-    rated = [(i, c, r["token_hit_rate"]) for i, (c, r) in enumerate(evaluated.items())
-             if r is not None]
-    best = min(rated, key=lambda icr: (-icr[2], icr[1].changes(start), icr[0]))[1]
-    return SearchResult(best=best, start=start, evaluated=evaluated, passes=passes, grid=grid,
-                        starts=seeds, endpoints=endpoints, grid_axes=tuple(gaxes))
+    return SearchResult(best=_most_hits(evaluated, start), start=start, evaluated=evaluated,
+                        passes=passes, grid=grid, starts=[seed for seed, _, _ in runs],
+                        endpoints=endpoints, grid_axes=tuple(gaxes), bound=bound)
 
 
-def _descend(score_all: Callable[[list[Candidate]], list[float | None]], cur: Candidate,
+def _descend(score_all: Callable[[list[Candidate]], list[Any]], cur: Candidate,
              axes: tuple[str, ...], host_gib: float, exporter: bool,
              max_passes: int) -> tuple[Candidate, int]:
-    """Coordinate descent from ``cur``: returns the end point and the passes run."""
+    """Coordinate descent from ``cur`` (``score_all``: candidates -> comparable scores, ``None``
+    for an invalid one; a move needs a strictly higher score): returns the end point and the
+    passes run."""
     passes = 0
     for passes in range(1, max_passes + 1):
         changed = False
@@ -318,14 +468,20 @@ def _descend(score_all: Callable[[list[Candidate]], list[float | None]], cur: Ca
 
 
 def choose(result: SearchResult, tolerance: float = DEFAULT_HIT_TOLERANCE) -> Candidate:
-    """The advised setting: among the evaluated settings whose token hit rate is at least
-    ``(1 - tolerance)`` x the best one's, the one with the fewest prefill steps per prompt
-    (``prefill_steps_per_prompt`` of its replay); ties: the higher hit rate, then fewer options
-    changed from ``result.start`` (vLLM's defaults), then evaluation order.
+    """The advised setting (issue 38's rule).
+
+    The eligible settings are the evaluated ones that meet ``result.bound`` (all of them without
+    a bound). If any is eligible: among the eligible settings whose token hit rate is at least
+    ``(1 - tolerance)`` x the most any eligible one got, the one with the fewest prefill steps
+    per prompt (``prefill_steps_per_prompt`` of its replay); ties: the higher hit rate, then
+    fewer options changed from ``result.start`` (vLLM's defaults), then evaluation order. With
+    ``tolerance`` 0 (the default) that is the most hits among the eligible settings. If none is
+    eligible: the fewest extra prefill steps per prompt beyond caching off's; ties: the higher
+    hit rate, then fewer options changed, then evaluation order.
 
     Args:
-        result: a search's result; its replay dicts need ``token_hit_rate`` and
-            ``prefill_steps_per_prompt``.
+        result: a search's result; its replay dicts need ``token_hit_rate``,
+            ``prefill_steps_per_prompt`` and, with a bound, ``extra_prefill_steps_per_prompt``.
         tolerance: relative hit tolerance in [0, 1) (0: the most hits, steps break ties only).
 
     Raises:
@@ -334,13 +490,39 @@ def choose(result: SearchResult, tolerance: float = DEFAULT_HIT_TOLERANCE) -> Ca
     """
     if not 0 <= tolerance < 1:
         raise ValueError(f"--hit-tolerance must be in [0, 1), got {tolerance}")
-    best_rate = result.result(result.best)["token_hit_rate"]
-    floor = best_rate * (1 - tolerance)
-    eligible = [(i, c, r) for i, (c, r) in enumerate(result.evaluated.items())
-                if r is not None and r["token_hit_rate"] >= floor]
-    return min(eligible, key=lambda icr: (icr[2]["prefill_steps_per_prompt"],
-                                          -icr[2]["token_hit_rate"],
-                                          icr[1].changes(result.start), icr[0]))[1]
+    valid = [(i, c, result.result(c)) for i, c in enumerate(result.evaluated)
+             if result.evaluated[c] is not None]
+    ok = [icr for icr in valid if result.eligible(icr[1])]
+    if not ok:
+        assert result.bound is not None
+        bound = result.bound
+        return min(valid, key=lambda icr: (bound.beyond(icr[2]), -icr[2]["token_hit_rate"],
+                                           icr[1].changes(result.start), icr[0]))[1]
+    floor = max(r["token_hit_rate"] for _, _, r in ok) * (1 - tolerance)
+    near = [icr for icr in ok if icr[2]["token_hit_rate"] >= floor]
+    return min(near, key=lambda icr: (icr[2]["prefill_steps_per_prompt"],
+                                      -icr[2]["token_hit_rate"],
+                                      icr[1].changes(result.start), icr[0]))[1]
+
+
+def failure_reasons(result: SearchResult, off: dict[str, Any]) -> dict[str, int]:
+    """Why the settings over ``result.bound`` failed: reason -> how many of them have it as their
+    largest reason beyond caching off's (each reason's extra prefill steps per prompt minus
+    caching off's of the same reason; ``off``: caching off's replay dict on the same requests).
+    Empty without a bound or when every setting meets it; sorted by count, most first."""
+    from vllm_hybrid_npu_lab.step_reasons import REASONS
+
+    if result.bound is None:
+        return {}
+    off_by = off.get("extra_prefill_steps_by_reason", {})
+    count: dict[str, int] = {}
+    for c in result.valid:
+        if result.eligible(c):
+            continue
+        by = result.result(c).get("extra_prefill_steps_by_reason", {})
+        top = max(REASONS, key=lambda k: by.get(k, 0.0) - off_by.get(k, 0.0))
+        count[top] = count.get(top, 0) + 1
+    return dict(sorted(count.items(), key=lambda kv: (-kv[1], REASONS.index(kv[0]))))
 
 
 def serve_flags(cand: Candidate, block_size: int, kv_cache_gib: float, tp: int) -> tuple[list[str], list[str]]:
@@ -512,12 +694,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"coordinate-descent passes at most (default {DEFAULT_MAX_PASSES})")
     parser.add_argument("--starts", type=int, default=DEFAULT_STARTS,
                         help="descend from this many of the best settings of the grid (every "
-                        "exporter x prefix-match unit x host tier combination; default "
-                        f"{DEFAULT_STARTS})")
+                        "exporter x prefix-match unit x host tier combination; those meeting the "
+                        "step bound first), and once more by hits alone from the grid's most hits "
+                        f"when it is not among them (default {DEFAULT_STARTS})")
+    parser.add_argument("--max-extra-steps-over-off", type=float,
+                        default=DEFAULT_MAX_EXTRA_STEPS_OVER_OFF, metavar="STEPS",
+                        help="the step bound: a setting is eligible only if its extra prefill "
+                        "steps per prompt on the fit part are at most caching off's (replayed on "
+                        "the same requests and arrivals) plus this many; the advice is the most "
+                        "fit-part hits among the eligible settings, or, if none is eligible, the "
+                        "fewest extra steps beyond caching off's (default "
+                        f"{DEFAULT_MAX_EXTRA_STEPS_OVER_OFF:g}; inf = no bound: the most hits "
+                        "whatever the steps)")
     parser.add_argument("--hit-tolerance", type=float, default=DEFAULT_HIT_TOLERANCE,
-                        help="advise the fewest prefill steps per prompt among the settings whose "
-                        "fit-part token hit rate is within this share of the best (relative; "
-                        f"default {DEFAULT_HIT_TOLERANCE:g} = 1%%; 0 = most hits)")
+                        help="advise the fewest prefill steps per prompt among the eligible "
+                        "settings whose fit-part token hit rate is within this share of the most "
+                        f"an eligible one got (relative; default {DEFAULT_HIT_TOLERANCE:g}: the "
+                        "most hits)")
     parser.add_argument("--jobs", type=int, default=1,
                         help="replay the settings of one search step in this many processes "
                         "(default 1; the machine's cores at most)")
@@ -552,7 +745,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--audit", action="store_true",
                         help="also search the check part itself (in-sample; about doubles the "
                              "time) and report the advised setting's share of the best setting "
-                             "any search found there (the issue-20 yardstick, target 0.95)")
+                             "found there among those meeting the step bound on the check part "
+                             "(the issue-20 yardstick, target 0.95), and the unconstrained best")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--plot", metavar="FILE.png", default=None, help="draw the search and the check")
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
@@ -579,6 +773,9 @@ def _validate(args: argparse.Namespace) -> None:
         raise ValueError(f"--starts must be >= 1, got {args.starts}")
     if not 0 <= args.hit_tolerance < 1:
         raise ValueError(f"--hit-tolerance must be in [0, 1), got {args.hit_tolerance}")
+    if not args.max_extra_steps_over_off >= 0:  # NaN fails too
+        raise ValueError("--max-extra-steps-over-off must be >= 0 (inf: no bound), got "
+                         f"{args.max_extra_steps_over_off}")
     if args.tokens_per_s is not None and not args.tokens_per_s > 0:
         raise ValueError(f"--tokens-per-s must be > 0, got {args.tokens_per_s}")
     if not args.offered_load > 0:
@@ -626,21 +823,32 @@ def advise(args: argparse.Namespace) -> dict[str, Any]:
     fit_replayer = Replayer(fit, cfg, kv_cache_gib=args.kv_cache_gib, tp=args.tp, common=common,
                             timing=timing, label=f"{tag} fit", quiet=args.quiet)
     start = Candidate(UpstreamSetting(), args.host_cache_gib)
+    # the step bound's reference: caching off on the fit part, same arrivals
+    fit_off = fit_replayer.caching_off()
+    margin = args.max_extra_steps_over_off
+    bound = StepBound(fit_off["extra_prefill_steps_per_prompt"], margin)
     result = run_search(fit_replayer, start, args.host_cache_gib, jobs=args.jobs,
                         exporter=not args.no_exporter, max_passes=args.max_passes,
-                        starts=args.starts)
-    most = result.best  # the most fit-part hits
-    best = choose(result, args.hit_tolerance)  # the advice: fewest prefill steps within tolerance
+                        starts=args.starts, bound=bound)
+    most = result.best  # the most fit-part hits, whatever the steps
+    best = choose(result, args.hit_tolerance)  # the advice: most hits within the step bound
     check_replayer = Replayer(check, cfg, kv_cache_gib=args.kv_cache_gib, tp=args.tp,
                               common=common, timing=timing, label=f"{tag} check", quiet=args.quiet)
     advised = check_replayer(best)
     default = advised if best == start else check_replayer(start)
     most_check = {best: advised, start: default}.get(most) or check_replayer(most)
+    # vLLM's split at its best on the fit part (none with --no-exporter: the advice is one)
+    split = None if args.no_exporter else result.best_split()
+    split_check = (None if split is None else
+                   {best: advised, start: default, most: most_check}.get(split)
+                   or check_replayer(split))
     attention = check_replayer.attention_bound(args.host_cache_gib)
     off = check_replayer.caching_off()
+    check_bound = StepBound(off["extra_prefill_steps_per_prompt"], margin)
     # every row the report prints, the attention bound's 16-token blocks included (over the
     # advised and default rows alone it could come out below the attention bound)
-    infinite = infinite_bound_of(check, [advised, default, most_check, attention],
+    infinite = infinite_bound_of(check, [advised, default, most_check, attention]
+                                 + ([split_check] if split_check else []),
                                  carry=not args.no_carry)
     block = advised["block_size"]
     flags, env = serve_flags(best, block, args.kv_cache_gib, args.tp)
@@ -648,12 +856,14 @@ def advise(args: argparse.Namespace) -> dict[str, Any]:
                   f"--tp {args.tp} --kv-cache-gib {args.kv_cache_gib:g} --policy {best.policy}"
                   + (f" --host-cache-gib {best.host_gib:g}" if best.host_gib else "")
                   + f" --tokens-per-s {rate:.0f}" + (" --no-carry" if args.no_carry else ""))
-    check_replays = check_replayer.count  # advised, defaults and most-hits rows (distinct ones)
+    check_replays = check_replayer.count  # advised, defaults, most-hits and split rows (distinct)
 
     audit = None
     if args.audit:
         audit = audit_check(check_replayer, start, best, advised, default, args,
-                            known={best: advised, start: default, most: most_check})
+                            known={best: advised, start: default, most: most_check,
+                                   **({split: split_check} if split is not None else {})},
+                            bound=check_bound)
 
     def row(r: dict[str, Any]) -> dict[str, Any]:
         return {**{k: r[k] for k in ("token_hit_rate", "request_hit_rate", "block_size",
@@ -661,18 +871,23 @@ def advise(args: argparse.Namespace) -> dict[str, Any]:
                                      "extra_prefill_steps_by_reason",
                                      "host_cached_prompt_tokens", "prompt_tokens",
                                      "cached_prompt_tokens", "busy_fraction", "preemptions")},
-                "extra_prefill_steps_beyond_off": beyond_off(r, off)}
+                "extra_prefill_steps_beyond_off": beyond_off(r, off),
+                "meets_step_bound": check_bound.eligible(r)}
 
     def fit_row(c: Candidate) -> dict[str, Any]:
         r = result.result(c)
         return {"policy": c.policy, "host_cache_gib": c.host_gib,
                 "token_hit_rate": r["token_hit_rate"],
-                "prefill_steps_per_prompt": r["prefill_steps_per_prompt"]}
+                "prefill_steps_per_prompt": r["prefill_steps_per_prompt"],
+                "extra_prefill_steps_per_prompt": r["extra_prefill_steps_per_prompt"],
+                "extra_prefill_steps_by_reason": r["extra_prefill_steps_by_reason"],
+                "extra_prefill_steps_beyond_off": bound.beyond(r),
+                "eligible": bound.eligible(r)}
 
     source = str(cfg.get("source", ""))
     m = re.match(r"https://huggingface\.co/([^/]+/[^/]+)/", source)
     cost = {
-        "fit_replays": result.replays,
+        "fit_replays": result.replays + 1,  # + caching off (the step bound's reference)
         "check_replays": check_replays + 2,  # + the attention bound and caching off
         "audit_replays": audit["new_replays"] if audit else 0,
     }
@@ -690,6 +905,15 @@ def advise(args: argparse.Namespace) -> dict[str, Any]:
         "block_size": block,
         "replay_command": replay_cmd,
         "hit_tolerance": args.hit_tolerance,
+        "step_bound": {
+            **bound.to_dict(),
+            "any_eligible": result.n_eligible > 0,
+            "eligible_settings": result.n_eligible,
+            "searched_settings": result.replays,
+            "advised_eligible": result.eligible(best),
+            "failed_by_reason": failure_reasons(result, fit_off),
+            "check": check_bound.to_dict(),
+        },
         "token_hit_rate": advised["token_hit_rate"],
         "request_hit_rate": advised["request_hit_rate"],
         "prefill_steps_per_prompt": advised["prefill_steps_per_prompt"],
@@ -705,18 +929,28 @@ def advise(args: argparse.Namespace) -> dict[str, Any]:
         "most_hits": None if most == best else {"policy": most.policy,
                                                  "host_cache_gib": most.host_gib,
                                                  **row(most_check)},
+        "best_without_exporter": None if split is None else {
+            "policy": split.policy, "host_cache_gib": split.host_gib, **row(split_check)},
         "attention": row(attention),
         "caching_off": row(off),
         "fit": {
             "requests": [1, n_fit],
             "token_hit_rate": result.result(best)["token_hit_rate"],
             "prefill_steps_per_prompt": result.result(best)["prefill_steps_per_prompt"],
+            "extra_prefill_steps_per_prompt": result.result(best)["extra_prefill_steps_per_prompt"],
+            "extra_prefill_steps_beyond_off": bound.beyond(result.result(best)),
+            "advised": fit_row(best),
             "upstream_default": result.result(start)["token_hit_rate"],
             "upstream_default_prefill_steps_per_prompt":
                 result.result(start)["prefill_steps_per_prompt"],
+            "default": fit_row(start),
             "most_hits": fit_row(most),
+            "best_without_exporter": None if split is None else fit_row(split),
+            "caching_off": {k: fit_off[k] for k in ("prefill_steps_per_prompt",
+                                                    "extra_prefill_steps_per_prompt",
+                                                    "extra_prefill_steps_by_reason")},
             "passes": result.passes,
-            "replays": result.replays,
+            "replays": result.replays,  # settings searched (caching off not counted)
             "search": result.cost(),
             "searched": result.table(),
         },
@@ -739,49 +973,102 @@ AUDIT_TARGET = 0.95
 def audit_check(check_replayer: "Replayer", start: Candidate, advised_cand: Candidate,
                 advised: dict[str, Any], default: dict[str, Any],
                 args: argparse.Namespace,
-                known: dict[Candidate, dict[str, Any] | None] | None = None) -> dict[str, Any]:
+                known: dict[Candidate, dict[str, Any] | None] | None = None,
+                bound: StepBound | None = None) -> dict[str, Any]:
     """Search the check part itself (the same search, in-sample) and compare.
 
-    The best setting *any* search found on the check part is the best of this search's settings
-    and the advised one (a search need not revisit the advised setting); ``known``: check-part
-    replays already made (not replayed again). Returns a dict: ``best_policy`` (str),
-    ``best_host_cache_gib`` (float), ``best_token_hit_rate``, ``best_prefill_steps_per_prompt``,
-    ``advised_over_best`` and ``default_over_best`` (floats; 1.0 when every rate is 0),
-    ``target`` (:data:`AUDIT_TARGET`), ``met`` (bool), ``replays`` (settings the search
-    evaluated, ``known`` ones included), ``new_replays`` (replays it ran), ``search`` (its
-    :meth:`SearchResult.cost`) and ``searched`` (its table).
+    The settings compared are this search's and the ``known`` check-part replays (the advised
+    setting, vLLM's defaults, the most fit hits: a search need not revisit them). The *best* is
+    what :func:`choose` (with ``args.hit_tolerance``) picks among them under ``bound`` (the step
+    bound with caching off's extra steps on the check part): the most hits among the settings
+    that meet it or, if none does, the fewest extra steps beyond caching off's. The
+    *unconstrained best* is the most hits whatever the steps.
+
+    Returns a dict (rates are token hit rates on the check part; steps per prompt):
+    ``best_policy`` (str), ``best_host_cache_gib`` (float), ``best_token_hit_rate``,
+    ``best_prefill_steps_per_prompt``, ``best_extra_prefill_steps_beyond_off``,
+    ``best_meets_step_bound`` (bool: False when no setting meets it on the check part),
+    ``eligible_settings`` (int), ``advised_over_best`` and ``default_over_best`` (1.0 when every
+    rate is 0), ``advised_extra_prefill_steps_beyond_off``, ``advised_meets_step_bound`` (bool),
+    ``advised_at_least_default`` (bool), ``unconstrained_best`` (``policy``,
+    ``host_cache_gib``, ``token_hit_rate``, ``prefill_steps_per_prompt``,
+    ``extra_prefill_steps_beyond_off``, ``meets_step_bound``), ``advised_over_unconstrained_best``,
+    ``best_without_exporter`` (the most hits among the settings without the exporter that meet
+    the bound, or, when none does, among all without it; same keys; ``None`` when none was
+    replayed), ``target`` (:data:`AUDIT_TARGET`), ``met`` (bool: ``advised_over_best`` >=
+    target), ``replays`` (settings the search evaluated, ``known`` ones included),
+    ``new_replays`` (replays it ran), ``search`` (its :meth:`SearchResult.cost`) and ``searched``
+    (its table).
     """
     known = dict(known or {})
     res = run_search(check_replayer, start, args.host_cache_gib, jobs=args.jobs,
                      exporter=not args.no_exporter, max_passes=args.max_passes,
-                     starts=args.starts, known=known)
-    best, best_r = advised_cand, advised
-    for cand, r in res.evaluated.items():
-        if r is not None and r["token_hit_rate"] > best_r["token_hit_rate"]:
-            best, best_r = cand, r
+                     starts=args.starts, known=known, bound=bound)
+    replays = res.replays
+    new_replays = replays - sum(1 for c, r in known.items() if r is not None and c in res.evaluated)
+    every = res.merged({advised_cand: advised, start: default, **known})
+    best = choose(every, args.hit_tolerance)
+    best_r = every.result(best)
+    top = every.best
+    beyond = every.beyond_off
+
+    def share(rate: float, of: float) -> float:
+        return rate / of if of > 0 else 1.0
+
+    def summary(c: Candidate) -> dict[str, Any]:
+        r = every.result(c)
+        return {"policy": c.policy, "host_cache_gib": c.host_gib,
+                "token_hit_rate": r["token_hit_rate"],
+                "prefill_steps_per_prompt": r["prefill_steps_per_prompt"],
+                "extra_prefill_steps_beyond_off": beyond(c), "meets_step_bound": every.eligible(c)}
+
+    split_best = every.best_split()
     best_rate = best_r["token_hit_rate"]
-    ratio = advised["token_hit_rate"] / best_rate if best_rate > 0 else 1.0
+    ratio = share(advised["token_hit_rate"], best_rate)
     return {
         "best_policy": best.policy,
         "best_host_cache_gib": best.host_gib,
         "best_token_hit_rate": best_rate,
         "best_prefill_steps_per_prompt": best_r["prefill_steps_per_prompt"],
+        "best_extra_prefill_steps_beyond_off": beyond(best),
+        "best_meets_step_bound": every.eligible(best),
+        "eligible_settings": every.n_eligible,
+        "step_bound": bound.to_dict() if bound is not None else None,
         "advised_over_best": ratio,
-        "default_over_best": default["token_hit_rate"] / best_rate if best_rate > 0 else 1.0,
+        "default_over_best": share(default["token_hit_rate"], best_rate),
+        "advised_extra_prefill_steps_beyond_off": beyond(advised_cand),
+        "advised_meets_step_bound": every.eligible(advised_cand),
+        "advised_at_least_default": advised["token_hit_rate"] >= default["token_hit_rate"],
+        "unconstrained_best": summary(top),
+        "advised_over_unconstrained_best": share(advised["token_hit_rate"],
+                                                 every.result(top)["token_hit_rate"]),
+        "best_without_exporter": summary(split_best) if split_best is not None else None,
         "target": AUDIT_TARGET,
         "met": ratio >= AUDIT_TARGET,
-        "replays": res.replays,
-        "new_replays": res.replays - sum(1 for c, r in known.items()
-                                         if r is not None and c in res.evaluated),
+        "replays": replays,
+        "new_replays": new_replays,
         "search": res.cost(),
         "searched": res.table(),
     }
 
 
+def _name(r: dict[str, Any]) -> str:
+    return r["policy"] + (f" +host {r['host_cache_gib']:g}" if r.get("host_cache_gib") else "")
+
+
+def _versus_bound(beyond: float, bound: dict[str, Any]) -> str:
+    """``+0.06 beyond off, over by 0.01`` style text for a row and the bound's dict."""
+    txt = f"{beyond:+.2f} beyond off"
+    if bound["margin"] is None:
+        return txt
+    over = beyond - bound["margin"]
+    return txt + (f", over by {over:.2f}" if over > _BOUND_EPS else ", within")
+
+
 def format_report(rep: dict[str, Any]) -> str:
-    """Human-readable advice (hits and prefill steps per prompt side by side, the extra steps by
-    reason with caching off's, the search's cost)."""
-    from vllm_hybrid_npu_lab.step_reasons import format_reasons
+    """Human-readable advice (hits and prefill steps per prompt side by side, the step bound and
+    which settings meet it, the extra steps by reason with caching off's, the search's cost)."""
+    from vllm_hybrid_npu_lab.step_reasons import LABELS, format_reasons
 
     fit, check = rep["fit"], rep["check"]
     host = f" + {rep['host_cache_gib_max']:g} GiB host" if rep["host_cache_gib_max"] else ""
@@ -791,17 +1078,55 @@ def format_report(rep: dict[str, Any]) -> str:
                       for a in sc["grid_axes"])
     most = fit["most_hits"]
     tol = rep["hit_tolerance"]
+    sb = rep["step_bound"]
+    adv = fit["advised"]
+    if sb["margin"] is None:
+        bound_line = (f"step bound: none (--max-extra-steps-over-off inf); caching off's extra "
+                      f"prefill steps/prompt on the fit part {sb['caching_off_extra']:.2f}")
+    else:
+        bound_line = (f"step bound: extra prefill steps/prompt at most caching off's + "
+                      f"{sb['margin']:g} (fit part: {sb['caching_off_extra']:.2f} + {sb['margin']:g}"
+                      f" = {sb['limit']:.2f}); {sb['eligible_settings']} of "
+                      f"{sb['searched_settings']} searched settings meet it")
+    if sb["any_eligible"]:
+        how = ("the most hits among them" if tol == 0 else
+               f"the fewest prefill steps within {tol:.0%} of the most hits among them")
+    else:
+        how = ("NONE meets the bound: advised the fewest extra steps beyond caching off's "
+               "(see the reasons below)")
     lines = [
         f"{rep['model']} tp{rep['tp']}, {rep['kv_cache_gib']:g} GiB KV per worker{host}; "
         f"searched {fit['replays']} settings on requests {fit['requests'][0]}-{fit['requests'][1]} "
-        f"(every {grid} combination: {sc['grid']}, then coordinate descent from the best "
-        f"{len(sc['starts'])}), checked on requests {check['requests'][0]}-{check['requests'][1]}",
-        f"fit part: most hits {most['token_hit_rate']:.2%} at "
-        f"{most['prefill_steps_per_prompt']:.2f} prefill steps/prompt ({most['policy']}"
-        + (f" +host {most['host_cache_gib']:g}" if most["host_cache_gib"] else "") + "); "
-        f"advised: the fewest prefill steps within {tol:.0%} of it, {fit['token_hit_rate']:.2%} at "
-        f"{fit['prefill_steps_per_prompt']:.2f}; vLLM's defaults {fit['upstream_default']:.2%} at "
-        f"{fit['upstream_default_prefill_steps_per_prompt']:.2f}",
+        f"(every {grid} combination: {sc['grid']}, then coordinate descent from "
+        f"{len(sc['starts'])} of them), checked on requests "
+        f"{check['requests'][0]}-{check['requests'][1]}",
+        bound_line,
+        f"fit part: advised ({how}) {adv['token_hit_rate']:.2%} at "
+        f"{adv['prefill_steps_per_prompt']:.2f} prefill steps/prompt "
+        f"({_versus_bound(adv['extra_prefill_steps_beyond_off'], sb)}); most hits "
+        f"{most['token_hit_rate']:.2%} at {most['prefill_steps_per_prompt']:.2f} "
+        f"({_name(most)}, {_versus_bound(most['extra_prefill_steps_beyond_off'], sb)}); "
+        f"vLLM's defaults {fit['default']['token_hit_rate']:.2%} at "
+        f"{fit['default']['prefill_steps_per_prompt']:.2f} "
+        f"({_versus_bound(fit['default']['extra_prefill_steps_beyond_off'], sb)})",
+    ]
+    if sb["failed_by_reason"]:
+        lines.append("over the bound, by the reason with the most extra steps beyond caching "
+                     "off's: " + ", ".join(f"{LABELS[k]} {n}"
+                                           for k, n in sb["failed_by_reason"].items()))
+    if not sb["any_eligible"] or sb["failed_by_reason"]:
+        fit_rows = [("advised", adv)]
+        if (most["policy"], most["host_cache_gib"]) != (adv["policy"], adv["host_cache_gib"]):
+            fit_rows.append(("most fit hits", most))
+        for name, r in (("vLLM defaults", fit["default"]),
+                        ("best w/o exporter", fit.get("best_without_exporter"))):
+            if r and all((r["policy"], r["host_cache_gib"]) != (x["policy"], x["host_cache_gib"])
+                         for _, x in fit_rows):
+                fit_rows.append((name, r))
+        lines.append("")
+        lines += [line.replace("extra steps by reason", "fit part: extra steps")
+                  for line in format_reasons(fit_rows, fit["caching_off"])]
+    lines += [
         "",
         f"vllm serve {rep.get('serve_model', 'MODEL')} " + " ".join(rep["flags"]),
         "  with vllm-hybrid-npu installed: " + " ".join(rep["env"]),
@@ -814,8 +1139,13 @@ def format_report(rep: dict[str, Any]) -> str:
     ]
     rows = [("advised", rep["advised"]), ("vLLM defaults", rep["default"])]
     mh = rep.get("most_hits")
-    if mh and (mh["policy"], mh["host_cache_gib"]) != ("upstream", rep["host_cache_gib_max"]):
+    shown = {(rep["policy"], rep["host_cache_gib"]), ("upstream", rep["host_cache_gib_max"])}
+    if mh and (mh["policy"], mh["host_cache_gib"]) not in shown:
         rows.insert(1, ("most fit hits", mh))  # (unless it is vLLM's defaults' row)
+        shown.add((mh["policy"], mh["host_cache_gib"]))
+    sp = rep.get("best_without_exporter")
+    if sp and (sp["policy"], sp["host_cache_gib"]) not in shown:
+        rows.insert(len(rows) - 1, ("best w/o exporter", sp))  # vLLM's split at its best (fit)
     for name, r in rows:
         lines.append(f"{name:<21} {r['token_hit_rate']:>8.2%} {r['request_hit_rate']:>8.2%} "
                      f"{r['prefill_steps_per_prompt']:>21.2f} "
@@ -828,16 +1158,37 @@ def format_report(rep: dict[str, Any]) -> str:
     if "caching_off" in rep:
         lines.append("")
         lines += format_reasons(rows + [("attention bound", a)], rep["caching_off"])
+        cb = sb.get("check")
+        if cb and cb["margin"] is not None:
+            lines.append(f"step bound on the check part: caching off's {cb['caching_off_extra']:.2f}"
+                         f" + {cb['margin']:g} = {cb['limit']:.2f}: " + "; ".join(
+                             f"{name} {_versus_bound(r['extra_prefill_steps_beyond_off'], cb)}"
+                             for name, r in rows))
         lines.append("")
     au = rep.get("audit")
     if au:
-        host = f" with --host-cache-gib {au['best_host_cache_gib']:g}" if au["best_host_cache_gib"] else ""
-        lines.append(f"audit: best on the check part {au['best_token_hit_rate']:.2%} at "
-                     f"{au['best_prefill_steps_per_prompt']:.2f} prefill steps/prompt "
-                     f"({au['best_policy']}{host}, {au['replays']} settings searched there); "
-                     f"advised / best {au['advised_over_best']:.3f} "
-                     f"({'met' if au['met'] else 'missed'}: target {au['target']:.2f}), "
-                     f"vLLM defaults / best {au['default_over_best']:.3f}")
+        ub, wx = au["unconstrained_best"], au.get("best_without_exporter")
+        host = f" +host {au['best_host_cache_gib']:g}" if au["best_host_cache_gib"] else ""
+        which = ("best meeting the step bound" if au["best_meets_step_bound"] else
+                 "NO setting meets the step bound there; best by the advice's rule (fewest extra "
+                 "steps beyond off)")
+        cb = au.get("step_bound") or {"margin": None}
+        lines.append(
+            f"audit (the same search on the check part, {au['replays']} settings, "
+            f"{au['eligible_settings']} meeting the step bound): {which} "
+            f"{au['best_token_hit_rate']:.2%} at {au['best_prefill_steps_per_prompt']:.2f} "
+            f"prefill steps/prompt ({au['best_policy']}{host}, "
+            f"{_versus_bound(au['best_extra_prefill_steps_beyond_off'], cb)}); "
+            f"advised / best {au['advised_over_best']:.3f} "
+            f"({'met' if au['met'] else 'missed'}: target {au['target']:.2f}), "
+            f"vLLM defaults / best {au['default_over_best']:.3f}")
+        lines.append(
+            f"  unconstrained best {ub['token_hit_rate']:.2%} at "
+            f"{ub['prefill_steps_per_prompt']:.2f} ({_name(ub)}, "
+            f"{_versus_bound(ub['extra_prefill_steps_beyond_off'], cb)}): advised / it "
+            f"{au['advised_over_unconstrained_best']:.3f}"
+            + (f"; best without the exporter {wx['token_hit_rate']:.2%} ({_name(wx)}, "
+               f"{_versus_bound(wx['extra_prefill_steps_beyond_off'], cb)})" if wx else ""))
     lines.append(f"cost: {cost['total_replays']} replays ({cost['fit_replays']} fit, "
                  f"{cost['check_replays']} check" + (f", {cost['audit_replays']} audit"
                                                      if cost["audit_replays"] else "") + ")")
@@ -847,7 +1198,8 @@ def format_report(rep: dict[str, Any]) -> str:
 
 
 def plot(rep: dict[str, Any], path: str) -> None:
-    """Bars: every searched setting on the fit part; the check part's rows."""
+    """Bars: every searched setting on the fit part (green where it meets the step bound); the
+    check part's rows."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -858,8 +1210,9 @@ def plot(rep: dict[str, Any], path: str) -> None:
                                  gridspec_kw={"width_ratios": [3, 2]})
     names = [r["policy"].replace("upstream:", "") + (f" +host {r['host_cache_gib']:g}"
                                                     if r["host_cache_gib"] else "") for r in searched]
-    a1.barh(names, [100 * r["token_hit_rate"] for r in searched], color="C0")
-    a1.set_xlabel("token hit rate, fit part (%)")
+    a1.barh(names, [100 * r["token_hit_rate"] for r in searched],
+            color=["C2" if r.get("eligible", True) else "C0" for r in searched])
+    a1.set_xlabel("token hit rate, fit part (%; green: meets the step bound)")
     a1.tick_params(axis="y", labelsize=7)
     rows = {"advised": rep["token_hit_rate"], "vLLM defaults": rep["upstream_default"],
             "attention bound": rep["attention_bound"], "infinite bound": rep["infinite_bound"]}

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import collections
+import dataclasses
 import itertools
 import json
 
@@ -247,9 +248,11 @@ def test_audit_searches_the_check_part_and_reports_the_share(tmp_path, tiny_mode
                                                              write_trace, rng):
     """``--audit``: the fit part is all distinct prompts (no setting hits there, the advice is
     the fewest prefill steps); the check part has prompts that hit: a 4-block prompt, one sharing
-    only its first two 512-token blocks, then its exact repeat. The audit's best must be at least the advised
-    setting and every setting it searched there, its shares must be those rates' ratios, and its
-    best setting replayed with ``hitrate --policy`` must give the rate it reports."""
+    only its first two 512-token blocks, then its exact repeat. The audit's best must follow the
+    advice's rule on the check part (the most hits among the settings meeting the step bound
+    there, else the fewest extra steps beyond caching off's), the unconstrained best must be the
+    most hits of all, its shares must be those rates' ratios, and its best setting replayed with
+    ``hitrate --policy`` must give the rate it reports."""
     ids = iter(rng.sample(range(1000, 100_000), 200))
     rows, t = [], 0
     for _ in range(4):  # fit: distinct prompts
@@ -268,17 +271,36 @@ def test_audit_searches_the_check_part_and_reports_the_share(tmp_path, tiny_mode
                  "--max-passes", "2", "--starts", "2", "--audit", *common]) == 0
     rep = _json(capsys.readouterr().out)
     au = rep["audit"]
-    # nothing hits on the fit part: every setting is within the hit tolerance, the advice is
-    # the fewest prefill steps per prompt among them
+    # nothing hits on the fit part: every eligible setting ties in hits, the advice is the
+    # fewest prefill steps per prompt among them (no threshold: no extra step on the fit part)
     assert rep["fit"]["token_hit_rate"] == 0.0
+    assert rep["step_bound"]["advised_eligible"] and rep["fit"]["advised"]["eligible"]
     assert rep["fit"]["prefill_steps_per_prompt"] == min(
-        r["prefill_steps_per_prompt"] for r in rep["fit"]["searched"])
+        r["prefill_steps_per_prompt"] for r in rep["fit"]["searched"] if r["eligible"])
     best = au["best_token_hit_rate"]
     assert best > 0.0, au  # something hits on the check part
-    assert best >= rep["token_hit_rate"]
-    assert au["searched"] and all(r["token_hit_rate"] <= best for r in au["searched"])
+    limit = au["step_bound"]["limit"]
+    assert limit == pytest.approx(rep["caching_off"]["extra_prefill_steps_per_prompt"] + 0.05)
+    searched = au["searched"]
+    assert searched and all(r["eligible"] is (r["extra_prefill_steps_per_prompt"] <= limit + 1e-9)
+                            for r in searched)
+    # the best is the advice's rule on the check part: the most hits among the settings within
+    # the bound; where none is (each part's second prompt stops at its shared-prefix junction,
+    # which costs steps in align mode whatever the setting), the fewest extra steps beyond off
+    ok = [r for r in searched if r["eligible"]]
+    assert au["best_meets_step_bound"] is bool(ok) and au["eligible_settings"] == len(ok)
+    if ok:
+        assert best == max(r["token_hit_rate"] for r in ok)
+    else:
+        assert au["best_extra_prefill_steps_beyond_off"] == min(
+            r["extra_prefill_steps_beyond_off"] for r in searched)
+    assert au["advised_meets_step_bound"] is rep["advised"]["meets_step_bound"]
+    ub = au["unconstrained_best"]
+    assert ub["token_hit_rate"] == max(r["token_hit_rate"] for r in searched) >= best
     assert au["advised_over_best"] == pytest.approx(rep["token_hit_rate"] / best)
     assert au["default_over_best"] == pytest.approx(rep["upstream_default"] / best)
+    assert au["advised_over_unconstrained_best"] == pytest.approx(
+        rep["token_hit_rate"] / ub["token_hit_rate"])
     assert au["met"] is (au["advised_over_best"] >= au["target"])
     # the check part's advised and default replays are not replayed again by the audit
     assert 0 < au["new_replays"] < au["replays"] == au["search"]["replays"]
@@ -425,13 +447,213 @@ def test_advise_weighs_steps_when_settings_tie_in_hits(tmp_path, tiny_model_dir,
     assert rep["fit"]["upstream_default_prefill_steps_per_prompt"] == 1.5
     assert rep["default"]["prefill_steps_per_prompt"] == 1.5
     cost = rep["search_cost"]
-    assert cost["fit_replays"] == rep["fit"]["replays"] == rep["fit"]["search"]["replays"]
+    # the fit part's replays: the search's and caching off's (the step bound's reference)
+    assert cost["fit_replays"] == rep["fit"]["replays"] + 1 == rep["fit"]["search"]["replays"] + 1
     assert cost["total_replays"] == cost["fit_replays"] + cost["check_replays"]
+    # the step bound, hand-counted: each prompt alone (10 s apart), so caching off takes no
+    # extra step; the exporter none (eligible), vLLM's split one per cold prompt: 0.5 per prompt
+    sb = rep["step_bound"]
+    assert sb["caching_off_extra"] == 0.0 and sb["limit"] == pytest.approx(0.05)
+    assert sb["advised_eligible"] and sb["any_eligible"]
+    assert rep["fit"]["advised"]["extra_prefill_steps_beyond_off"] == 0.0
+    assert rep["fit"]["default"]["extra_prefill_steps_beyond_off"] == 0.5
+    assert rep["fit"]["default"]["extra_prefill_steps_by_reason"]["prompt_tail"] == 0.5
+    assert not rep["fit"]["default"]["eligible"]
+    assert rep["default"]["extra_prefill_steps_beyond_off"] == 0.5
+    assert not rep["default"]["meets_step_bound"] and rep["advised"]["meets_step_bound"]
+    # vLLM's split at its best: every setting without the exporter ties in hits and is over the
+    # bound, so the first evaluated, vLLM's defaults (not replayed again on the check part)
+    assert rep["best_without_exporter"]["policy"] == rep["fit"]["best_without_exporter"]["policy"]
+    assert rep["best_without_exporter"]["policy"] == "upstream"
     # the text report prints both figures and the cost
     assert main(common) == 0
     text = capsys.readouterr().out
     assert "1.00" in text and "1.50" in text and "prefill steps/prompt" in text
     assert f"cost: {cost['total_replays']} replays" in text
-    for bad in (["--hit-tolerance", "1"], ["--hit-tolerance", "-0.1"], ["--starts", "0"]):
+    assert "step bound: extra prefill steps/prompt at most caching off's + 0.05" in text
+    assert "vLLM defaults" in text  # the bound never hides vLLM's defaults' row
+    # without the exporter nothing meets the bound: the advice is the fewest extra steps beyond
+    # caching off's (0.5, vLLM's split of each cold prompt, for vLLM's defaults and every other
+    # setting without a threshold; ties: hits, all equal, then vLLM's defaults), said plainly
+    assert main(common + ["--json", "--no-exporter"]) == 0
+    rep = _json(capsys.readouterr().out)
+    sb = rep["step_bound"]
+    assert not sb["any_eligible"] and sb["eligible_settings"] == 0
+    assert rep["policy"] == "upstream" and rep["fit"]["advised"]["extra_prefill_steps_beyond_off"] == 0.5
+    assert min(r["extra_prefill_steps_beyond_off"] for r in rep["fit"]["searched"]) == 0.5
+    assert sum(sb["failed_by_reason"].values()) == rep["fit"]["replays"]
+    assert sb["failed_by_reason"]["prompt_tail"] >= 1
+    assert main(common + ["--no-exporter"]) == 0
+    text = capsys.readouterr().out
+    assert "NONE meets the bound" in text and "fit part: extra steps" in text
+    # no bound: the most hits whatever the steps (ties: fewest steps, the exporter)
+    assert main(common + ["--json", "--max-extra-steps-over-off", "inf"]) == 0
+    rep = _json(capsys.readouterr().out)
+    assert rep["step_bound"]["margin"] is None and rep["policy"] == "upstream:ckpt"
+    assert rep["step_bound"]["eligible_settings"] == rep["fit"]["replays"]
+    for bad in (["--hit-tolerance", "1"], ["--hit-tolerance", "-0.1"], ["--starts", "0"],
+                ["--max-extra-steps-over-off", "-0.01"], ["--max-extra-steps-over-off", "nan"]):
         assert main(common + bad) == 2
         assert bad[0] in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------------- issue 38
+def _bound_result(rows, off_extra, margin=0.05):
+    """A SearchResult over made-up replays ``(setting, rate, prefill steps, extra steps)`` (steps
+    per prompt) with the step bound ``off_extra + margin``; the first row is vLLM's defaults."""
+    from vllm_hybrid_npu_lab.advise import SearchResult, StepBound
+
+    evaluated = {Candidate(s): {"token_hit_rate": r, "prefill_steps_per_prompt": st,
+                                "extra_prefill_steps_per_prompt": ex} for s, r, st, ex in rows}
+    best = max(evaluated, key=lambda c: evaluated[c]["token_hit_rate"])
+    return SearchResult(best=best, start=Candidate(rows[0][0]), evaluated=evaluated, passes=1,
+                        bound=StepBound(off_extra, margin))
+
+
+def test_step_bound_is_caching_offs_extra_steps_plus_the_margin(rng):
+    """Extra steps per prompt are counts over prompts: with ``n`` prompts (a multiple of 20),
+    caching off's ``k`` extra steps and the margin 0.05 (``n / 20`` steps), ``k + n / 20`` extra
+    steps are at the bound (eligible), one more is over it; fewer than caching off's (hits lighten
+    the load) is eligible; an infinite margin admits anything."""
+    import math
+
+    from vllm_hybrid_npu_lab.advise import StepBound
+
+    n = 20 * rng.randint(5, 150)
+    k = rng.randint(0, n // 2)
+    b = StepBound(k / n, 0.05)
+    at = {"extra_prefill_steps_per_prompt": (k + n // 20) / n}
+    over = {"extra_prefill_steps_per_prompt": (k + n // 20 + 1) / n}
+    under = {"extra_prefill_steps_per_prompt": max(k - 1, 0) / n}
+    assert b.eligible(at) and not b.eligible(over) and b.eligible(under)
+    # exactly at the bound (1 step in 20 prompts over none), and a rounding error above it
+    # (4 steps in 20 prompts over 3: 0.05000000000000002 in binary floating point)
+    assert StepBound(0.0, 0.05).eligible({"extra_prefill_steps_per_prompt": 1 / 20})
+    assert StepBound(3 / 20, 0.05).eligible({"extra_prefill_steps_per_prompt": 4 / 20})
+    assert not StepBound(3 / 20, 0.05).eligible({"extra_prefill_steps_per_prompt": 5 / 20})
+    assert b.beyond(over) == pytest.approx((n // 20 + 1) / n)
+    assert b.limit == pytest.approx(k / n + 0.05)
+    assert b.to_dict() == {"margin": 0.05, "caching_off_extra": k / n, "limit": b.limit}
+    free = StepBound(k / n, math.inf)
+    assert free.eligible({"extra_prefill_steps_per_prompt": 1e6})
+    assert free.to_dict() == {"margin": None, "caching_off_extra": k / n, "limit": None}
+
+
+def test_advice_is_the_most_hits_within_the_step_bound(rng):
+    """Made-up fit-part replays, caching off at ``off`` extra steps per prompt, margin 0.05:
+
+    * ``ret=8b,lpt=1b``: the most hits, 5 extra steps beyond off (its threshold): over;
+    * ``ret=4b,ckpt``: 0.9 x those hits, 0.04 beyond off: within, the most hits within;
+    * ``ckpt``: 0.8 x, 0.00 beyond off, fewer prefill steps: within;
+    * ``ret=dense,ckpt``: 0.95 x, 0.06 beyond off: over by 0.01;
+    * vLLM's defaults: 0.7 x, 0.6 beyond off (vLLM's split of cold prompts): over.
+
+    Advised: ``ret=4b,ckpt``; the most hits stays ``ret=8b,lpt=1b``; within a 15% tolerance of
+    the eligible best the fewest prefill steps, ``ckpt``; no bound: ``ret=8b,lpt=1b``."""
+    import math
+
+    from vllm_hybrid_npu_lab.advise import choose
+
+    top, off = rng.uniform(0.05, 0.9), rng.uniform(0.0, 1.0)
+    rows = [
+        (UpstreamSetting(), 0.7 * top, 3.4, off + 0.6),
+        (UpstreamSetting(ret=8, lpt=1), top, 8.0, off + 5.0),
+        (UpstreamSetting(ret=4, ckpt=True), 0.9 * top, 2.8, off + 0.04),
+        (UpstreamSetting(ckpt=True), 0.8 * top, 2.7, off),
+        (UpstreamSetting(ret=None, ckpt=True), 0.95 * top, 2.8, off + 0.06),
+    ]
+    res = _bound_result(rows, off)
+    assert [res.eligible(Candidate(r[0])) for r in rows] == [False, False, True, True, False]
+    assert res.n_eligible == 2
+    assert res.best == Candidate(UpstreamSetting(ret=8, lpt=1))
+    assert choose(res) == Candidate(UpstreamSetting(ret=4, ckpt=True))
+    assert choose(res, 0.15) == Candidate(UpstreamSetting(ckpt=True))
+    assert choose(_bound_result(rows, off, math.inf)) == Candidate(UpstreamSetting(ret=8, lpt=1))
+    # vLLM's split at its best: no setting without the exporter is within the bound, so the most
+    # hits without it; one within the bound (fewer hits) comes first
+    assert res.best_split() == Candidate(UpstreamSetting(ret=8, lpt=1))
+    within = rows + [(UpstreamSetting(ret=2), 0.5 * top, 2.8, off + 0.01)]
+    assert _bound_result(within, off).best_split() == Candidate(UpstreamSetting(ret=2))
+    # a tie in hits within the bound: the fewer prefill steps
+    tie = rows + [(UpstreamSetting(ret=2, ckpt=True), 0.9 * top, 2.75, off + 0.03)]
+    assert choose(_bound_result(tie, off)) == Candidate(UpstreamSetting(ret=2, ckpt=True))
+
+
+def test_advice_when_no_setting_meets_the_step_bound(rng):
+    """Every made-up setting is over the bound (as without the exporter, where vLLM's split of
+    cold prompts alone is 0.5-0.6 steps per prompt): the advice is the fewest extra steps beyond
+    caching off's, ``ret=2b`` and ``ret=4b`` tie at 0.5 beyond off, ``ret=2b`` has more hits;
+    vLLM's defaults 0.6, the threshold 5."""
+    from vllm_hybrid_npu_lab.advise import choose
+
+    top, off = rng.uniform(0.05, 0.9), rng.uniform(0.0, 1.0)
+    rows = [
+        (UpstreamSetting(), 0.7 * top, 3.4, off + 0.6),
+        (UpstreamSetting(ret=8, lpt=1), top, 8.0, off + 5.0),
+        (UpstreamSetting(ret=4), 0.8 * top, 3.3, off + 0.5),
+        (UpstreamSetting(ret=2), 0.85 * top, 3.3, off + 0.5),
+    ]
+    res = _bound_result(rows, off)
+    assert res.n_eligible == 0
+    assert choose(res) == Candidate(UpstreamSetting(ret=2))
+    assert res.beyond_off(choose(res)) == pytest.approx(0.5)
+
+
+def test_failure_reasons_name_each_failed_settings_largest_reason_beyond_off():
+    """Caching off: 0.2 shared-budget steps per prompt. Over the bound: two thresholds (lpt 5
+    and 2), a split (tail 0.6, shared 0.3: 0.1 beyond off's), a setting whose only excess is the
+    shared budget (0.35, 0.15 beyond off's); within: the exporter (shared 0.22). By count, then
+    in the table's order: lpt 2, tail 1, shared 1."""
+    from vllm_hybrid_npu_lab.advise import SearchResult, StepBound, failure_reasons
+
+    off = {"extra_prefill_steps_per_prompt": 0.2,
+           "extra_prefill_steps_by_reason": {"shared_budget": 0.2}}
+    rows = {
+        UpstreamSetting(ret=2, lpt=1): {"long_prefill": 5.0, "shared_budget": 0.3},
+        UpstreamSetting(ret=8, lpt=2): {"long_prefill": 2.0, "shared_budget": 0.25},
+        UpstreamSetting(): {"prompt_tail": 0.6, "shared_budget": 0.3},
+        UpstreamSetting(pmu=64): {"shared_budget": 0.35},
+        UpstreamSetting(ckpt=True): {"shared_budget": 0.22},
+    }
+    evaluated = {Candidate(s): {"token_hit_rate": 0.1, "prefill_steps_per_prompt": 3.0,
+                                "extra_prefill_steps_per_prompt": sum(by.values()),
+                                "extra_prefill_steps_by_reason": by} for s, by in rows.items()}
+    res = SearchResult(best=Candidate(), start=Candidate(), evaluated=evaluated, passes=1,
+                       bound=StepBound(0.2, 0.05))
+    got = failure_reasons(res, off)
+    assert got == {"long_prefill": 2, "prompt_tail": 1, "shared_budget": 1}
+    assert list(got) == ["long_prefill", "prompt_tail", "shared_budget"]
+    assert failure_reasons(dataclasses.replace(res, bound=None), off) == {}
+
+
+def test_search_with_a_step_bound_finds_the_best_eligible_and_the_unconstrained_best(rng):
+    """A made-up objective: hits ``base[ret] + 0.1 min(lpt, 4) + (0.01 with the exporter, 0.02
+    without)`` (``base`` drawn per retention value, 0 past the range); extra steps beyond caching
+    off's: 0.5 without the exporter (vLLM's split), 0.3 with a prefix-match unit, 1 per threshold
+    block. Eligible: the exporter, no threshold, no unit. By hand: the advice is the exporter at
+    the best ``ret`` (``r*``, argmax of ``base``) and no threshold; the most hits, found by the
+    extra descent by hits alone from the grid's most hits (vLLM's defaults: the exporter-free
+    settings tie, grid order), is ``r*`` with a 4-block threshold, no exporter; so is vLLM's
+    split at its best (the third descent, the exporter kept off, from the same setting)."""
+    from vllm_hybrid_npu_lab.advise import RET_VALUES, StepBound, choose
+
+    base = collections.defaultdict(float, {r: rng.uniform(0.1, 1.0) for r in RET_VALUES})
+    off = rng.uniform(0.0, 1.0)
+
+    def evaluate(c: Candidate):
+        s = c.setting
+        extra = off + (0.0 if s.ckpt else 0.5) + (0.3 if s.pmu else 0.0) + s.lpt
+        return {"token_hit_rate": base[s.ret] + 0.1 * min(s.lpt, 4) + (0.01 if s.ckpt else 0.02),
+                "prefill_steps_per_prompt": 2.0 + extra, "extra_prefill_steps_per_prompt": extra}
+
+    r_star = max(RET_VALUES, key=lambda r: base[r])
+    res = search(evaluate, Candidate(), 0.0, starts=1, bound=StepBound(off, 0.05))
+    assert res.starts == [Candidate(UpstreamSetting(ckpt=True)), Candidate(), Candidate()]
+    assert choose(res) == Candidate(UpstreamSetting(ret=r_star, ckpt=True))
+    assert res.best == Candidate(UpstreamSetting(ret=r_star, lpt=4))
+    assert res.eligible(choose(res)) and not res.eligible(res.best)
+    assert res.best_split() == res.best
+    # without a bound: one descent, from the grid's most hits, to the same most hits
+    free = search(evaluate, Candidate(), 0.0, starts=1)
+    assert free.starts == [Candidate()] and free.best == res.best
+    assert free.n_eligible == free.replays  # every setting eligible without a bound
