@@ -3,14 +3,15 @@
 The replay counts, per request, the engine steps that computed part of its prompt; the fewest it
 could take is ``ceil(uncached prompt tokens / B)`` with ``B`` the token budget of a step
 (``--max-num-batched-tokens``). Every step beyond that gets exactly one reason here, read from
-the decision of vLLM's own scheduler (vLLM 0.30, ``vllm/v1/core/sched/scheduler.py``), never
+the decision of vLLM's own scheduler (vLLM 0.30 to 0.33, ``vllm/v1/core/sched/scheduler.py``), never
 recomputed:
 
 * :class:`SplitRecorder` wraps ``Scheduler._mamba_block_aligned_split`` on one scheduler
   instance (the one method that cuts prefill chunks in align mode; ``schedule()`` calls it for
   running and waiting requests once the token budget and ``--long-prefill-token-threshold`` have
   set the chunk) and keeps, per request and step, the tokens it was asked for, vLLM's answer and
-  the request's fields the answer depends on.
+  the request's fields the answer depends on (vLLM 0.30, 0.32 and 0.33: where they differ,
+  :func:`tail_stops` and :meth:`SplitRecorder.begin_step` say how).
 * :func:`chunk_reason` names why a chunk that stops short of the prompt's end stops where it
   does (below).
 * :class:`PrefillLedger` walks each request's chunks and decides which of them are the extra
@@ -61,7 +62,8 @@ whose chunk the budget or threshold already ends at the next boundary is counted
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import inspect
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 #: extra-step reasons, the order of reports (the module docstring gives the order they are tested)
@@ -88,7 +90,9 @@ class SplitDecision:
     ``upstream``: what vLLM's own ``Scheduler._mamba_block_aligned_split`` returned;
     ``result``: what the scheduler's method returned (a lab policy may shorten vLLM's);
     ``junction``: ``request.shared_prefix_boundary`` (0: none); ``num_tokens`` /
-    ``num_prompt_tokens``: the request's at the call.
+    ``num_prompt_tokens``: the request's at the call; ``tails``: the split's two prompt-tail
+    stops for the request, ``(last_cache_position, tail_boundary)`` as the installed vLLM
+    places them (:func:`tail_stops`), empty for vLLM 0.30's (computed from ``num_tokens``).
     """
 
     start: int
@@ -98,6 +102,7 @@ class SplitDecision:
     junction: int
     num_tokens: int
     num_prompt_tokens: int
+    tails: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -107,7 +112,10 @@ class SplitSettings:
     ``block_size``: the Mamba/attention block of align mode (``cache_config.block_size``);
     ``hash_block_size``: the prefix-match unit; ``budget``: tokens per step
     (``max_num_scheduled_tokens``); ``long_prefill``: ``--long-prefill-token-threshold`` (0 = off);
-    ``checkpoints``: the GDN specs declare a prefill checkpoint block (the exporter).
+    ``checkpoints``: the GDN specs declare a prefill checkpoint block (the exporter). Under
+    vLLM >= 0.32 ``long_prefill`` is the step's effective threshold (0 when the request is alone,
+    the fair share under ``--long-prefill-token-threshold-adaptive``): see
+    :meth:`SplitRecorder.begin_step`.
     """
 
     block_size: int
@@ -160,14 +168,46 @@ def chunk_reason(start: int, end: int, num_tokens: int, num_prompt_tokens: int,
     j = decision.junction
     if start < j < requested and upstream_end in (j, start + (j - start) // bs * bs):
         return "junction"
-    tails = (num_tokens - num_tokens % bs,
-             num_prompt_tokens // settings.hash_block_size * settings.hash_block_size)
+    tails = decision.tails or (
+        num_tokens - num_tokens % bs,
+        num_prompt_tokens // settings.hash_block_size * settings.hash_block_size)
     if upstream_end in tails:
         return ("checkpoint_invalid" if settings.checkpoints and requested >= prefill_end
                 else "prompt_tail")
     if start % bs and upstream_end == (start // bs + 1) * bs:
         return "mid_block_start"
     return "unexplained"
+
+
+def tail_stops(scheduler: Any, request: Any) -> tuple[int, int]:
+    """Where the installed vLLM's align-mode split puts a request's prompt-tail stops (tokens):
+    ``(last_cache_position, tail_boundary)`` of ``Scheduler._mamba_block_aligned_split``.
+
+    vLLM >= 0.32 places both with ``vllm.v1.kv_cache_interface.get_mamba_prefill_checkpoint_position``
+    (called here, with vLLM 0.33's ``num_hash_lookahead_tokens`` where it takes one): the last
+    boundary strictly before the last token, so a prompt on the block grid still stops one block
+    short. vLLM 0.30 (which has the function, for its prefill checkpoint only) stops at the last
+    boundary at or before the end (``num_tokens - num_tokens % block``), both one unit lower
+    under EAGLE's block drop.
+    """
+    import vllm
+
+    block = scheduler.cache_config.block_size
+    unit = getattr(scheduler, "hash_block_size", None) or block
+    drop = bool(getattr(scheduler, "use_eagle_block_drop", False))
+    if tuple(int(x) for x in vllm.__version__.split(".")[:2]) < (0, 32):
+        last = request.num_tokens - request.num_tokens % block
+        tail = request.num_prompt_tokens // unit * unit
+        if drop:
+            last, tail = max(last - block, 0), max(tail - unit, 0) if tail else 0
+        return last, tail
+    from vllm.v1.kv_cache_interface import get_mamba_prefill_checkpoint_position as position
+
+    kw = {}
+    if "num_hash_lookahead_tokens" in inspect.signature(position).parameters:
+        kw["num_hash_lookahead_tokens"] = getattr(scheduler, "num_hash_lookahead_tokens", 0)
+    return (position(request.num_tokens, block, drop, **kw),
+            position(request.num_prompt_tokens, unit, drop, **kw))
 
 
 class SplitRecorder:
@@ -184,15 +224,17 @@ class SplitRecorder:
         from vllm.v1.core.sched.scheduler import Scheduler
 
         self.decisions: dict[str, SplitDecision] = {}
+        self._scheduler = scheduler
         sc = scheduler.scheduler_config
         block = scheduler.cache_config.block_size
-        self.settings = SplitSettings(
+        self._configured = SplitSettings(
             block_size=block,
             hash_block_size=getattr(scheduler, "hash_block_size", None) or block,
             budget=getattr(scheduler, "max_num_scheduled_tokens", None) or sc.max_num_batched_tokens,
             long_prefill=sc.long_prefill_token_threshold or 0,
             checkpoints=bool(getattr(scheduler, "mamba_has_prefill_checkpoint_blocks", False)),
         )
+        self.settings = self._configured
         if not getattr(scheduler, "need_mamba_block_aligned_split", False):
             return
         own = scheduler._mamba_block_aligned_split
@@ -210,14 +252,31 @@ class SplitRecorder:
                        + num_external_computed_tokens),
                 asked=num_new_tokens, upstream=upstream, result=result,
                 junction=getattr(request, "shared_prefix_boundary", 0) or 0,
-                num_tokens=request.num_tokens, num_prompt_tokens=request.num_prompt_tokens)
+                num_tokens=request.num_tokens, num_prompt_tokens=request.num_prompt_tokens,
+                tails=tail_stops(scheduler, request))
             return result
 
         scheduler._mamba_block_aligned_split = split
 
     def begin_step(self) -> None:
-        """Forget the previous step's decisions (call before each ``schedule()``)."""
+        """Forget the previous step's decisions (call before each ``schedule()``) and set
+        :attr:`settings` to the coming step's.
+
+        vLLM >= 0.32's ``Scheduler.schedule`` (the scheduler has ``adaptive_long_prefill_threshold``)
+        applies ``--long-prefill-token-threshold`` only when more than one request is running or
+        waiting at the step's start, floored at ``max_num_batched_tokens // requests`` under
+        ``--long-prefill-token-threshold-adaptive``; read here from the same counts
+        (``get_request_counts``) before the step. vLLM 0.30 applies it always.
+        """
         self.decisions.clear()
+        s, sched = self._configured, self._scheduler
+        if s.long_prefill <= 0 or not hasattr(sched, "adaptive_long_prefill_threshold"):
+            return
+        n = sum(sched.get_request_counts())
+        threshold = s.long_prefill if n > 1 else 0
+        if threshold and sched.adaptive_long_prefill_threshold:
+            threshold = max(threshold, sched.scheduler_config.max_num_batched_tokens // n)
+        self.settings = replace(s, long_prefill=threshold)
 
     def decision(self, request_id: str, start: int, scheduled: int) -> SplitDecision | None:
         """This step's split decision for the request when it is the chunk that was scheduled

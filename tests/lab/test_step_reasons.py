@@ -9,6 +9,7 @@ token budget (``--max-num-batched-tokens``), the fewest steps of a prompt ``ceil
 from __future__ import annotations
 
 import pytest
+import vllm
 
 from vllm_hybrid_npu_lab.model import build_setup
 from vllm_hybrid_npu_lab.policies import CACHING_OFF, get_policy, setup_kwargs
@@ -24,6 +25,8 @@ from vllm_hybrid_npu_lab.step_reasons import (
 )
 from vllm_hybrid_npu_lab.trace import TraceRequest
 
+#: the installed vLLM's (major, minor)
+VLLM = tuple(int(x) for x in vllm.__version__.split(".")[:2])
 BIG = 64 << 20  # bytes: no eviction, no preemption in these traces
 
 
@@ -77,20 +80,35 @@ def test_prefix_shared_off_the_block_grid_costs_one_junction_step(cfg, rng):
 
 
 def test_prompts_arriving_together_under_a_small_budget_share_it(cfg, rng):
-    # Block 256, two cold 1024-token prompts (4 blocks: no tail stop) at t = 0, budget B in
-    # [1280, 2047]: step 1 gives A its 1024 and B what is left, B - 1024, rounded down to the
+    # Block 256, the exporter declared (its checkpoint is valid for a cold chunk reaching the
+    # prompt's end: no tail stop, on vLLM 0.30 and on >= 0.32, whose split without it stops a
+    # cold prompt on the grid one block short), two cold 1024-token prompts at t = 0, budget B
+    # in [1280, 2047]: step 1 gives A its 1024 and B what is left, B - 1024, rounded down to the
     # block (>= 256 tokens); step 2 gives B the rest (<= 768 < B - 1 decode token). B takes 2
-    # steps for 1: one shared_budget step. Caching off and the attention-only model pay the same
-    # (no rounding there: B - 1024 then 2048 - B).
+    # steps for 1: one shared_budget step. Caching off pays the same (no rounding there:
+    # B - 1024 then 2048 - B).
     budget = rng.randint(1280, 2047)
     rows = [(1024, [1, 2]), (1024, [3, 4])]
-    res, by = _replay(cfg, rows, budget=budget, together=True)
+    res, by = _replay(cfg, rows, "upstream:ckpt", budget=budget, together=True)
     assert by == {"shared_budget": 1} and res.prefill_steps_per_prompt == 1.5
     off, by_off = _replay(cfg, rows, CACHING_OFF, budget=budget, together=True)
     assert by_off == {"shared_budget": 1}
     # alone, the same prompts take one step each
-    _, by = _replay(cfg, rows, budget=budget)
+    _, by = _replay(cfg, rows, "upstream:ckpt", budget=budget)
     assert by == {}
+
+
+def test_cold_prompt_on_the_grid_stops_where_the_installed_vllm_puts_its_tail(cfg, rng):
+    # Block 256, one cold prompt of k whole blocks, B = 8192. vLLM 0.30's split stops at the
+    # last boundary at or before the end: the prompt's end, one step. vLLM >= 0.32 places the
+    # stop with get_mamba_prefill_checkpoint_position, strictly before the last token: one
+    # block short, two steps, one prompt_tail.
+    k = rng.randint(2, 6)
+    res, by = _replay(cfg, [(256 * k, list(range(1, k // 2 + 2)))])
+    if VLLM < (0, 32):
+        assert res.prefill_steps_per_prompt == 1 and by == {}
+    else:
+        assert res.prefill_steps_per_prompt == 2 and by == {"prompt_tail": 1}
 
 
 def test_block_rounding_and_tail_on_a_budget_off_the_block(cfg):
@@ -131,11 +149,41 @@ def test_checkpoint_off_its_grid_is_checkpoint_invalid(cfg, rng):
 
 
 def test_long_prefill_threshold_steps(cfg, rng):
-    # Block 256, --long-prefill-token-threshold 1 block, a cold prompt of k whole blocks: k
-    # chunks of 256 where B = 8192 needs 1: k - 1 long_prefill steps.
+    # Block 256, --long-prefill-token-threshold 1 block, two cold prompts of k whole blocks (no
+    # block shared) arriving together: chunks of 256 each, k steps where B = 8192 needs 1:
+    # 2 (k - 1) long_prefill steps (vLLM >= 0.32 applies the threshold when more than one
+    # request runs or waits: two do until both finish their prefill together).
     k = rng.randint(2, 6)
-    res, by = _replay(cfg, [(256 * k, list(range(1, k // 2 + 2)))], "upstream:lpt=1b")
-    assert res.prefill_steps_per_prompt == k and by == {"long_prefill": k - 1}
+    n = k // 2 + 1
+    rows = [(256 * k, list(range(1, n + 1))), (256 * k, list(range(n + 1, 2 * n + 1)))]
+    res, by = _replay(cfg, rows, "upstream:lpt=1b", together=True)
+    assert res.prefill_steps_per_prompt == k and by == {"long_prefill": 2 * (k - 1)}
+    # Alone: vLLM 0.30 caps the lone prompt too (k steps, k - 1 long_prefill); vLLM >= 0.32 lets
+    # it use the whole budget ("nobody to starve"), so it takes what it takes without the
+    # threshold.
+    res, by = _replay(cfg, rows[:1], "upstream:lpt=1b")
+    if VLLM < (0, 32):
+        assert res.prefill_steps_per_prompt == k and by == {"long_prefill": k - 1}
+    else:
+        plain, by_plain = _replay(cfg, rows[:1])
+        assert res.prefill_steps_per_prompt == plain.prefill_steps_per_prompt and by == by_plain
+
+
+def test_tail_stops_where_the_installed_vllm_puts_them(rng):
+    # block 256, unit 64, no EAGLE; a prompt of n tokens (no output yet). vLLM 0.30: the last
+    # block boundary at or before n and the last 64-token one; >= 0.32: strictly before n.
+    from types import SimpleNamespace
+
+    from vllm_hybrid_npu_lab.step_reasons import tail_stops
+
+    n = rng.randint(2, 12) * 256
+    sched = SimpleNamespace(cache_config=SimpleNamespace(block_size=256), hash_block_size=64,
+                            use_eagle_block_drop=False, num_hash_lookahead_tokens=0)
+    req = SimpleNamespace(num_tokens=n, num_prompt_tokens=n)
+    want = (n, n) if VLLM < (0, 32) else (n - 256, n - 64)
+    assert tail_stops(sched, req) == want
+    req = SimpleNamespace(num_tokens=n + 100, num_prompt_tokens=n + 100)
+    assert tail_stops(sched, req) == (n, n + 64)
 
 
 S = SplitSettings(block_size=384, hash_block_size=384, budget=1000)
@@ -163,6 +211,11 @@ S = SplitSettings(block_size=384, hash_block_size=384, budget=1000)
     (1536, 1920, 2000, SplitDecision(1536, 464, 384, 384, 0, 2000, 2000), S, "prompt_tail"),
     (1536, 1920, 2000, SplitDecision(1536, 464, 384, 384, 0, 2000, 2000),
      SplitSettings(384, 384, 1000, checkpoints=True), "checkpoint_invalid"),
+    # vLLM >= 0.32's tail of a 1536-token prompt on the grid: one block short (1152, recorded in
+    # the decision); read off 0.30's formula (1536) the same stop would be unexplained
+    (768, 1152, 1536, SplitDecision(768, 768, 384, 384, 0, 1536, 1536, tails=(1152, 1152)), S,
+     "prompt_tail"),
+    (768, 1152, 1536, SplitDecision(768, 768, 384, 384, 0, 1536, 1536), S, "unexplained"),
     # a start mid-block (448) stopped at the next boundary 768
     (448, 768, 2000, SplitDecision(448, 1000, 320, 320, 0, 2000, 2000), S, "mid_block_start"),
     # a lab policy shortened vLLM's 768 to 384
