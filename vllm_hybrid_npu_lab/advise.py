@@ -50,9 +50,9 @@ off's (ties: hits), said plainly with the reasons the others failed (:func:`fail
 With a bound the search ranks settings by (eligible, hits), descends from the best ``starts``
 grid settings by that rank, once more by hits alone from the grid's most hits (the
 unconstrained best, printed beside the advice) and once more by hits alone with the exporter
-off (vLLM's split at its best, replayed on the check part beside the advice). The report states the bound, every searched
-setting's extra steps beyond caching off's and whether it was eligible, and the search's cost in
-replays. ``--audit`` runs the same search on the check part and compares the advice with the
+off (vLLM's split at its best, replayed on the check part beside the advice). The report states
+the bound, every searched setting's extra steps beyond caching off's and whether it was eligible,
+and the search's cost in replays. ``--audit`` runs the same search on the check part and compares the advice with the
 best eligible setting found there (and prints the unconstrained best and vLLM's split at its
 best there). ``--jobs`` replays the
 settings of one step (the grid, one axis's values) in parallel processes. The same search without
@@ -268,8 +268,7 @@ class SearchResult:
         exporter that meet :attr:`bound` or, when none does, among all without it (ties: the
         first evaluated); ``None`` when none was evaluated."""
         split = [c for c in self.valid if not c.setting.ckpt]
-        pool = [c for c in split if self.eligible(c)] or split
-        return max(pool, key=lambda c: self.result(c)["token_hit_rate"], default=None)
+        return _first_most_hits([c for c in split if self.eligible(c)] or split, self.evaluated)
 
     @property
     def replays(self) -> int:
@@ -312,6 +311,13 @@ class SearchResult:
             evaluated.setdefault(c, r)
         return dataclasses.replace(self, evaluated=evaluated,
                                    best=_most_hits(evaluated, self.start))
+
+
+def _first_most_hits(cands: list[Candidate],
+                     evaluated: dict[Candidate, dict[str, Any] | None]) -> Candidate | None:
+    """The most token hits among ``cands`` (valid ones); among equals the first in ``cands``;
+    ``None`` when ``cands`` is empty."""
+    return max(cands, key=lambda c: evaluated[c]["token_hit_rate"], default=None)
 
 
 def _most_hits(evaluated: dict[Candidate, dict[str, Any] | None], start: Candidate) -> Candidate:
@@ -414,18 +420,14 @@ def search(
     seeds = sorted(valid, key=lambda c: rank(evaluated[c]), reverse=True)[:starts]
     runs = [(seed, score_all, exporter) for seed in seeds]
 
-    def most(cands: list[Candidate]) -> Candidate | None:
-        return min(enumerate(cands), key=lambda ic: (-evaluated[ic[1]]["token_hit_rate"], ic[0]),
-                   default=(0, None))[1]
-
     if bound is not None:
         # the unconstrained best too: one descent by hits alone from the grid's most hits
-        top = most(valid)
+        top = _first_most_hits(valid, evaluated)
         if top not in seeds:
             runs.append((top, hits_all, exporter))
         # and vLLM's split at its best (the comparison the plugin answers to): one descent by
         # hits alone, the exporter kept off, from the grid's most hits without it
-        split = most([c for c in valid if not c.setting.ckpt])
+        split = _first_most_hits([c for c in valid if not c.setting.ckpt], evaluated)
         if exporter and split is not None and (split, hits_all, False) not in runs:
             runs.append((split, hits_all, False))
 
@@ -799,7 +801,6 @@ def advise(args: argparse.Namespace) -> dict[str, Any]:
     """Run the search and the check; return the report (see ``docs/hitrate-guide.md``)."""
     from vllm_hybrid_npu_lab.host_tier import HostLink
     from vllm_hybrid_npu_lab.presets import resolve_model
-    from vllm_hybrid_npu_lab.step_reasons import beyond_off
     from vllm_hybrid_npu_lab.trace import read_trace
 
     model_name, cfg = resolve_model(args.model)
@@ -871,7 +872,7 @@ def advise(args: argparse.Namespace) -> dict[str, Any]:
                                      "extra_prefill_steps_by_reason",
                                      "host_cached_prompt_tokens", "prompt_tokens",
                                      "cached_prompt_tokens", "busy_fraction", "preemptions")},
-                "extra_prefill_steps_beyond_off": beyond_off(r, off),
+                "extra_prefill_steps_beyond_off": check_bound.beyond(r),
                 "meets_step_bound": check_bound.eligible(r)}
 
     def fit_row(c: Candidate) -> dict[str, Any]:
@@ -918,7 +919,7 @@ def advise(args: argparse.Namespace) -> dict[str, Any]:
         "request_hit_rate": advised["request_hit_rate"],
         "prefill_steps_per_prompt": advised["prefill_steps_per_prompt"],
         "extra_prefill_steps_per_prompt": advised["extra_prefill_steps_per_prompt"],
-        "extra_prefill_steps_beyond_off": beyond_off(advised, off),
+        "extra_prefill_steps_beyond_off": check_bound.beyond(advised),
         "upstream_default": default["token_hit_rate"],
         "upstream_default_request_hit_rate": default["request_hit_rate"],
         "attention_bound": attention["token_hit_rate"],
