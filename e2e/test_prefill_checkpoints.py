@@ -158,19 +158,20 @@ def test_checkpoint_declared_and_block_on_grid(exporter):
 def _planned_blocks():
     """The checkpoint blocks the exporter writes while open: every ``slots`` of the step
     metadata it builds (``ops.build_metadata``: the blocks its writes go to, one per checkpoint
-    and GDN KV-cache group; on vLLM 0.33 from vLLM's own plan)."""
+    and GDN KV-cache group; on vLLM 0.33 from vLLM's own plan), and of the metadata the V2 runner
+    (CUDA) derives for the GDN groups other than the first (``ops.regather``; without it those
+    groups' blocks went unseen on vLLM 0.33 on an H200, 2026-11-28)."""
     from vllm_hybrid_npu.ops import gdn_checkpoint as ops
 
-    seen: list[int] = []
-    real = ops.build_metadata
-
-    def spy(*args, **kwargs):
-        md = real(*args, **kwargs)
-        seen.extend(md.slots.tolist())
-        return md
-
+    seen: set[int] = set()
     mp = pytest.MonkeyPatch()
-    mp.setattr(ops, "build_metadata", spy)
+    for name in ("build_metadata", "regather"):
+        def spy(*args, _real=getattr(ops, name), **kwargs):
+            md = _real(*args, **kwargs)
+            seen.update(md.slots.tolist())
+            return md
+
+        mp.setattr(ops, name, spy)
     try:
         yield seen
     finally:

@@ -108,6 +108,15 @@ def build_metadata(plan: StepPlan, block_table: torch.Tensor, to_device: ToDevic
                               to_device=to_device, method=method, **shared)
 
 
+def regather(md: CheckpointMetadata, block_table: torch.Tensor) -> CheckpointMetadata:
+    """``md`` for another GDN KV-cache group of the same step: the same plan and device tensors
+    (and memo), its checkpoint blocks (``slots``, int64 [n]) gathered on the device from that
+    group's ``block_table`` (int32 [R, columns]; on vLLM 0.33 one column per row, the blocks
+    vLLM's own plan gathered). Used where the runner derives the other groups' metadata from the
+    first group's (vLLM's V2 runner: ``GDNAttentionMetadataBuilder.update_block_table``)."""
+    return dataclasses.replace(md, slots=block_table[md.rows, md.cols].long())
+
+
 #: ``[key, fields]`` of the last plan uploaded: the step's other GDN KV-cache groups have the same
 #: plan (their block tables differ) and reuse its device tensors, so a step uploads once. The
 #: tensors are never written, so a later step with an equal plan may reuse them too.

@@ -452,8 +452,7 @@ def _make_regather(upstream: Any, stack: Stack) -> Any:
             return out
         # vLLM 0.33 re-gathered its own plan for this group: its blocks are our table's one column
         table = out.checkpoint.state_indices[:, None] if stack.vllm in VLLM_PLAN else blk_table
-        ck = dataclasses.replace(ck, slots=table[ck.rows, ck.cols].long())  # the rest is shared
-        return dataclasses.replace(out, **{FIELD: ck})
+        return dataclasses.replace(out, **{FIELD: ops.regather(ck, table)})  # the rest is shared
 
     return update_block_table
 
