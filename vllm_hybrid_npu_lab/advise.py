@@ -720,8 +720,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="search vLLM's own options only, never the plugin's GDN "
                         "prefill-checkpoint exporter (models an engine where no checkpoint is "
                         "declared, so vLLM splits every cold prompt at its last block boundary: "
-                        "plain vLLM, VLLM_HYBRID_NPU_PREFILL_CHECKPOINTS=off, FlashInfer GDN "
-                        "prefill, speculative decoding, vllm-ascend with PCP > 1 or on 310P). The "
+                        "plain vLLM on Triton/FLA or on vLLM before 0.33, "
+                        "VLLM_HYBRID_NPU_PREFILL_CHECKPOINTS=off, speculative decoding, "
+                        "vllm-ascend with PCP > 1 or on 310P; vLLM 0.33's FlashInfer GDN prefill "
+                        "declares and exports its own, like the exporter). The "
                         "plugin exports on vLLM's CPU GDN function, CUDA's Triton/FLA kernels and "
                         "vllm-ascend 0.30.0rc2's three prefill paths (those replayed on CPU, not "
                         "run on an NPU)")
