@@ -376,16 +376,19 @@ def _ssm_cache_dtype(llm):
 
 def _within_one_rounding(a, b, dtype) -> bool:
     """States ``a`` and ``b`` (bytes of ``dtype``) apart by no more than one extra rounding to
-    ``dtype`` carried through one block of tokens: every element within 2 units in the last place
-    of ``dtype`` at the state's largest magnitude (2^-6 of it in bf16). The gated delta rule's
-    transition contracts (gates in (0, 1], (I - beta k k^T) with beta in (0, 1)), so an error
-    rounded in at a block boundary does not grow in norm by the checkpoint (the second ulp leaves
-    room for its spread across elements and the final rounding)."""
+    ``dtype`` carried through one block of tokens: finite, and every element within 2^-6 of the
+    state's largest magnitude in bf16 (``2 * eps``: 2 to 4 bf16 units in the last place there).
+    The gated delta rule's transition contracts (gates in (0, 1], (I - beta k k^T) with beta in
+    (0, 1)), so an error rounded in at a block boundary does not grow in norm by the checkpoint;
+    per element that is not proven, hence the margin over the measured 1 unit."""
     import torch
 
-    x, y = a.contiguous().view(dtype).float(), b.contiguous().view(dtype).float()
-    two_ulps = 2 * torch.finfo(dtype).eps  # bf16: 2^-6 (two units in the last place at 1)
-    return a.shape == b.shape and bool((x - y).abs().max() <= two_ulps * y.abs().max())
+    if a.shape != b.shape:
+        return False
+    x, y = a.reshape(-1).view(dtype).float(), b.reshape(-1).view(dtype).float()
+    if not (torch.isfinite(x).all() and torch.isfinite(y).all()):
+        return False
+    return bool((x - y).abs().max() <= 2 * torch.finfo(dtype).eps * y.abs().max())
 
 
 def _byte_diff(a, b) -> str:
@@ -396,7 +399,7 @@ def _byte_diff(a, b) -> str:
     out = []
     for dtype in (torch.bfloat16, torch.float32):
         if a.shape == b.shape and a.numel() % dtype.itemsize == 0:
-            x, y = a.contiguous().view(dtype).float(), b.contiguous().view(dtype).float()
+            x, y = a.reshape(-1).view(dtype).float(), b.reshape(-1).view(dtype).float()
             out.append(f"{dtype}: {int((x != y).sum())} of {x.numel()} unequal, max |diff| "
                        f"{float((x - y).abs().nan_to_num(0).max()):.3g}")
     return "; ".join(out)
