@@ -256,7 +256,10 @@ def test_exported_state_bytes_equal_split(tiny_model_dir, engine_args, exporter,
         _close(exporter)
         llm = _engine(tiny_model_dir("qwen3_next"), engine_args, "exporter", **extra)
     block = _block(llm)
-    prompts = [_prompt(rng, rng.randrange(2 * block + 64, 4 * block)) for _ in range(3)]
+    # off the block grid: a prompt ending on it has no stop before its end on vLLM 0.30 (one step,
+    # nothing to compare; drawn 768 at block 256, seed 1387287503 on the no-AVX-512 kind)
+    lengths = [n for n in range(2 * block + 64, 4 * block) if n % block]
+    prompts = [_prompt(rng, rng.choice(lengths)) for _ in range(3)]
     got = []
     try:
         for p in prompts:
