@@ -57,6 +57,8 @@ KV_BYTES = 256 << 20
 
 
 def _engine(model, engine_args, mode: str, **extra):
+    """An in-process engine: ``exporter`` (the plugin's default), ``split`` (vLLM's own split) or
+    ``off`` (prefix caching off)."""
     mp = pytest.MonkeyPatch()
     mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     mp.setenv(ENV_VAR, "auto" if mode == "exporter" else "off")
@@ -64,7 +66,9 @@ def _engine(model, engine_args, mode: str, **extra):
 
     # eager on every target: what is tested is the GDN path, a splitting op that runs eager
     # under CUDA graphs too; it saves the ~3 minutes of compilation per engine on a fresh GPU
-    llm = LLM(model=str(model), enable_prefix_caching=True, mamba_cache_mode="align",
+    caching = {"enable_prefix_caching": False} if mode == "off" else \
+        {"enable_prefix_caching": True, "mamba_cache_mode": "align"}
+    llm = LLM(model=str(model), **caching,
               **{**engine_args, "kv_cache_memory_bytes": KV_BYTES, "max_num_seqs": 4,
                  "enforce_eager": True, **extra})
     llm._vhn_steps = count_scheduled_steps(llm)  # type: ignore[attr-defined]
@@ -366,6 +370,75 @@ def test_shared_prefix_junction_exported_inside_the_step(tiny_model_dir, engine_
             assert hit.num_cached_tokens == hits[i], (i, hit.num_cached_tokens, hits[i])
     finally:
         _close(split)
+
+
+def _budget_rule_applies() -> bool:
+    """Whether the scheduler runs a prefill chunk to the token budget's end (issue 38 item 4):
+    where the junction entries apply (vLLM 0.30, the CPU exporter path)."""
+    return _junction_exported()
+
+
+@pytest.mark.parametrize("ssm_dtype", ["auto", "float32"])
+def test_shared_budget_chunks_take_caching_offs_steps(tiny_model_dir, engine_args, rng,
+                                                      exact_across_schedules, ssm_dtype):
+    """Two cold prompts sent together under a token budget of ``3B``: a short one (final in the
+    first step) and a long one whose first chunk takes the rest of the budget, off the block grid.
+    vLLM's align mode floors that chunk to the block and stops the next one, which starts
+    mid-block, at its next block boundary: extra steps. Where the budget rule applies the chunks
+    end where the budget ends (on the 64-token grid) and the step writes the states at the block
+    boundaries they cross: the batch takes caching off's prefill steps; a repeat of the long
+    prompt hits what it hits after vLLM's split (its prompt checkpoint), in one step; the blocks
+    the exporter writes are the ones the scheduler caches; the conv and SSM bytes cached there
+    equal the split's (the SSM state within one bf16 rounding where the SSM cache is narrower than
+    float32: ours stored the running state at the first chunk's end, the split at its block
+    boundary, ``_within_one_rounding``); outputs, of the batch and of the repeat, equal the
+    prompts computed alone (exact on CPU: every chunk starts on the 64-token grid). Own engines:
+    exporter, vLLM's split, caching off; the SSM cache in the CPU's dtype and in float32."""
+    extra = {} if ssm_dtype == "auto" else {"mamba_ssm_cache_dtype": ssm_dtype}
+    steps, outs, hits, states, llm = {}, {}, {}, {}, None
+    for mode in ("exporter", "split", "off"):
+        if llm is None:  # the first engine's block (the same for all three)
+            llm = _engine(tiny_model_dir("qwen3_next"), engine_args, mode, **extra)
+            block, dtype = _block(llm), _ssm_cache_dtype(llm)
+            _close(llm)
+            short = _prompt(rng, rng.randrange(65, block - 64))
+            long = _prompt(rng, rng.randrange(3 * block + 65, 8 * block - 64))
+            where = f"prompts {len(short)} + {len(long)} tokens, budget {3 * block}, block {block}"
+        llm = _engine(tiny_model_dir("qwen3_next"), engine_args, mode, **extra,
+                      max_num_batched_tokens=3 * block, enable_chunked_prefill=True)
+        cp = (len(long) - 1) // block * block
+        try:
+            before = block_hashes(llm) if mode != "off" else {}
+            with _planned_blocks() as planned:
+                outs[mode], steps[mode] = _gen(llm, [short, long])
+            got = [outs[mode]]
+            if mode != "off":
+                states[mode] = _checkpoint_states(llm, cp, before)
+                if mode == "exporter" and _budget_rule_applies():
+                    cached = cached_mamba_blocks(llm, cp, before)
+                    assert set(cached.values()) <= planned, (where, cached, planned)
+                (rep,), rep_steps = _gen(llm, [long])
+                hits[mode], got = rep.num_cached_tokens, [*got, [outs[mode][0], rep]]
+                assert rep_steps == 1, f"{where}: the {mode} repeat took {rep_steps} steps"
+            alone = [_gen(llm, [p], salt=uuid.uuid4().hex)[0][0] for p in (short, long)]
+            for batch in got:
+                _assert_same([Sequence.from_output(o.outputs[0]) for o in alone],
+                             [Sequence.from_output(o.outputs[0]) for o in batch],
+                             exact=exact_across_schedules)
+        finally:
+            _close(llm)
+    print("DEBUG", where, steps, hits)
+    assert steps["split"] > steps["off"], f"{where}: vLLM's split took {steps}: no extra step to remove"
+    if _budget_rule_applies():
+        assert steps["exporter"] == steps["off"], f"{where}: steps {steps}"
+    assert hits["exporter"] == hits["split"] == cp, (where, hits)
+    for (name, conv, ssm), (name_s, conv_s, ssm_s) in zip(states["exporter"], states["split"], strict=True):
+        at = f"{where}, {name}, state at {cp}"
+        assert name == name_s and torch_equal(conv, conv_s), f"{at}: conv, {_byte_diff(conv, conv_s)}"
+        if dtype.itemsize < 4:
+            assert _within_one_rounding(ssm, ssm_s, dtype), f"{at}: SSM state, {_byte_diff(ssm, ssm_s)}"
+        else:
+            assert torch_equal(ssm, ssm_s), f"{at}: SSM state, {_byte_diff(ssm, ssm_s)}"
 
 
 def _ssm_cache_dtype(llm):

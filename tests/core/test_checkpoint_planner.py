@@ -129,8 +129,14 @@ def test_junction_columns_by_hand():
     # no checkpoint: up to the running column (cdiv(1200, 384) - 1 = 3); a row starting at 384
     assert pc.junction_columns(0, 1200, 384, -1, [0, 4, 6, 8]) == [(768, 1), (1152, 2)]
     assert pc.junction_columns(384, 1500, 384, 2, [11, 12, 9, 5]) == [(384, 1)]
-    # a start off the block grid: none
-    assert pc.junction_columns(448, 1500, 384, 2, [11, 12, 9, 5]) == []
+    # a start off the block grid (a chunk run on past its next boundary, 768): the initial
+    # state's column 1 takes the state there, 320 tokens in; with a checkpoint in column 2 or none
+    assert pc.junction_columns(448, 1500, 384, 2, [11, 12, 9, 5]) == [(320, 1)]
+    assert pc.junction_columns(448, 1500, 384, -1, [11, 12, 0, 5]) == [(320, 1)]
+    assert pc.junction_columns(448, 1500, 384, -1, [11, 12, 7, 5]) == [(320, 1), (704, 2)]
+    # a mid-block row that ends at or before that boundary (vLLM's own chunk): nothing
+    assert pc.junction_columns(448, 768, 384, -1, [11, 12]) == []
+    assert pc.junction_columns(448, 700, 384, -1, [11, 12]) == []
 
 
 def test_plan_with_a_junction_by_hand():
@@ -153,3 +159,28 @@ def test_plan_with_a_junction_by_hand():
     # a junction alone (no prompt checkpoint in the row) makes a plan too
     alone = pc.plan_step(qsl, [0, 0, 0], [-1, -1, -1], num_decodes=1, junctions={1: [(768, 1)]})
     assert alone.rows == (1,) and alone.rounds[1] == ((0, 768, 1500),) and not alone.several_per_row
+
+
+def test_budget_chunk_end_by_hand():
+    # block 384, alignment 64: a non-final chunk offered 0-1,304 ends at 1,280 (vLLM's split:
+    # 1,152); one offered to the prompt's end keeps it; one offered less than 64 tokens: nothing
+    assert pc.budget_chunk_end(0, 1304, 3000) == 1280
+    assert pc.budget_chunk_end(1280, 3000, 3000) == 3000
+    assert pc.budget_chunk_end(1280, 1300, 3000) == 1280
+    assert pc.budget_chunk_end(1280, 2000, 3000, alignment=128) == 1920
+
+
+def test_crossed_checkpoint_by_hand():
+    # block 384. A final chunk 1,280-3,000: past 1,536 (b1) its prompt checkpoint 2,688
+    # (2,999 // 384 * 384) takes a block of its own; 1,280-1,600: checkpoint 1,536 = b1 (the
+    # initial state's block holds it): none; a start on the grid: vLLM's own
+    assert pc.crossed_checkpoint(1280, 3000, 3000, 384) == 2688
+    assert pc.crossed_checkpoint(1280, 1600, 1600, 384) == 0
+    assert pc.crossed_checkpoint(1152, 3000, 3000, 384) == 0
+    # a non-final chunk 1,280-2,560 (of 3,000): its last boundary 2,304; ending on the grid
+    # (1,280-2,688): none (the running state is that boundary's); ending before b1: none
+    assert pc.crossed_checkpoint(1280, 2560, 3000, 384) == 2304
+    assert pc.crossed_checkpoint(1280, 2688, 3000, 384) == 0
+    assert pc.crossed_checkpoint(1280, 1500, 3000, 384) == 0
+    # off the alignment from the start (a start at 1,300): none
+    assert pc.crossed_checkpoint(1300, 3000, 3000, 384) == 0

@@ -6,7 +6,11 @@ functions, hand-counted (the real scheduler and managers: ``e2e/test_prefill_che
   exports (the request's junction restored either way);
 * ``allocate_slots``: the junction handed to the Mamba managers for that call only;
 * the Mamba manager: one block more counted, and put in the junction's column (after a
-  copy-on-write block of a new request too); a column that is not free keeps upstream's blocks.
+  copy-on-write block of a new request too); a column that is not free keeps upstream's blocks;
+* the token budget's chunk (issue 38 item 4): the split keeps the budget's end (floored to the
+  64-token grid) where vLLM floors a non-final chunk to the block or stops a chunk started
+  mid-block at its next boundary; ``allocate_slots`` hands the managers the position such a
+  chunk leaves in a block of its own.
 """
 
 from __future__ import annotations
@@ -37,9 +41,9 @@ def _rule(*managers):
     return mod.JunctionRule(block=B, hash_block=B, alignment=64, eagle_drop=False, managers=managers)
 
 
-def _request(prompt=1500, junction=768, computed=0):
+def _request(prompt=1500, junction=768, computed=0, outputs=0):
     return types.SimpleNamespace(request_id="r", num_prompt_tokens=prompt, num_computed_tokens=computed,
-                                 shared_prefix_boundary=junction)
+                                 shared_prefix_boundary=junction, num_tokens=prompt + outputs)
 
 
 def test_split_runs_past_an_exported_junction():
@@ -128,3 +132,90 @@ def test_manager_keeps_a_column_that_is_not_free():
     m = _manager([], {"r": 768})
     out = mod._make_blocks(upstream, None)(m, "r", 1500, 1500)
     assert [b.block_id for b in out] == [0, 4, 5, 6]
+
+
+def _vllm_split(self, request, n, local=0, external=0):
+    """vLLM 0.30's align-mode chunking without junctions, block ``B``: a non-final chunk floored
+    to the block, a chunk starting mid-block stopped at its next boundary."""
+    start = request.num_computed_tokens + local + external
+    end = start + n
+    if end < request.num_prompt_tokens:
+        end = end // B * B
+    if start % B:
+        end = min(end, (start // B + 1) * B)
+    return max(end - start, 0)
+
+
+def test_split_keeps_the_budgets_chunk():
+    sched = types.SimpleNamespace(**{mod.RULE: _rule()})
+    split = mod._make_split(_vllm_split, None)
+    # prompt 3,000: offered 0-1,304 (vLLM: 1,152) -> 1,280; offered 1,280-3,000 (vLLM: to 1,536)
+    # -> all 1,720; offered 1,280-2,580 (vLLM: 256) -> 2,560, 1,280 tokens
+    assert split(sched, _request(prompt=3000, junction=0), 1304) == 1280
+    assert split(sched, _request(prompt=3000, junction=0, computed=1280), 1720) == 1720
+    assert split(sched, _request(prompt=3000, junction=0, computed=1280), 1300) == 1280
+    # offered 1,280-1,380 mid-block: vLLM floors to 1,152, below the start (nothing); ours 64;
+    # offered 50: nothing either way
+    assert split(sched, _request(prompt=3000, junction=0, computed=1280), 100) == 64
+    assert split(sched, _request(prompt=3000, junction=0, computed=1280), 50) == 0
+    # vLLM's chunk kept: a prefix-match unit below the block, a request replaying its outputs, a
+    # start off the 64-token grid, no rule
+    fine = types.SimpleNamespace(**{mod.RULE: dataclass_replace(_rule(), hash_block=64)})
+    assert split(fine, _request(prompt=3000, junction=0), 1304) == 1152
+    assert split(sched, _request(prompt=3000, junction=0, outputs=5), 1304) == 1152
+    assert split(sched, _request(prompt=3000, junction=0, computed=1300), 1700) == 236
+    assert split(types.SimpleNamespace(**{mod.RULE: None}), _request(prompt=3000, junction=0), 1304) == 1152
+    # a junction inside the budget's chunk: run past it only where the rule exports it (a start on
+    # the grid), else vLLM's chunk
+    assert split(sched, _request(prompt=3000, junction=2000, computed=1280), 1720) == 256
+
+
+def test_allocate_slots_hands_the_crossed_checkpoint():
+    mamba = types.SimpleNamespace()
+    kvm = types.SimpleNamespace(**{mod.RULE: _rule(mamba)})
+    during = []
+
+    def upstream(self, request, n, *a, **k):
+        during.append(dict(vars(mamba).get(mod.HINT, {})))
+
+    alloc = mod._make_allocate(upstream, None)
+    # from 1,280 (mid-block): to the prompt's end 3,000 -> its checkpoint 2,688; to 2,580 -> the
+    # last boundary 2,304; to 1,580 (past 1,536 only, whose state the initial block takes) -> none;
+    # from 1,152 (on the grid: vLLM's own reservation) -> none
+    for computed, n, want in ((1280, 1720, {"r": 2688}), (1280, 1300, {"r": 2304}),
+                              (1280, 300, {}), (1152, 1848, {})):
+        alloc(kvm, _request(prompt=3000, junction=0, computed=computed), n)
+        assert during[-1] == want, (computed, n, during[-1])
+        assert vars(mamba).get(mod.HINT, {}) == {}
+
+
+def test_budget_rule_expected_from_the_configuration(monkeypatch):
+    from vllm_hybrid_npu.patches import registry
+
+    def config(pmu=None, caching=True, dtype="torch.bfloat16"):
+        hf = types.SimpleNamespace(architectures=["Qwen3NextForCausalLM"])
+        return types.SimpleNamespace(
+            cache_config=types.SimpleNamespace(enable_prefix_caching=caching, mamba_cache_mode="align",
+                                               prefix_match_unit=pmu),
+            model_config=types.SimpleNamespace(hf_config=hf, dtype=dtype), speculative_config=None)
+
+    report = registry.LoadReport()
+    monkeypatch.setattr(registry, "REPORT", report)
+    monkeypatch.delenv("VLLM_HYBRID_NPU_PREFILL_CHECKPOINTS", raising=False)
+    report.pending["gdn-junction-split"] = "vllm.v1.core.sched.scheduler"
+    assert mod.budget_rule_expected(config(), "cpu")
+    # a prefix-match unit, caching off, a float32 model (no CPU exporter), another target
+    assert not mod.budget_rule_expected(config(pmu=64), "cpu")
+    assert not mod.budget_rule_expected(config(caching=False), "cpu")
+    assert not mod.budget_rule_expected(config(dtype="torch.float32"), "cpu")
+    assert not mod.budget_rule_expected(config(), "npu")
+    # the entry applied counts; skipped (another vLLM) or the exporter switched off does not
+    report.pending.clear()
+    report.applied.append("gdn-junction-split")
+    assert mod.budget_rule_expected(config(), "cpu")
+    report.applied.clear()
+    report.skipped["gdn-junction-split"] = "not for vLLM 0.32.0"
+    assert not mod.budget_rule_expected(config(), "cpu")
+    report.applied.append("gdn-junction-split")
+    monkeypatch.setenv("VLLM_HYBRID_NPU_PREFILL_CHECKPOINTS", "off")
+    assert not mod.budget_rule_expected(config(), "cpu")

@@ -141,6 +141,17 @@ def _default_budget(model):
 pytestmark = pytest.mark.skipif(not V030_032, reason=f"token-budget entries are for vLLM 0.30/0.32, not {vllm.__version__}")
 
 
+@pytest.fixture(autouse=True)
+def chunks_end_on_the_block_grid(monkeypatch):
+    """The rounding these tests exercise is for engines whose prefill chunks end on the block
+    grid (CUDA, the NPU, a ``--prefix-match-unit``); on vLLM 0.30's CPU path the junction entries
+    run chunks to the budget's end and the entries stand aside
+    (:func:`test_budget_kept_where_chunks_end_at_the_budget`)."""
+    from vllm_hybrid_npu.patches import gdn_junction
+
+    monkeypatch.setattr(gdn_junction, "budget_rule_expected", lambda vllm_config, target: False)
+
+
 @pytest.fixture
 def log(monkeypatch, caplog):
     monkeypatch.setattr(logging.getLogger("vllm_hybrid_npu"), "propagate", True)
@@ -213,3 +224,17 @@ def test_a_missed_prediction_is_repaired_when_the_block_is_final(model, apply_en
     assert cfg.scheduler_config.max_num_scheduled_tokens == want
     assert cfg.scheduler_config.max_num_batched_tokens == raised
     assert any(f"not the 384 predicted" in r.getMessage() for r in log.records)
+
+
+def test_budget_kept_where_chunks_end_at_the_budget(model, apply_entries, monkeypatch, log):
+    from vllm_hybrid_npu.patches import gdn_junction
+
+    default = _default_budget(model)
+    apply_entries(*ENTRIES)
+    monkeypatch.setattr(gdn_junction, "budget_rule_expected", lambda vllm_config, target: True)
+    cfg = _build(model, enable_prefix_caching=True, mamba_cache_mode="align")
+    assert cfg.scheduler_config.max_num_batched_tokens == default
+    cfg.cache_config.block_size = 384
+    cfg.validate_block_size()
+    assert cfg.scheduler_config.max_num_scheduled_tokens in (None, default)
+    assert not [r for r in log.records if "(yours) kept" in r.getMessage() or "vLLM's default" in r.getMessage()]

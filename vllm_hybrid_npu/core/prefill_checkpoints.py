@@ -101,6 +101,41 @@ def junction_checkpoint(start: int, end: int, num_prompt_tokens: int, junction: 
     return ("export", jf) if jf // block - 1 < limit else ("", 0)
 
 
+def budget_chunk_end(start: int, end: int, prefill_end: int, alignment: int = ALIGNMENT) -> int:
+    """The end (tokens) of a prefill chunk offered ``[start, end)`` by the token budget when the
+    step exports the GDN state at every block boundary the chunk crosses (issue 38 item 4): a
+    non-final chunk (``end < prefill_end``) ends on the checkpoint alignment grid, not on the
+    block, so the next chunk starts where the exporter can cut (``start`` must be on that grid;
+    vLLM 0.30's ``Scheduler._mamba_block_aligned_split`` floors it to the block, and stops a chunk
+    starting mid-block at the next block boundary); the final chunk keeps ``end``. Returns
+    ``start`` when nothing is left."""
+    if end >= prefill_end:
+        return end
+    return max(start, end // alignment * alignment)
+
+
+def crossed_checkpoint(start: int, end: int, num_prompt_tokens: int, block: int,
+                       alignment: int = ALIGNMENT) -> int:
+    """For a prefill chunk ``[start, end)`` (tokens) starting off the block grid: the position
+    whose GDN state needs a block of its own in column ``position // block - 1``, or 0. vLLM
+    0.30's align mode never runs such a chunk past its next block boundary ``b1 = (start //
+    block + 1) * block`` and reserves it no checkpoint (``is_mamba_prefill_checkpoint_valid``
+    wants a start on the grid); run past ``b1``, the state at ``b1`` goes into the initial
+    state's block (column ``start // block``: :func:`junction_columns` finds it) and this one into
+    a new block: for the prompt's last chunk its checkpoint ``(end - 1) // block * block`` (where
+    vLLM 0.30 places it), for an earlier chunk ending off the grid its last block boundary (where
+    vLLM's split would have ended it). 0 when that is not past ``b1``, a start on the grid (vLLM
+    reserves those itself), or an offset off the alignment."""
+    if start % block == 0:
+        return 0
+    if end >= num_prompt_tokens:
+        position = (end - 1) // block * block
+    else:
+        position = end // block * block if end % block else 0
+    b1 = (start // block + 1) * block
+    return position if position > b1 and (position - start) % alignment == 0 else 0
+
+
 def junction_columns(start: int, seq_len: int, block: int, checkpoint_col: int,
                      table_row: Sequence[int]) -> list[tuple[int, int]]:
     """The junction checkpoints of one prefill row as the worker finds them: ``(offset, column)``
@@ -108,10 +143,11 @@ def junction_columns(start: int, seq_len: int, block: int, checkpoint_col: int,
     vLLM's null block), ``limit`` the prompt checkpoint's column ``checkpoint_col`` (or, with none,
     -1, the running state's column ``cdiv(seq_len, block) - 1``). In align mode vLLM leaves those
     columns null; the KV-cache manager entry of :func:`junction_checkpoint` puts a block in the
-    junction's column. ``offset`` is from the row's first token in the step (``start``, tokens);
-    none for a start off the block grid."""
-    if start % block:
-        return []
+    junction's column. ``offset`` is from the row's first token in the step (``start``, tokens).
+    A row starting off the block grid (a chunk run past its next block boundary, issue 38 item 4)
+    starts at the initial state's column ``start // block``: its block (the running state's so
+    far, vLLM's own) takes the state at that boundary, as a chunk vLLM ended there would leave it;
+    :func:`crossed_checkpoint` says where the other block is."""
     limit = checkpoint_col if checkpoint_col >= 0 else -(-seq_len // block) - 1
     return [((c + 1) * block - start, c) for c in range(start // block, limit) if table_row[c]]
 

@@ -79,6 +79,25 @@ class JunctionRule:
                                         getattr(request, "shared_prefix_boundary", 0) or 0,
                                         self.block, position if valid else 0)
 
+    def budget_end(self, request: Any, start: int, end: int) -> int:
+        """Where the chunk ``[start, end)`` the token budget offers ``request`` ends when the
+        step exports the GDN state at every block boundary it crosses
+        (:func:`core.budget_chunk_end`), or 0 where vLLM's chunking stays: a prefix-match unit
+        below the block (its tail stops), a start off the alignment grid, a request past its
+        first prefill (a resumed one replaying output tokens)."""
+        if (self.hash_block != self.block or start % self.alignment
+                or request.num_tokens > request.num_prompt_tokens):
+            return 0
+        return core.budget_chunk_end(start, end, request.num_prompt_tokens, self.alignment)
+
+    def crossed(self, request: Any, start: int, end: int) -> int:
+        """The position whose state the chunk ``[start, end)`` of ``request``, started off the
+        block grid, leaves in a block of its own (:func:`core.crossed_checkpoint`), or 0."""
+        if self.hash_block != self.block or request.num_tokens > request.num_prompt_tokens:
+            return 0
+        return core.crossed_checkpoint(start, end, request.num_prompt_tokens, self.block,
+                                       self.alignment)
+
 
 def _rule(scheduler: Any, stack: Stack) -> JunctionRule | None:
     """The scheduler's :class:`JunctionRule`, or None where junctions keep vLLM's stop; decided
@@ -95,11 +114,29 @@ def _rule(scheduler: Any, stack: Stack) -> JunctionRule | None:
         rule = JunctionRule(scheduler.cache_config.block_size, scheduler.hash_block_size,
                             scheduler.mamba_prefill_checkpoint_alignment, False, managers)
         logger.info("vllm-hybrid-npu: shared-prefix junction states exported from inside the step "
-                    "(block %d tokens): the scheduler does not stop at a junction it can export",
-                    rule.block)
+                    "(block %d tokens): the scheduler does not stop at a junction it can export%s",
+                    rule.block, "" if rule.hash_block != rule.block else
+                    ", and prefill chunks end where the token budget ends (the states at the "
+                    "block boundaries they cross exported too)")
     setattr(scheduler, RULE, rule)
     setattr(scheduler.kv_cache_manager, RULE, rule)
     return rule
+
+
+def budget_rule_expected(vllm_config: Any, target: str) -> bool:
+    """Whether an engine of ``vllm_config`` on ``target`` will run prefill chunks to the token
+    budget's end (:meth:`JunctionRule.budget_end`), read from the configuration before the
+    scheduler exists: the exporter path writes the states there (:data:`gdn.JUNCTION_PATHS`), the
+    split entry is applied or pending (vLLM 0.30), and no ``--prefix-match-unit`` is set (below
+    the block its tail stops stay; the block is not known yet). The ``token-budget`` entries
+    then leave the budget alone: no chunk ends on the block grid for them to save."""
+    from vllm_hybrid_npu.patches import registry
+
+    report = registry.REPORT
+    entry = "gdn-junction-split"
+    return (gdn.exporter_path(vllm_config, target)[0] in gdn.JUNCTION_PATHS
+            and (entry in report.applied or entry in report.pending)
+            and getattr(vllm_config.cache_config, "prefix_match_unit", None) is None)
 
 
 def _make_split(upstream: Any, stack: Stack) -> Any:
@@ -108,16 +145,24 @@ def _make_split(upstream: Any, stack: Stack) -> Any:
                                    num_external_computed_tokens=0):
         args = (num_new_tokens, num_new_local_computed_tokens, num_external_computed_tokens)
         n = upstream(self, request, *args)
-        junction = getattr(request, "shared_prefix_boundary", 0)
-        if not junction or n >= num_new_tokens or (rule := _rule(self, stack)) is None:
+        if n >= num_new_tokens or (rule := _rule(self, stack)) is None:
             return n
-        request.shared_prefix_boundary = 0  # upstream only reads it: its chunk without the stop
-        try:
-            free = upstream(self, request, *args)
-        finally:
-            request.shared_prefix_boundary = junction
         start = request.num_computed_tokens + num_new_local_computed_tokens + num_external_computed_tokens
-        return free if free > n and rule.decide(request, start, start + free)[0] else n
+        junction = getattr(request, "shared_prefix_boundary", 0)
+        if junction:
+            request.shared_prefix_boundary = 0  # upstream only reads it: its chunk without the stop
+            try:
+                free = upstream(self, request, *args)
+            finally:
+                request.shared_prefix_boundary = junction
+            n = free if free > n and rule.decide(request, start, start + free)[0] else n
+        # the budget's chunk: no block rounding, no stop at the next boundary after a mid-block
+        # start; the step exports the states there (a junction inside it only where it exports)
+        end = rule.budget_end(request, start, start + num_new_tokens)
+        if end - start <= n or (junction and start < junction < end
+                                and not rule.decide(request, start, end)[0]):
+            return n
+        return end - start
 
     return _mamba_block_aligned_split
 
@@ -130,11 +175,13 @@ def _make_allocate(upstream: Any, stack: Stack) -> Any:
         call = (request, num_new_tokens, num_new_computed_tokens, new_computed_blocks,
                 num_lookahead_tokens, num_external_computed_tokens, *args)
         rule = getattr(self, RULE, None)
-        if rule is None or num_new_tokens <= 0 or not getattr(request, "shared_prefix_boundary", 0):
+        if rule is None or num_new_tokens <= 0:
             return upstream(self, *call, **kwargs)
         start = request.num_computed_tokens + num_new_computed_tokens + num_external_computed_tokens
-        decision, position = rule.decide(request, start, start + num_new_tokens)
-        if decision != "export":
+        end = start + num_new_tokens
+        decision, position = rule.decide(request, start, end) \
+            if getattr(request, "shared_prefix_boundary", 0) else ("", 0)
+        if decision != "export" and not (position := rule.crossed(request, start, end)):
             return upstream(self, *call, **kwargs)
         rid = request.request_id
         for manager in rule.managers:

@@ -203,7 +203,9 @@ def build_checkpoints(builder: Any, common: Any, metadata: Any, stack: Stack,
             position_fn=kv.get_mamba_prefill_checkpoint_position,
             valid_fn=kv.is_mamba_prefill_checkpoint_valid)
         if (path := exporter_path(config, stack.target)[0]) in JUNCTION_PATHS:
-            junctions = _junctions(table, seq_lens, qlens, cols, metadata.num_decodes, spec.block_size)
+            hash_block = getattr(config.cache_config, "prefix_match_unit", None) or spec.block_size
+            junctions = _junctions(table, seq_lens, qlens, cols, metadata.num_decodes, spec.block_size,
+                                   off_grid=hash_block == spec.block_size)
     if (plan := core.plan_step(qsl, offsets, cols, metadata.num_decodes, junctions=junctions)) is None:
         return None
     method = export_method(path or exporter_path(config, stack.target)[0], spec, config)
@@ -217,14 +219,17 @@ JUNCTION_PATHS = ("cpu",)
 
 
 def _junctions(table: Any, seq_lens: list, qlens: list, cols: list, num_decodes: int,
-               block: int) -> dict[int, list[tuple[int, int]]]:
-    """Per prefill row the junction checkpoints the KV-cache manager reserved a block for
-    (:func:`core.junction_columns` on the row of ``table``, a host tensor [R, columns])."""
+               block: int, off_grid: bool) -> dict[int, list[tuple[int, int]]]:
+    """Per prefill row the checkpoints inside the row the KV-cache manager keeps a block for
+    (:func:`core.junction_columns` on the row of ``table``, a host tensor [R, columns]): shared-
+    prefix junctions, and with ``off_grid`` (the prefix-match unit is the block: a row starts off
+    the block grid only where :mod:`.gdn_junction`'s budget rule ran a chunk on) the block
+    boundaries a row started mid-block crosses."""
     out = {}
     for r in range(num_decodes, len(qlens)):
         start = seq_lens[r] - qlens[r]
         limit = cols[r] if cols[r] >= 0 else -(-seq_lens[r] // block) - 1
-        if qlens[r] > 1 and start % block == 0 and limit > start // block:
+        if qlens[r] > 1 and (off_grid or start % block == 0) and limit > start // block:
             if found := core.junction_columns(start, seq_lens[r], block, cols[r], table[r, :limit].tolist()):
                 out[r] = found
     return out

@@ -171,9 +171,13 @@ def predict_hybrid_block(vllm_config: Any, target: str) -> tuple[int | None, str
 
 
 def _exporter_applies(vllm_config: Any, target: str) -> bool:
+    """The exporter applies and chunks still end on the block grid: not where the junction
+    entries run prefill chunks to the budget's end (``gdn_junction.budget_rule_expected``)."""
+    from vllm_hybrid_npu.patches.gdn_junction import budget_rule_expected
     from vllm_hybrid_npu.patches.gdn_prefill_checkpoint import exporter_path
 
-    return exporter_path(vllm_config, target)[0] is not None
+    return exporter_path(vllm_config, target)[0] is not None \
+        and not budget_rule_expected(vllm_config, target)
 
 
 def plan_token_budget(vllm_config: Any, target: str) -> token_budget.Decision | None:
