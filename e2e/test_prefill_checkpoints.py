@@ -427,7 +427,6 @@ def test_shared_budget_chunks_take_caching_offs_steps(tiny_model_dir, engine_arg
                              exact=exact_across_schedules)
         finally:
             _close(llm)
-    print("DEBUG", where, steps, hits)
     assert steps["split"] > steps["off"], f"{where}: vLLM's split took {steps}: no extra step to remove"
     if _budget_rule_applies():
         assert steps["exporter"] == steps["off"], f"{where}: steps {steps}"

@@ -24,6 +24,17 @@ block hash, retention rule and host-tier offer as the split's step end. One rule
 * the worker's GDN metadata builder finds that block in the host block table and plans a second
   checkpoint in the row (``core.junction_columns``); vLLM's CPU GDN function runs in one more round.
 
+The same entries end a prefill chunk where the token budget ends (issue 38 item 4), where vLLM
+floors a non-final chunk to the block and stops a chunk started mid-block at its next boundary
+(``Scheduler._mamba_block_aligned_split``'s invariant: slot ``p`` holds the state after ``(p + 1) *
+block`` tokens). The chunk ends on the 64-token checkpoint grid (:meth:`JunctionRule.budget_end`)
+and the step writes the state at each block boundary whose block vLLM keeps: from a start on the
+grid vLLM 0.30's own ``MambaManager`` reserves the checkpoint at the chunk's last boundary (it
+reads the chunk's end, final or not); from a start mid-block the initial state's block takes the
+next boundary's state (the builder finds it, ``core.junction_columns``) and ``allocate_slots``
+hands the managers the prompt checkpoint or the chunk's last boundary past it
+(:meth:`JunctionRule.crossed`). Only with the prefix-match unit at the block.
+
 Elsewhere (CUDA, the NPU: the block table is device memory; vLLM 0.32 / 0.33, whose managers
 reserve checkpoints by other rules; speculative decoding) nothing applies and vLLM stops at the
 junction, as before. A junction the manager cannot place (its column not null) keeps nothing
@@ -53,9 +64,10 @@ VERSIONS = ("0.30.0",)
 
 @dataclasses.dataclass(frozen=True)
 class JunctionRule:
-    """The engine's parameters of :func:`core.junction_checkpoint` (tokens): the Mamba block, the
-    prefix-match unit (vLLM's hash block), the declared checkpoint alignment, EAGLE's block drop;
-    and the engine's align-mode Mamba managers that declare prefill checkpoints."""
+    """The engine's parameters of :func:`core.junction_checkpoint`, :func:`core.budget_chunk_end`
+    and :func:`core.crossed_checkpoint` (tokens): the Mamba block, the prefix-match unit (vLLM's
+    hash block), the declared checkpoint alignment, EAGLE's block drop; and the engine's align-mode
+    Mamba managers that declare prefill checkpoints."""
 
     block: int
     hash_block: int
@@ -232,14 +244,16 @@ PATCHES = [
     gdn.entry("gdn-junction-split", "vllm.v1.core.sched.scheduler",
               "Scheduler._mamba_block_aligned_split", _make_split, ("cpu",),
               "no chunk end at a shared-prefix junction whose state the step exports "
-              "(core.junction_checkpoint)", vllm=VERSIONS,
+              "(core.junction_checkpoint), nor below the token budget's end at a block boundary "
+              "(core.budget_chunk_end)", vllm=VERSIONS,
               signature=("self", "request", "num_new_tokens", "num_new_local_computed_tokens",
                          "num_external_computed_tokens"),
               until="vLLM exports junction states inside the step (RFC #52959)"),
     gdn.entry("gdn-junction-allocate", "vllm.v1.core.kv_cache_manager",
               "KVCacheManager.allocate_slots", _make_allocate, ("cpu",),
               "the same rule on each allocation: the align-mode Mamba managers reserve the "
-              "junction's block for that call", vllm=VERSIONS,
+              "junction's block, or the block a chunk started mid-block leaves its last "
+              "checkpoint in (core.crossed_checkpoint), for that call", vllm=VERSIONS,
               signature=("self", "request", "num_new_tokens", "num_new_computed_tokens",
                          "new_computed_blocks", "num_lookahead_tokens",
                          "num_external_computed_tokens"),
