@@ -103,7 +103,8 @@ register(EnvVar(
     default="auto",
     read_by="registry entries `token-budget*` (`patches.vllm_config`, at load)",
     effect="`auto`: where the GDN prefill-checkpoint exporter applies (align mode, Qwen GDN "
-    "model) and `--max-num-batched-tokens` is vLLM's default, the budget is raised at start-up "
+    "model), chunks still end on the block grid (not vLLM 0.30's CPU path without "
+    "`--prefix-match-unit`) and `--max-num-batched-tokens` is vLLM's default, the budget is raised at start-up "
     "to the next multiple of the hybrid block, so a chunked cold prefill takes the steps of "
     "caching off (one INFO line says what changed, why and what it costs); a budget you set "
     "is kept and the line names the one that would save the step "
