@@ -12,26 +12,14 @@ the hits count the in-step states (unlike ``../issue38-counterfactual-2026-11-28
 
 Same arrivals, budget and model as ``advise --limit 3000`` (requests 1,501-3,000); one JSON line.
 """
-import argparse, json, sys, time
+import json, pathlib, sys, time
 from vllm_hybrid_npu_lab import advise as A
-from vllm_hybrid_npu_lab.host_tier import HostLink
-from vllm_hybrid_npu_lab.presets import resolve_model
-from vllm_hybrid_npu_lab.trace import read_trace
 
-p = argparse.ArgumentParser(); A.add_arguments(p)
-args = p.parse_args(["--trace", "../shared/data/mooncake_synthetic_trace.jsonl", "--limit", "3000",
-                     "--kv-cache-gib", sys.argv[1], "--host-cache-gib", sys.argv[2]])
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "issue38-counterfactual-2026-11-28"))
+from cf import check_part  # noqa: E402  (the same check part, arrivals, budget and model)
+
+args, cfg, check, common, timing = check_part(sys.argv[1], sys.argv[2])
 mode, policy = sys.argv[3], sys.argv[4]
-model_name, cfg = resolve_model(args.model)
-requests = read_trace(args.trace, args.limit)
-n_fit = min(len(requests) - 1, max(1, round(len(requests) * args.fit_fraction)))
-check = requests[n_fit:]
-rate = args.tokens_per_s or (A._rate(requests) / args.offered_load)
-common = dict(max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
-              max_model_len=max(r.input_length + r.output_length for r in requests),
-              kernel_block_size=args.kernel_block_size)
-timing = dict(step_ms=args.step_ms, tokens_per_s=rate, carry_outputs=not args.no_carry,
-              link=HostLink(args.host_link_gbps, args.host_link_latency_us))
 t = time.time()
 if policy == "off":
     rep = A.Replayer(check, cfg, kv_cache_gib=args.kv_cache_gib, tp=args.tp, common=common,

@@ -21,49 +21,63 @@ from vllm_hybrid_npu_lab.presets import resolve_model
 from vllm_hybrid_npu_lab.trace import read_trace
 from vllm_hybrid_npu_lab.scheduling.policy_base import chunk_span
 
-p = argparse.ArgumentParser(); A.add_arguments(p)
-args = p.parse_args(["--trace", "../shared/data/mooncake_synthetic_trace.jsonl", "--limit", "3000",
-                     "--kv-cache-gib", sys.argv[1], "--host-cache-gib", sys.argv[2]])
-mode, policy = sys.argv[3], sys.argv[4]
-model_name, cfg = resolve_model(args.model)
-requests = read_trace(args.trace, args.limit)
-n_fit = min(len(requests) - 1, max(1, round(len(requests) * args.fit_fraction)))
-check = requests[n_fit:]
-offered = A._rate(requests)
-rate = args.tokens_per_s or (offered / args.offered_load)
-common = dict(max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
-              max_model_len=max(r.input_length + r.output_length for r in requests),
-              kernel_block_size=args.kernel_block_size)
-timing = dict(step_ms=args.step_ms, tokens_per_s=rate, carry_outputs=not args.no_carry,
-              link=HostLink(args.host_link_gbps, args.host_link_latency_us))
-rep = A.Replayer(check, cfg, kv_cache_gib=args.kv_cache_gib, tp=args.tp, common=common, timing=timing,
-                 label="cf", quiet=True)
-stats = {"unrounded": 0}
-if mode in ("unrounded", "anywhere"):
-    from vllm.v1.core.sched.scheduler import Scheduler
-    orig = Scheduler._mamba_block_aligned_split
-    def split(self, request, num_new_tokens, local=0, external=0):
-        num = orig(self, request, num_new_tokens, local, external)
-        start, end = chunk_span(request, local, external)
-        B = self.cache_config.block_size
-        if 0 < num < num_new_tokens and (mode == "anywhere" or (start + num_new_tokens < end and
-                start + num == (start + num_new_tokens) // B * B)):
-            stats["unrounded"] += 1
-            return num_new_tokens
-        return num
-    Scheduler._mamba_block_aligned_split = split
-t = time.time()
-if policy == "off":
-    r = rep.caching_off()
-else:
-    from vllm_hybrid_npu_lab.policies import get_policy, setup_kwargs
-    from vllm_hybrid_npu_lab.model import build_setup
-    from vllm_hybrid_npu_lab.replay import replay
-    pol = get_policy(policy)
-    setup = build_setup(cfg, tp=args.tp, kv_cache_bytes=int(args.kv_cache_gib * (1 << 30)),
-                        host_cache_bytes=int(float(args.host_cache_gib) * (1 << 30)), **setup_kwargs(pol), **common)
-    r = replay(check, setup, pol.scheduler_class(), **timing).to_dict()
-out = {k: r[k] for k in ("token_hit_rate", "prefill_steps_per_prompt", "extra_prefill_steps_per_prompt",
-                         "extra_prefill_steps_by_reason", "block_size", "preemptions")}
-out.update(mode=mode, policy=policy, kv=sys.argv[1], host=sys.argv[2], wall_s=round(time.time() - t), **stats)
-print(json.dumps(out))
+
+def check_part(kv_gib, host_gib):
+    """``(args, cfg, check, common, timing)``: advise's options, model, the check part's requests,
+    engine and timing arguments as ``advise --limit 3000`` has them (also for
+    ``../issue38-budget-rule-2026-11-28/replay_rule.py``)."""
+    p = argparse.ArgumentParser(); A.add_arguments(p)
+    args = p.parse_args(["--trace", "../shared/data/mooncake_synthetic_trace.jsonl", "--limit", "3000",
+                         "--kv-cache-gib", kv_gib, "--host-cache-gib", host_gib])
+    model_name, cfg = resolve_model(args.model)
+    requests = read_trace(args.trace, args.limit)
+    n_fit = min(len(requests) - 1, max(1, round(len(requests) * args.fit_fraction)))
+    check = requests[n_fit:]
+    offered = A._rate(requests)
+    rate = args.tokens_per_s or (offered / args.offered_load)
+    common = dict(max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
+                  max_model_len=max(r.input_length + r.output_length for r in requests),
+                  kernel_block_size=args.kernel_block_size)
+    timing = dict(step_ms=args.step_ms, tokens_per_s=rate, carry_outputs=not args.no_carry,
+                  link=HostLink(args.host_link_gbps, args.host_link_latency_us))
+    return args, cfg, check, common, timing
+
+
+def main():
+    args, cfg, check, common, timing = check_part(sys.argv[1], sys.argv[2])
+    mode, policy = sys.argv[3], sys.argv[4]
+    rep = A.Replayer(check, cfg, kv_cache_gib=args.kv_cache_gib, tp=args.tp, common=common, timing=timing,
+                     label="cf", quiet=True)
+    stats = {"unrounded": 0}
+    if mode in ("unrounded", "anywhere"):
+        from vllm.v1.core.sched.scheduler import Scheduler
+        orig = Scheduler._mamba_block_aligned_split
+        def split(self, request, num_new_tokens, local=0, external=0):
+            num = orig(self, request, num_new_tokens, local, external)
+            start, end = chunk_span(request, local, external)
+            B = self.cache_config.block_size
+            if 0 < num < num_new_tokens and (mode == "anywhere" or (start + num_new_tokens < end and
+                    start + num == (start + num_new_tokens) // B * B)):
+                stats["unrounded"] += 1
+                return num_new_tokens
+            return num
+        Scheduler._mamba_block_aligned_split = split
+    t = time.time()
+    if policy == "off":
+        r = rep.caching_off()
+    else:
+        from vllm_hybrid_npu_lab.policies import get_policy, setup_kwargs
+        from vllm_hybrid_npu_lab.model import build_setup
+        from vllm_hybrid_npu_lab.replay import replay
+        pol = get_policy(policy)
+        setup = build_setup(cfg, tp=args.tp, kv_cache_bytes=int(args.kv_cache_gib * (1 << 30)),
+                            host_cache_bytes=int(float(args.host_cache_gib) * (1 << 30)), **setup_kwargs(pol), **common)
+        r = replay(check, setup, pol.scheduler_class(), **timing).to_dict()
+    out = {k: r[k] for k in ("token_hit_rate", "prefill_steps_per_prompt", "extra_prefill_steps_per_prompt",
+                             "extra_prefill_steps_by_reason", "block_size", "preemptions")}
+    out.update(mode=mode, policy=policy, kv=sys.argv[1], host=sys.argv[2], wall_s=round(time.time() - t), **stats)
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
