@@ -222,9 +222,10 @@ def _junctions(table: Any, seq_lens: list, qlens: list, cols: list, num_decodes:
                block: int, off_grid: bool) -> dict[int, list[tuple[int, int]]]:
     """Per prefill row the checkpoints inside the row the KV-cache manager keeps a block for
     (:func:`core.junction_columns` on the row of ``table``, a host tensor [R, columns]): shared-
-    prefix junctions, and with ``off_grid`` (the prefix-match unit is the block: a row starts off
-    the block grid only where :mod:`.gdn_junction`'s budget rule ran a chunk on) the block
-    boundaries a row started mid-block crosses."""
+    prefix junctions, and with ``off_grid`` (the prefix-match unit is the block) the block
+    boundaries a row started mid-block crosses: vLLM's own mid-block chunks (a block wider than
+    the budget, a chunk off the 64-token grid) end at or before their next boundary and find none;
+    only :mod:`.gdn_junction`'s budget rule runs one past it."""
     out = {}
     for r in range(num_decodes, len(qlens)):
         start = seq_lens[r] - qlens[r]
