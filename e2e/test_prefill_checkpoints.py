@@ -378,13 +378,28 @@ def _budget_rule_applies() -> bool:
     return _junction_exported()
 
 
+def _hand_counted_steps(short: int, long: int, block: int) -> tuple[int, int]:
+    """Prefill steps of a ``short``-token prompt (``< block``) and a ``long``-token one sent
+    together under a token budget of ``3 * block``, counted by hand: ``(caching off, vLLM's
+    align-mode split)``. Caching off fills the budget: ``ceil((short + long) / 3B)``. The split
+    floors a non-final chunk to the block (the long prompt's first chunk: ``2B``) and ends the
+    chunk that reaches the prompt checkpoint ``(long - 1) // B * B`` there; the rest is one
+    more chunk."""
+    budget, cp = 3 * block, (long - 1) // block * block
+    start, split = min((budget - short) // block * block, cp), 1
+    while start < long:
+        start, split = long if start >= cp else min(start + budget, cp), split + 1
+    return -(-(short + long) // budget), split
+
+
 @pytest.mark.parametrize("ssm_dtype", ["auto", "float32"])
 def test_shared_budget_chunks_take_caching_offs_steps(tiny_model_dir, engine_args, rng,
                                                       exact_across_schedules, ssm_dtype):
     """Two cold prompts sent together under a token budget of ``3B``: a short one (final in the
     first step) and a long one whose first chunk takes the rest of the budget, off the block grid.
-    vLLM's align mode floors that chunk to the block and stops the next one, which starts
-    mid-block, at its next block boundary: extra steps. Where the budget rule applies the chunks
+    vLLM's align mode floors that chunk to the block and ends a chunk at the long prompt's
+    checkpoint: a step more than caching off for the lengths drawn (``_hand_counted_steps``; not
+    for every length: 128 + 2193 at B=384 take 3 steps either way). Where the budget rule applies the chunks
     end where the budget ends (on the 64-token grid; the short prompt's length is drawn on it, so
     the long one's first chunk is caching off's) and the step writes the states at the block
     boundaries they cross: the batch takes caching off's prefill steps; a repeat of the long
@@ -405,7 +420,11 @@ def test_shared_budget_chunks_take_caching_offs_steps(tiny_model_dir, engine_arg
             # a multiple of 64: the long prompt's first chunk (3B - short) is then on the 64-token
             # grid, as caching off's (else the floor to it can cost a step: seed 88, 220 + 2060)
             short = _prompt(rng, 64 * rng.randrange(2, block // 64 - 1))
-            long = _prompt(rng, rng.randrange(3 * block + 65, 8 * block - 64))
+            # a length where vLLM's split takes a step more than caching off, counted by hand
+            # (``_hand_counted_steps``; seed of stop 43: 128 + 2193 at B=384 take 3 steps each)
+            long = _prompt(rng, rng.choice([n for n in range(3 * block + 65, 8 * block - 64)
+                                            if _hand_counted_steps(len(short), n, block)[1]
+                                            > _hand_counted_steps(len(short), n, block)[0]]))
             where = f"prompts {len(short)} + {len(long)} tokens, budget {3 * block}, block {block}"
         llm = _engine(tiny_model_dir("qwen3_next"), engine_args, mode, **extra,
                       max_num_batched_tokens=3 * block, enable_chunked_prefill=True)
