@@ -26,6 +26,9 @@ on failure):
   ``greedy_compare`` elsewhere);
 * the SSM and conv state bytes cached at the checkpoint equal the bytes vLLM's split caches at
   the same position (both engines run vLLM's own kernels);
+* a hit inside a block (``--prefix-match-unit 64``, every boundary retained) whose one step runs
+  past the block's boundary: the block vLLM caches there holds that boundary's state, the
+  split's bytes;
 * batches that mix several cold prompts, a hit and running decodes; chunked prefill over several
   steps; preemption and resume (a KV cache of 20 pages, vLLM's
   ``scheduler_reserve_full_isl`` off so that prefills outgrow it): outputs equal each prompt
@@ -460,6 +463,57 @@ def test_shared_budget_chunks_take_caching_offs_steps(tiny_model_dir, engine_arg
             assert _within_one_rounding(ssm, ssm_s, dtype), f"{at}: SSM state, {_byte_diff(ssm, ssm_s)}"
         else:
             assert torch_equal(ssm, ssm_s), f"{at}: SSM state, {_byte_diff(ssm, ssm_s)}"
+
+
+def test_hit_inside_a_block_run_past_its_boundary(tiny_model_dir, engine_args, rng, exact_across_schedules):
+    """``--prefix-match-unit 64`` with every boundary state retained
+    (``--prefix-cache-retention-interval`` unset: dense): a request that hits a 64-token
+    checkpoint inside a block (``m``) runs in one step past the block's boundary ``b`` (vLLM's
+    internal checkpoint lifts the mid-block stop) and vLLM's ``MambaManager`` caches the block
+    holding the hit's state (the initial state's, column ``m // B``) at ``b``. The block must hold
+    the state at ``b``: the exporter writes it there (on vLLM 0.30-0.33 vLLM's own plan has only
+    the prompt checkpoint; without the write the block kept the state at ``m``, bytes unequal to
+    the split's, found by review 2026-11-28). Checked: the hit and the one step; every block
+    cached at ``b`` was written by the exporter; its conv and SSM bytes equal those vLLM's split
+    caches at ``b`` (exact: both ran tokens ``m..b`` from the same state in one chunk); a third
+    prompt sharing the first ``b`` tokens hits ``b`` in both engines with the output it gets
+    computed cold. Own engines (exporter, vLLM's split)."""
+    states, hits = {}, {}
+    for mode in ("exporter", "split"):
+        llm = _engine(tiny_model_dir("qwen3_next"), engine_args, mode, prefix_match_unit=64,
+                      prefix_cache_retention_interval=None)
+        try:
+            if mode == "exporter":
+                block = _block(llm)
+                m = rng.randrange(1, 3) * block + 64 * rng.randrange(1, block // 64)
+                b = (m // block + 1) * block
+                first = _prompt(rng, m + rng.randrange(1, 65))  # its checkpoint at m
+                # past b + B: vLLM's checkpoint column then lies after the hit's (a shorter one
+                # gets no internal checkpoint and stops at b: m 512, 1,118 tokens at B=384)
+                second = first[:m] + _prompt(rng, rng.randrange(b + block + 1, b + 3 * block) - m)
+                third = second[:b] + _prompt(rng, rng.randrange(65, block))
+                where = f"hit at {m}, second prompt {len(second)} tokens, block {block}"
+            _gen(llm, [first])
+            before = block_hashes(llm)
+            with _planned_blocks() as planned:
+                (out,), steps = _gen(llm, [second])
+            assert out.num_cached_tokens == m, (where, mode, out.num_cached_tokens)
+            if mode == "exporter":
+                assert steps == 1, f"{where}: {steps} steps"
+                cached = cached_mamba_blocks(llm, b, before)
+                assert set(cached.values()) <= planned, (where, cached, planned)
+            states[mode] = _checkpoint_states(llm, b, before)
+            (hit,), _ = _gen(llm, [third])
+            (cold,), _ = _gen(llm, [third], salt=uuid.uuid4().hex)
+            hits[mode] = hit.num_cached_tokens
+            _assert_same([Sequence.from_output(cold.outputs[0])], [Sequence.from_output(hit.outputs[0])],
+                         exact=exact_across_schedules)
+        finally:
+            _close(llm)
+    assert hits == {"exporter": b, "split": b}, (where, hits)
+    for (name, conv, ssm), (name_s, conv_s, ssm_s) in zip(states["exporter"], states["split"], strict=True):
+        assert name == name_s and torch_equal(conv, conv_s), f"{where}, {name}: conv at {b}, {_byte_diff(conv, conv_s)}"
+        assert torch_equal(ssm, ssm_s), f"{where}, {name}: SSM state at {b}, {_byte_diff(ssm, ssm_s)}"
 
 
 def _ssm_cache_dtype(llm):

@@ -97,9 +97,11 @@ def _config(hash_block, hit_alignment, lookahead, prefix_match_unit):
                                  num_hash_lookahead_tokens=lookahead)
 
 
-def _batch(rng, block, lookahead):
+def _batch(rng, block, lookahead, hash_block):
     """(seq_lens, query_lens, decodes): decode rows first, then one cold row whose checkpoint the
-    lookahead moves, then random cold, chunked (from a block boundary) and resumed rows."""
+    lookahead moves, then random cold, chunked (from a block boundary) and resumed rows; with a
+    hash block below the block, last, a row resumed from a hit inside a block (on the hash grid)
+    that runs past two block boundaries, as vLLM schedules one with an internal checkpoint."""
     decodes = rng.randrange(0, 3)
     seq = [rng.randrange(10, 6 * block) for _ in range(decodes)]
     qlen = [1] * decodes
@@ -111,16 +113,26 @@ def _batch(rng, block, lookahead):
         start = rng.choice([0, rng.randrange(0, end // block) * block, rng.randrange(0, end - 1)])
         seq.append(end)
         qlen.append(end - start)
+    if hash_block < block:
+        first = rng.randrange(0, 3)
+        start = first * block + hash_block * rng.randrange(1, block // hash_block)
+        end = rng.randrange((first + 2) * block + 65, (first + 4) * block)
+        seq.append(end)
+        qlen.append(end - start)
     return seq, qlen, decodes
 
 
-def _step(rng, seq, qlen, block, config):
+def _step(rng, seq, qlen, block, config, offsets):
     n = len(seq)
     qsl = [0]
     for q in qlen:
         qsl.append(qsl[-1] + q)
     cols = max(-(-s // block) for s in seq) + 1
-    table = torch.tensor(rng.sample(range(10_000), n * cols), dtype=torch.int32).view(n, cols)
+    table = torch.tensor(rng.sample(range(1, 10_000), n * cols), dtype=torch.int32).view(n, cols)
+    for r, (s, q) in enumerate(zip(seq, qlen)):  # align mode: vLLM's null block (0) but in the
+        # initial state's column, the running state's and the checkpoint's (``offsets``: vLLM's)
+        real = {(s - q - 1) // block, -(-s // block) - 1} | ({-(-s // block) - 2} if offsets[r] else set())
+        table[r, [c for c in range(cols) if c not in real]] = 0
     common = types.SimpleNamespace(
         num_reqs=n, query_start_loc_cpu=torch.tensor(qsl, dtype=torch.int32),
         query_start_loc=torch.tensor(qsl, dtype=torch.int32),
@@ -137,14 +149,14 @@ def test_plan_on_vllm_033_is_vllms_and_not_the_old_rules(rng, seed, monkeypatch)
     config = _config(hash_block, hit_alignment, lookahead, hash_block if hash_block != block else None)
     # the declaration the spec entry makes on 0.33: alignment = vLLM's grid
     spec = core.declare(Spec(block), 64 if hash_block != block else block)
-    seq, qlen, decodes = _batch(rng, block, lookahead)
-    common, table, qsl = _step(rng, seq, qlen, block, config)
-    planned = cp.MambaPrefillCheckpointBuilder(config, spec).build(common, list(range(len(seq))))
-    assert planned is not None, f"seed={seed}: the cold row has a checkpoint"
+    seq, qlen, decodes = _batch(rng, block, lookahead, hash_block)
     want = cp.compute_mamba_prefill_checkpoints(
         seq, qlen, hash_block_size=hash_block, mamba_block_size=block,
         checkpoint_alignment=spec.prefill_checkpoint_alignment, drop_eagle_block=False,
         cache_hit_alignment_tokens=hit_alignment, num_hash_lookahead_tokens=lookahead)
+    common, table, qsl = _step(rng, seq, qlen, block, config, want[0])
+    planned = cp.MambaPrefillCheckpointBuilder(config, spec).build(common, list(range(len(seq))))
+    assert planned is not None, f"seed={seed}: the cold row has a checkpoint"
     metadata = types.SimpleNamespace(num_prefills=len(seq) - decodes, num_decodes=decodes,
                                      spec_sequence_masks=None, checkpoint=planned)
     builder = types.SimpleNamespace(kv_cache_spec=spec, vllm_config=config)
@@ -153,10 +165,19 @@ def test_plan_on_vllm_033_is_vllms_and_not_the_old_rules(rng, seed, monkeypatch)
         ck = mod.build_checkpoints(builder, common, metadata, stack, lambda b, d: None)
         return (ck.plan.rows, ck.plan.offsets, ck.slots.tolist()) if ck else None
 
-    rows = [r for r, off in enumerate(want[0]) if off]
-    # blocks by hand: column cdiv(seq_len, block) - 2 of each checkpointed row
-    expected = (tuple(rows), tuple(want[0][r] for r in rows),
-                [int(table[r, -(-seq[r] // block) - 2]) for r in rows])
+    # by hand: column cdiv(seq_len, block) - 2 of each checkpointed row, and before it, where a
+    # prefill row starts mid-block and runs past its next boundary before that column (or, with
+    # no checkpoint, the running state's), the initial state's block (column start // block)
+    # with the state at that boundary
+    ckpts = []
+    for r, off in enumerate(want[0]):
+        start, limit = seq[r] - qlen[r], -(-seq[r] // block) - (2 if off else 1)
+        if qlen[r] > 1 and start % block and start // block < limit:
+            ckpts.append((r, block - start % block, int(table[r, start // block])))
+        if off:
+            ckpts.append((r, off, int(table[r, -(-seq[r] // block) - 2])))
+    expected = tuple(zip(*ckpts))
+    expected = (expected[0], expected[1], list(expected[2]))
     assert plan_of(V033) == expected, f"seed={seed}"
     assert plan_of(V032) != expected, f"seed={seed}: the old planner agreed on {seq}, {qlen}"
 

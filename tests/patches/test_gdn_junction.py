@@ -10,7 +10,11 @@ functions, hand-counted (the real scheduler and managers: ``e2e/test_prefill_che
 * the token budget's chunk (issue 38 item 4): the split keeps the budget's end (floored to the
   64-token grid) where vLLM floors a non-final chunk to the block or stops a chunk started
   mid-block at its next boundary; ``allocate_slots`` hands the managers the position such a
-  chunk leaves in a block of its own.
+  chunk leaves in a block of its own;
+* the worker (``gdn_prefill_checkpoint._junctions``): the blocks a row crosses, by hand, the
+  initial state's block of a row started mid-block included;
+* ``exporter_path``: off the CPU path, ``--prefix-match-unit`` with a non-zero retention interval
+  keeps vLLM's split (that block is written on the CPU path only).
 """
 
 from __future__ import annotations
@@ -219,3 +223,62 @@ def test_budget_rule_expected_from_the_configuration(monkeypatch):
     report.applied.append("gdn-junction-split")
     monkeypatch.setenv("VLLM_HYBRID_NPU_PREFILL_CHECKPOINTS", "off")
     assert not mod.budget_rule_expected(config(), "cpu")
+
+
+def test_worker_finds_the_blocks_a_row_crosses_by_hand():
+    """The worker side (``gdn_prefill_checkpoint._junctions``, block 384, hand-made block table
+    rows, 0 = vLLM's null block): a prefill row gets ``(offset from its start, column)`` for every
+    real block from the column of its start up to its checkpoint's (or, with none, its running
+    state's); the initial state's block of a row started mid-block takes the next boundary's state
+    (vLLM's own internal checkpoint after a hit inside a block, ``--prefix-match-unit 64``, and the
+    budget rule)."""
+    import torch
+
+    from vllm_hybrid_npu.patches.gdn_prefill_checkpoint import _junctions
+
+    rows = [  # (seq_len, query_len, checkpoint column, table row)
+        (1000, 1, -1, [0, 0, 3, 0, 0, 0]),        # decode: nothing
+        (1753, 729, 3, [0, 0, 7, 9, 11, 0]),      # hit at 1024, one chunk past 1152 to 1753
+        (1152, 152, -1, [0, 0, 5, 0, 0, 0]),      # from 1000 to its next boundary: nothing crossed
+        (2000, 1232, 3, [0, 0, 13, 15, 17, 0]),   # from 768 (on the grid), a junction block at 1152
+        (2000, 976, -1, [0, 0, 4, 0, 8, 10]),     # from 1024, budget chunk past 1152 and 1536
+        (1100, 1100, 1, [0, 6, 12, 0, 0, 0]),     # cold, checkpoint at 768 (column 1): column 0 null
+    ]
+    seq, qlen, cols = ([r[i] for r in rows] for i in range(3))
+    table = torch.tensor([r[3] for r in rows], dtype=torch.int32)
+    assert _junctions(table, seq, qlen, cols, 1, B) == {
+        1: [(128, 2)], 3: [(384, 2)], 4: [(128, 2), (896, 4)]}
+
+
+@pytest.mark.parametrize("target", ["cpu", "cuda"])
+def test_exporter_stands_aside_where_the_crossed_block_cannot_be_written(target, monkeypatch):
+    """A finer prefix-match unit with a retention interval other than 0 keeps vLLM's split off
+    the CPU path (the state a hit inside a block leaves cached at the boundary it runs past is
+    written on the CPU path only); the CPU path, and either flag alone, keep the exporter."""
+    import torch
+
+    from vllm_hybrid_npu.patches import gdn_prefill_checkpoint as gpc
+
+    monkeypatch.delenv(gpc.ENV_VAR, raising=False)
+    monkeypatch.delitem(__import__("sys").modules, gpc.QWEN_GDN, raising=False)
+
+    def config(pmu, retention):
+        return types.SimpleNamespace(
+            cache_config=types.SimpleNamespace(
+                enable_prefix_caching=True, mamba_cache_mode="align", prefix_match_unit=pmu,
+                prefix_cache_retention_interval=retention),
+            model_config=types.SimpleNamespace(
+                hf_config=types.SimpleNamespace(architectures=["Qwen3NextForCausalLM"]),
+                dtype=torch.bfloat16),
+            speculative_config=None)
+
+    path = {"cpu": "cpu", "cuda": "triton"}[target]
+    for pmu, retention in ((None, None), (None, 0), (64, 0), (None, 1536)):
+        assert gpc.exporter_path(config(pmu, retention), target) == (path, ""), (pmu, retention)
+    for retention in (None, 1536):
+        got, why = gpc.exporter_path(config(64, retention), target)
+        if target == "cpu":
+            assert (got, why) == ("cpu", "")
+        else:
+            assert got is None and "--prefix-match-unit 64" in why \
+                and f"--prefix-cache-retention-interval {retention}" in why, why

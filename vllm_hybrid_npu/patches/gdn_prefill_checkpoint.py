@@ -79,7 +79,12 @@ def exporter_path(vllm_config: Any, target: str) -> tuple[str | None, str]:
     """Which path exports GDN prefill checkpoints for the engine of ``vllm_config`` on ``target``
     (``cpu``, ``cuda``, ``npu``): ``(path, "")`` (``cpu``, ``triton``, ``ascend-fla-npu``,
     ``ascend-fused``, ``ascend-chunk``; ``ascend`` before the worker knows which) or
-    ``(None, reason)``."""
+    ``(None, reason)``. Off the CPU path, ``--prefix-match-unit`` together with a non-zero
+    ``--prefix-cache-retention-interval`` (``None`` included) keeps vLLM's split: a request that
+    hits inside a block runs in one step past the block's boundary under a checkpoint
+    (``Scheduler._mamba_block_aligned_split``, vLLM 0.30-0.33) and ``MambaManager`` caches the
+    block holding the hit's state there; only the CPU path writes the boundary's state into it
+    (:func:`_junctions`), the one-pass kernel takes one checkpoint per row."""
     if mode() == "off":
         return None, f"{ENV_VAR}=off"
     cache = getattr(vllm_config, "cache_config", None)
@@ -90,6 +95,12 @@ def exporter_path(vllm_config: Any, target: str) -> tuple[str | None, str]:
         return None, "prefix caching not in align mode"
     if getattr(vllm_config, "speculative_config", None) is not None:
         return None, "speculative decoding configured (vLLM's split kept)"
+    if (target != "cpu" and getattr(cache, "prefix_match_unit", None)
+            and getattr(cache, "prefix_cache_retention_interval", 0) != 0):
+        return None, (f"--prefix-match-unit {cache.prefix_match_unit} with "
+                      f"--prefix-cache-retention-interval {cache.prefix_cache_retention_interval}: "
+                      "vLLM caches the block of a hit inside a block at the boundary the step "
+                      "runs past, and only the CPU path writes that state (vLLM's split kept)")
     if target == "cpu":  # vLLM 0.33 sends other dtypes to the Triton path (triton-cpu)
         dtype = str(getattr(model, "dtype", "torch.bfloat16"))
         return ("cpu", "") if dtype == "torch.bfloat16" else (None, f"CPU GDN in {dtype}")
@@ -187,6 +198,16 @@ def build_checkpoints(builder: Any, common: Any, metadata: Any, stack: Stack,
         if (path := planned and exporter_path(config, stack.target)[0]) is None:
             return None
         offsets, cols, table = planned.offsets, [0] * n, planned.state_indices[:, None]
+        if path in JUNCTION_PATHS and common.seq_lens_cpu_upper_bound is not None:
+            # a mid-block row crossing a boundary (vLLM's own plan writes only the checkpoint):
+            # its initial state's block, from the step's block table after the gathered column
+            seq_lens = common.seq_lens_cpu_upper_bound[:n].tolist()
+            qlens = [e - s for s, e in zip(qsl, qsl[1:])]
+            own = [-(-s // spec.block_size) - 2 if o else -1 for s, o in zip(seq_lens, offsets)]
+            if junctions := _junctions(common.block_table_tensor, seq_lens, qlens, own,
+                                       metadata.num_decodes, spec.block_size):
+                table = torch.cat([table, common.block_table_tensor[:n]], dim=1)
+                junctions = {r: [(o, c + 1) for o, c in found] for r, found in junctions.items()}
     elif common.seq_lens_cpu_upper_bound is None:
         raise RuntimeError(f"vllm-hybrid-npu GDN prefill checkpoints: the model runner passed no "
                            f"seq_lens_cpu_upper_bound; set {ENV_VAR}=off")
@@ -203,9 +224,7 @@ def build_checkpoints(builder: Any, common: Any, metadata: Any, stack: Stack,
             position_fn=kv.get_mamba_prefill_checkpoint_position,
             valid_fn=kv.is_mamba_prefill_checkpoint_valid)
         if (path := exporter_path(config, stack.target)[0]) in JUNCTION_PATHS:
-            hash_block = getattr(config.cache_config, "prefix_match_unit", None) or spec.block_size
-            junctions = _junctions(table, seq_lens, qlens, cols, metadata.num_decodes, spec.block_size,
-                                   off_grid=hash_block == spec.block_size)
+            junctions = _junctions(table, seq_lens, qlens, cols, metadata.num_decodes, spec.block_size)
     if (plan := core.plan_step(qsl, offsets, cols, metadata.num_decodes, junctions=junctions)) is None:
         return None
     method = export_method(path or exporter_path(config, stack.target)[0], spec, config)
@@ -219,18 +238,22 @@ JUNCTION_PATHS = ("cpu",)
 
 
 def _junctions(table: Any, seq_lens: list, qlens: list, cols: list, num_decodes: int,
-               block: int, off_grid: bool) -> dict[int, list[tuple[int, int]]]:
+               block: int) -> dict[int, list[tuple[int, int]]]:
     """Per prefill row the checkpoints inside the row the KV-cache manager keeps a block for
     (:func:`core.junction_columns` on the row of ``table``, a host tensor [R, columns]): shared-
-    prefix junctions, and with ``off_grid`` (the prefix-match unit is the block) the block
-    boundaries a row started mid-block crosses: vLLM's own mid-block chunks (a block wider than
-    the budget, a chunk off the 64-token grid) end at or before their next boundary and find none;
-    only :mod:`.gdn_junction`'s budget rule runs one past it."""
+    prefix junctions, and the block boundary a row started mid-block crosses, whose state goes
+    to the initial state's block (column ``start // block``). Mid-block rows cross a boundary in
+    two cases: :mod:`.gdn_junction`'s budget rule, and vLLM's own final chunk with an internal
+    checkpoint from a start on a finer prefix-match unit (``--prefix-match-unit 64``, a partial
+    hit inside a block): ``Scheduler._mamba_block_aligned_split`` (vLLM 0.30-0.33) lifts the
+    mid-block stop there and ``MambaManager.cache_blocks`` caches that block at the boundary
+    when a retention interval keeps it, so it must hold the boundary's state, not the hit's.
+    Every other mid-block chunk of vLLM ends at or before its next boundary and finds none."""
     out = {}
     for r in range(num_decodes, len(qlens)):
         start = seq_lens[r] - qlens[r]
         limit = cols[r] if cols[r] >= 0 else -(-seq_lens[r] // block) - 1
-        if qlens[r] > 1 and (off_grid or start % block == 0) and limit > start // block:
+        if qlens[r] > 1 and limit > start // block:
             if found := core.junction_columns(start, seq_lens[r], block, cols[r], table[r, :limit].tolist()):
                 out[r] = found
     return out
