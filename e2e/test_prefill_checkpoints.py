@@ -26,9 +26,10 @@ on failure):
   ``greedy_compare`` elsewhere);
 * the SSM and conv state bytes cached at the checkpoint equal the bytes vLLM's split caches at
   the same position (both engines run vLLM's own kernels);
-* a hit inside a block (``--prefix-match-unit 64``, every boundary retained) whose one step runs
-  past the block's boundary: the block vLLM caches there holds that boundary's state, the
-  split's bytes;
+* a hit inside a block (``--prefix-match-unit 64``) whose last chunk runs past the block's
+  boundary, kept there by dense retention or a shared-prefix junction: the block vLLM caches
+  there holds that boundary's state, the split's bytes, whether the step writes it (CPU) or the
+  chunk stops at the boundary (the other paths, forced here);
 * batches that mix several cold prompts, a hit and running decodes; chunked prefill over several
   steps; preemption and resume (a KV cache of 20 pages, vLLM's
   ``scheduler_reserve_full_isl`` off so that prefills outgrow it): outputs equal each prompt
@@ -465,23 +466,61 @@ def test_shared_budget_chunks_take_caching_offs_steps(tiny_model_dir, engine_arg
             assert torch_equal(ssm, ssm_s), f"{at}: SSM state, {_byte_diff(ssm, ssm_s)}"
 
 
-def test_hit_inside_a_block_run_past_its_boundary(tiny_model_dir, engine_args, rng, exact_across_schedules):
-    """``--prefix-match-unit 64`` with every boundary state retained
-    (``--prefix-cache-retention-interval`` unset: dense): a request that hits a 64-token
-    checkpoint inside a block (``m``) runs in one step past the block's boundary ``b`` (vLLM's
-    internal checkpoint lifts the mid-block stop) and vLLM's ``MambaManager`` caches the block
-    holding the hit's state (the initial state's, column ``m // B``) at ``b``. The block must hold
-    the state at ``b``: the exporter writes it there (on vLLM 0.30-0.33 vLLM's own plan has only
-    the prompt checkpoint; without the write the block kept the state at ``m``, bytes unequal to
-    the split's, found by review 2026-11-28). Checked: the hit and the one step; every block
-    cached at ``b`` was written by the exporter; its conv and SSM bytes equal those vLLM's split
-    caches at ``b`` (exact: both ran tokens ``m..b`` from the same state in one chunk); a third
-    prompt sharing the first ``b`` tokens hits ``b`` in both engines with the output it gets
-    computed cold. Own engines (exporter, vLLM's split)."""
+@contextlib.contextmanager
+def _mid_block_stop_forced():
+    """The paths that do not write the block a mid-block row crosses (CUDA, the NPU), on this
+    engine: ``gdn-checkpoint-mid-block-stop`` wrapped around the scheduler's split and told it
+    applies, and the worker's crossing write dropped (``_junctions`` keeps rows that start on the
+    block grid). In-process engines only (``VLLM_ENABLE_V1_MULTIPROCESSING=0``)."""
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    from vllm_hybrid_npu.patches import gdn_prefill_checkpoint as gpc
+    from vllm_hybrid_npu.patches import registry
+
+    real = gpc._junctions
+
+    def on_grid_only(table, seq_lens, qlens, cols, num_decodes, block):
+        found = real(table, seq_lens, qlens, cols, num_decodes, block)
+        return {r: v for r, v in found.items() if (seq_lens[r] - qlens[r]) % block == 0}
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(gpc, "_junctions", on_grid_only)
+    mp.setattr(Scheduler, "_mamba_block_aligned_split", gpc._make_mid_block_stop(
+        Scheduler._mamba_block_aligned_split, registry.REPORT.stack))
+    mp.setattr(Scheduler, "_vhn_mid_block_stop", True, raising=False)
+    try:
+        yield
+    finally:
+        mp.undo()
+
+
+@pytest.mark.parametrize("kept_by", ["retention", "junction"])
+@pytest.mark.parametrize("how", ["write", "stop"])
+def test_hit_inside_a_block_run_past_its_boundary(tiny_model_dir, engine_args, rng, exact_across_schedules,
+                                                  e2e_target_name, how, kept_by):
+    """``--prefix-match-unit 64``: a request that hits a 64-token checkpoint inside a block
+    (``m``) and reaches its prompt's end in one chunk past the block's boundary ``b`` (vLLM's
+    internal checkpoint lifts the mid-block stop). vLLM's ``MambaManager`` caches the block holding
+    the hit's state (the initial state's, column ``m // B``) at ``b`` when something keeps that
+    boundary: ``kept_by`` ``retention`` (``--prefix-cache-retention-interval None``: dense) or
+    ``junction`` (the default retention 0; a donor prompt cached the attention blocks up to a
+    64-token position ``j`` in ``[b, m + B)``, so the request's shared-prefix junction ``j`` keeps
+    the block ending at ``b``). The block must hold the state at ``b`` (without a fix it kept the
+    state at ``m``, found by review 2026-11-28). ``how``: ``write`` (the CPU path writes the
+    boundary's state into it in the same step; on CUDA the stop below applies instead) or
+    ``stop`` (the paths that cannot, forced here: ``gdn-checkpoint-mid-block-stop`` ends the
+    chunk at ``b``, one step more, as vLLM's split). Checked: the hit; the steps (1 with the
+    write, 2 with the stop); with the write every block cached at ``b`` was written by the
+    exporter; its conv and SSM bytes equal those vLLM's split caches at ``b`` (exact: both ran
+    tokens ``m..b`` from the same state in one chunk); a third prompt sharing the first ``b``
+    tokens hits ``b`` in both engines with the output it gets computed cold. Own engines
+    (exporter, vLLM's split)."""
+    stops = how == "stop" or e2e_target_name != "cpu"
     states, hits = {}, {}
+    retention = {"prefix_cache_retention_interval": None} if kept_by == "retention" else {}
     for mode in ("exporter", "split"):
-        llm = _engine(tiny_model_dir("qwen3_next"), engine_args, mode, prefix_match_unit=64,
-                      prefix_cache_retention_interval=None)
+        llm = _engine(tiny_model_dir("qwen3_next"), engine_args, mode, prefix_match_unit=64, **retention)
+        forced = _mid_block_stop_forced() if mode == "exporter" and how == "stop" else contextlib.nullcontext()
         try:
             if mode == "exporter":
                 block = _block(llm)
@@ -492,19 +531,27 @@ def test_hit_inside_a_block_run_past_its_boundary(tiny_model_dir, engine_args, r
                 # gets no internal checkpoint and stops at b: m 512, 1,118 tokens at B=384)
                 second = first[:m] + _prompt(rng, rng.randrange(b + block + 1, b + 3 * block) - m)
                 third = second[:b] + _prompt(rng, rng.randrange(65, block))
-                where = f"hit at {m}, second prompt {len(second)} tokens, block {block}"
-            _gen(llm, [first])
-            before = block_hashes(llm)
-            with _planned_blocks() as planned:
-                (out,), steps = _gen(llm, [second])
-            assert out.num_cached_tokens == m, (where, mode, out.num_cached_tokens)
-            if mode == "exporter":
-                assert steps == 1, f"{where}: {steps} steps"
-                cached = cached_mamba_blocks(llm, b, before)
-                assert set(cached.values()) <= planned, (where, cached, planned)
-            states[mode] = _checkpoint_states(llm, b, before)
-            (hit,), _ = _gen(llm, [third])
-            (cold,), _ = _gen(llm, [third], salt=uuid.uuid4().hex)
+                j = rng.randrange(b, m + block, 64)  # the junction: block-floored from m, it is m
+                # past b + B: its own replay boundary (its last block boundary) is not b
+                donor = second[:j] + _prompt(rng, rng.randrange(b + block + 65, b + 2 * block) - j)
+                where = (f"hit at {m}, second prompt {len(second)} tokens, block {block}, "
+                         f"{kept_by}{f' at {j}' if kept_by == 'junction' else ''}")
+            with forced:
+                _gen(llm, [first])
+                if kept_by == "junction":
+                    _gen(llm, [donor])
+                before = block_hashes(llm)
+                with _planned_blocks() as planned:
+                    (out,), steps = _gen(llm, [second])
+                assert out.num_cached_tokens == m, (where, mode, out.num_cached_tokens)
+                if mode == "exporter":
+                    assert steps == (2 if stops else 1), f"{where}, {how}: {steps} steps"
+                    if not stops:
+                        cached = cached_mamba_blocks(llm, b, before)
+                        assert set(cached.values()) <= planned, (where, cached, planned)
+                states[mode] = _checkpoint_states(llm, b, before)
+                (hit,), _ = _gen(llm, [third])
+                (cold,), _ = _gen(llm, [third], salt=uuid.uuid4().hex)
             hits[mode] = hit.num_cached_tokens
             _assert_same([Sequence.from_output(cold.outputs[0])], [Sequence.from_output(hit.outputs[0])],
                          exact=exact_across_schedules)

@@ -78,13 +78,14 @@ class SupportedStack:
 #: ``KVCacheManager.free`` / ``pop_blocks_for_free`` take what 0.32's did; ``preprocess_mamba``,
 #: whose rule the move count mirrors, is byte-identical in 0.32.0 and 0.33.0) and the GDN
 #: prefill-checkpoint exporter through vLLM 0.33's own plan (each entry's target decides: the CPU
-#: function on ``cpu``; the Triton/FLA path on ``cuda``); not the copy kernel.
+#: function on ``cpu``; the Triton/FLA path on ``cuda``, with the scheduler's stop at the block
+#: boundary after a hit inside a block, 0.33's split rule unchanged there); not the copy kernel.
 V033_ENTRIES: tuple[str, ...] = (
     "config-checks", "config-checks-flag",
     "step-counters", "step-counters-stats", "step-counters-free", "step-counters-pop",
     "gdn-checkpoint-spec", "gdn-checkpoint-alignment", "gdn-checkpoint-plan",
     "gdn-checkpoint-regather", "gdn-checkpoint-cpu", "gdn-checkpoint-triton",
-    "gdn-checkpoint-fla-split", "gdn-checkpoint-fla-h",
+    "gdn-checkpoint-fla-split", "gdn-checkpoint-fla-h", "gdn-checkpoint-mid-block-stop",
 )
 
 

@@ -170,6 +170,15 @@ def test_budget_chunk_end_by_hand():
     assert pc.budget_chunk_end(1280, 2000, 3000, alignment=128) == 1920
 
 
+def test_mid_block_chunk_by_hand():
+    # block 384: 976 tokens from 1,024 end at 1,152 (128); from 1,000, 100 tokens stay (1,100 <
+    # 1,152); 152 tokens from 1,000 end exactly there; a start on the grid keeps its chunk
+    assert pc.mid_block_chunk(1024, 976, 384) == 128
+    assert pc.mid_block_chunk(1000, 100, 384) == 100
+    assert pc.mid_block_chunk(1000, 152, 384) == 152
+    assert pc.mid_block_chunk(768, 1232, 384) == 1232
+
+
 def test_crossed_checkpoint_by_hand():
     # block 384. A final chunk 1,280-3,000: past 1,536 (b1) its prompt checkpoint 2,688
     # (2,999 // 384 * 384) takes a block of its own; 1,280-1,600: checkpoint 1,536 = b1 (the

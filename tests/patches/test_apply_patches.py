@@ -179,13 +179,14 @@ def test_a_row_covering_some_entries_skips_the_others_as_outside_the_matrix(monk
 def test_vllm_033_rows_are_the_entries_listing_it():
     """vLLM 0.33.0: the configuration checks, the step counters and the prefill-checkpoint
     exporter through vLLM's own plan (spec, layer alignment, plan, regather, the CPU and
-    Triton/FLA state writes); not the copy kernel, nor the entries 0.33 does itself (the block
+    Triton/FLA state writes, the stop at a block boundary after a hit inside a block); not the
+    copy kernel, nor the entries 0.33 does itself (the block
     rounding) or has (the retention rule)."""
     want = {"config-checks", "config-checks-flag", "step-counters", "step-counters-stats",
             "step-counters-free", "step-counters-pop", "gdn-checkpoint-spec",
             "gdn-checkpoint-alignment", "gdn-checkpoint-plan", "gdn-checkpoint-regather",
             "gdn-checkpoint-cpu", "gdn-checkpoint-triton", "gdn-checkpoint-fla-split",
-            "gdn-checkpoint-fla-h"}
+            "gdn-checkpoint-fla-h", "gdn-checkpoint-mid-block-stop"}
     rows = [r for r in support.SUPPORT_MATRIX if r.vllm == "0.33.0"]
     assert {r.target for r in rows} == {"cpu", "cuda"}
     assert all(set(r.entries) == want for r in rows)
@@ -286,7 +287,7 @@ def test_vllm_033_applies_its_row():
         pytest.skip(f"needs vLLM 0.33 (installed: {vllm.__version__})")
     r = _probe()
     cuda_only = {"gdn-checkpoint-regather", "gdn-checkpoint-triton", "gdn-checkpoint-fla-split",
-                 "gdn-checkpoint-fla-h"}
+                 "gdn-checkpoint-fla-h", "gdn-checkpoint-mid-block-stop"}
     assert sorted(r["applied"]) == sorted(set(support.V033_ENTRIES) - cuda_only), r
     assert r["failed"] == {} and r["pending"] == {} and r["unsupported"] is None
     assert all(r["skipped"][n] == "not for target cpu" for n in cuda_only)

@@ -238,3 +238,25 @@ def test_spec_and_alignment_stand_aside_where_vllm_declares(monkeypatch):
     assert mod._make_alignment(lambda self: 128, V033)(layer) == 128  # vLLM's own
     monkeypatch.setenv(mod.ENV_VAR, "off")
     assert align(layer) is None
+
+
+def test_crossing_row_written_where_vllm_plans_nothing(monkeypatch):
+    """vLLM 0.33's builder plans nothing for a step whose rows have no checkpoint (its
+    ``checkpoint`` is None), e.g. a row from a hit at 512 that a shared-prefix junction stop
+    clips at 896, past the boundary 768 (block 384, prefix-match unit 64). By hand: the CPU path
+    still writes the state at 768 (offset 256) into that row's initial state's block, column 1;
+    a decode row and a row on the block grid add nothing."""
+    monkeypatch.delenv(mod.ENV_VAR, raising=False)
+    block = 384
+    config = _config(64, 64, 0, 64)
+    spec = core.declare(Spec(block), 64)
+    seq, qlen = [700, 896, 1152], [1, 384, 384]
+    common, _, _ = _step(types.SimpleNamespace(sample=lambda r, k: list(range(1, k + 1))), seq, qlen,
+                         block, config, [0, 0, 0])
+    table = common.block_table_tensor
+    metadata = types.SimpleNamespace(num_prefills=2, num_decodes=1, spec_sequence_masks=None,
+                                     checkpoint=None)
+    builder = types.SimpleNamespace(kv_cache_spec=spec, vllm_config=config)
+    ck = mod.build_checkpoints(builder, common, metadata, V033, lambda b, d: None)
+    assert ck is not None and (ck.plan.rows, ck.plan.offsets) == ((1,), (256,))
+    assert ck.slots.tolist() == [int(table[1, 1])] and int(table[1, 1]) != 0

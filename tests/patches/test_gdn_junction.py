@@ -13,8 +13,8 @@ functions, hand-counted (the real scheduler and managers: ``e2e/test_prefill_che
   chunk leaves in a block of its own;
 * the worker (``gdn_prefill_checkpoint._junctions``): the blocks a row crosses, by hand, the
   initial state's block of a row started mid-block included;
-* ``exporter_path``: off the CPU path, ``--prefix-match-unit`` with a non-zero retention interval
-  keeps vLLM's split (that block is written on the CPU path only).
+* ``gdn-checkpoint-mid-block-stop`` (the paths without that write): a chunk started mid-block
+  ends at its next boundary.
 """
 
 from __future__ import annotations
@@ -250,35 +250,31 @@ def test_worker_finds_the_blocks_a_row_crosses_by_hand():
         1: [(128, 2)], 3: [(384, 2)], 4: [(128, 2), (896, 4)]}
 
 
-@pytest.mark.parametrize("target", ["cpu", "cuda"])
-def test_exporter_stands_aside_where_the_crossed_block_cannot_be_written(target, monkeypatch):
-    """A finer prefix-match unit with a retention interval other than 0 keeps vLLM's split off
-    the CPU path (the state a hit inside a block leaves cached at the boundary it runs past is
-    written on the CPU path only); the CPU path, and either flag alone, keep the exporter."""
-    import torch
-
+def test_mid_block_stop_ends_the_chunk_at_the_boundary():
+    """``gdn-checkpoint-mid-block-stop`` (CUDA, the NPU) around a stand-in of vLLM's split that
+    lifts the mid-block stop (returns the whole chunk), block 384: a chunk from 1024 ends at 1152
+    (128 tokens); from 768 (on the grid), or one ending before the boundary, upstream's; on the NPU
+    a KV consumer's, upstream's; where the exporter does not apply (decided once per scheduler),
+    upstream's."""
     from vllm_hybrid_npu.patches import gdn_prefill_checkpoint as gpc
 
-    monkeypatch.delenv(gpc.ENV_VAR, raising=False)
-    monkeypatch.delitem(__import__("sys").modules, gpc.QWEN_GDN, raising=False)
+    def upstream(self, request, n, local=0, external=0):
+        return n
 
-    def config(pmu, retention):
-        return types.SimpleNamespace(
-            cache_config=types.SimpleNamespace(
-                enable_prefix_caching=True, mamba_cache_mode="align", prefix_match_unit=pmu,
-                prefix_cache_retention_interval=retention),
-            model_config=types.SimpleNamespace(
-                hf_config=types.SimpleNamespace(architectures=["Qwen3NextForCausalLM"]),
-                dtype=torch.bfloat16),
-            speculative_config=None)
+    from vllm_hybrid_npu.support import Stack
 
-    path = {"cpu": "cpu", "cuda": "triton"}[target]
-    for pmu, retention in ((None, None), (None, 0), (64, 0), (None, 1536)):
-        assert gpc.exporter_path(config(pmu, retention), target) == (path, ""), (pmu, retention)
-    for retention in (None, 1536):
-        got, why = gpc.exporter_path(config(64, retention), target)
-        if target == "cpu":
-            assert (got, why) == ("cpu", "")
-        else:
-            assert got is None and "--prefix-match-unit 64" in why \
-                and f"--prefix-cache-retention-interval {retention}" in why, why
+    stop = gpc._make_mid_block_stop(upstream, Stack("cuda", "0.30.0"))
+    sched = types.SimpleNamespace(cache_config=types.SimpleNamespace(block_size=B),
+                                  vllm_config=types.SimpleNamespace(kv_transfer_config=None),
+                                  _vhn_mid_block_stop=True)
+    assert stop(sched, _request(prompt=2000, computed=1024), 976) == 128
+    assert stop(sched, _request(prompt=2000, computed=1000), 976, 24) == 128  # a local hit to 1024
+    assert stop(sched, _request(prompt=2000, computed=768), 1232) == 1232
+    assert stop(sched, _request(prompt=1100, computed=1024), 76) == 76
+    # vllm-ascend keeps a KV consumer's chunk whole once it has computed tokens (its own wrapper)
+    npu = gpc._make_mid_block_stop(upstream, Stack("npu", "0.30.0", "0.30.0rc2"))
+    sched.vllm_config.kv_transfer_config = types.SimpleNamespace(is_kv_consumer=True)
+    assert npu(sched, _request(prompt=2000, computed=1024), 976) == 976
+    assert stop(sched, _request(prompt=2000, computed=1024), 976) == 128
+    sched._vhn_mid_block_stop = False
+    assert stop(sched, _request(prompt=2000, computed=1024), 976) == 976

@@ -114,6 +114,18 @@ def budget_chunk_end(start: int, end: int, prefill_end: int, alignment: int = AL
     return max(start, end // alignment * alignment)
 
 
+def mid_block_chunk(start: int, num_new_tokens: int, block: int) -> int:
+    """The tokens of a chunk that starts at ``start`` (tokens computed) and would compute
+    ``num_new_tokens``, cut at the next block boundary where it starts mid-block and runs past it
+    (else ``num_new_tokens``): the invariant of vLLM's align mode (slot ``p`` holds the state after
+    ``(p + 1) * block`` tokens), which ``Scheduler._mamba_block_aligned_split`` (vLLM 0.30-0.33)
+    lifts for a final chunk with an internal checkpoint, leaving the initial state's block cached
+    at that boundary with the state at ``start``, for paths that write one checkpoint per row."""
+    if start % block == 0:
+        return num_new_tokens
+    return min(num_new_tokens, (start // block + 1) * block - start)
+
+
 def crossed_checkpoint(start: int, end: int, num_prompt_tokens: int, block: int,
                        alignment: int = ALIGNMENT) -> int:
     """For a prefill chunk ``[start, end)`` (tokens) starting off the block grid: the position

@@ -79,12 +79,7 @@ def exporter_path(vllm_config: Any, target: str) -> tuple[str | None, str]:
     """Which path exports GDN prefill checkpoints for the engine of ``vllm_config`` on ``target``
     (``cpu``, ``cuda``, ``npu``): ``(path, "")`` (``cpu``, ``triton``, ``ascend-fla-npu``,
     ``ascend-fused``, ``ascend-chunk``; ``ascend`` before the worker knows which) or
-    ``(None, reason)``. Off the CPU path, ``--prefix-match-unit`` together with a non-zero
-    ``--prefix-cache-retention-interval`` (``None`` included) keeps vLLM's split: a request that
-    hits inside a block runs in one step past the block's boundary under a checkpoint
-    (``Scheduler._mamba_block_aligned_split``, vLLM 0.30-0.33) and ``MambaManager`` caches the
-    block holding the hit's state there; only the CPU path writes the boundary's state into it
-    (:func:`_junctions`), the one-pass kernel takes one checkpoint per row."""
+    ``(None, reason)``."""
     if mode() == "off":
         return None, f"{ENV_VAR}=off"
     cache = getattr(vllm_config, "cache_config", None)
@@ -95,12 +90,6 @@ def exporter_path(vllm_config: Any, target: str) -> tuple[str | None, str]:
         return None, "prefix caching not in align mode"
     if getattr(vllm_config, "speculative_config", None) is not None:
         return None, "speculative decoding configured (vLLM's split kept)"
-    if (target != "cpu" and getattr(cache, "prefix_match_unit", None)
-            and getattr(cache, "prefix_cache_retention_interval", 0) != 0):
-        return None, (f"--prefix-match-unit {cache.prefix_match_unit} with "
-                      f"--prefix-cache-retention-interval {cache.prefix_cache_retention_interval}: "
-                      "vLLM caches the block of a hit inside a block at the boundary the step "
-                      "runs past, and only the CPU path writes that state (vLLM's split kept)")
     if target == "cpu":  # vLLM 0.33 sends other dtypes to the Triton path (triton-cpu)
         dtype = str(getattr(model, "dtype", "torch.bfloat16"))
         return ("cpu", "") if dtype == "torch.bfloat16" else (None, f"CPU GDN in {dtype}")
@@ -194,20 +183,24 @@ def build_checkpoints(builder: Any, common: Any, metadata: Any, stack: Stack,
     n, path, junctions = int(common.num_reqs), None, {}
     qsl = common.query_start_loc_cpu[: n + 1].tolist()
     if stack.vllm in VLLM_PLAN:  # request rows 0..n-1; each row's block (gathered) as a column
-        planned = metadata.checkpoint
-        if (path := planned and exporter_path(config, stack.target)[0]) is None:
+        planned, path = metadata.checkpoint, exporter_path(config, stack.target)[0]
+        crossing = path in JUNCTION_PATHS and common.seq_lens_cpu_upper_bound is not None
+        if path is None or (planned is None and not crossing):
             return None
-        offsets, cols, table = planned.offsets, [0] * n, planned.state_indices[:, None]
-        if path in JUNCTION_PATHS and common.seq_lens_cpu_upper_bound is not None:
-            # a mid-block row crossing a boundary (vLLM's own plan writes only the checkpoint):
-            # its initial state's block, from the step's block table after the gathered column
+        offsets, cols = (planned.offsets, [0] * n) if planned else ([0] * n, [0] * n)
+        table = planned.state_indices[:, None] if planned else common.block_table_tensor[:n, :0]
+        if crossing:
+            # a mid-block row crossing a boundary (vLLM's own plan writes only the checkpoint,
+            # and plans nothing for a row it clips at a junction past the boundary): its initial
+            # state's block, from the step's block table after the gathered column
             seq_lens = common.seq_lens_cpu_upper_bound[:n].tolist()
             qlens = [e - s for s, e in zip(qsl, qsl[1:])]
             own = [-(-s // spec.block_size) - 2 if o else -1 for s, o in zip(seq_lens, offsets)]
             if junctions := _junctions(common.block_table_tensor, seq_lens, qlens, own,
                                        metadata.num_decodes, spec.block_size):
+                shift = table.shape[1]
                 table = torch.cat([table, common.block_table_tensor[:n]], dim=1)
-                junctions = {r: [(o, c + 1) for o, c in found] for r, found in junctions.items()}
+                junctions = {r: [(o, c + shift) for o, c in found] for r, found in junctions.items()}
     elif common.seq_lens_cpu_upper_bound is None:
         raise RuntimeError(f"vllm-hybrid-npu GDN prefill checkpoints: the model runner passed no "
                            f"seq_lens_cpu_upper_bound; set {ENV_VAR}=off")
@@ -243,12 +236,15 @@ def _junctions(table: Any, seq_lens: list, qlens: list, cols: list, num_decodes:
     (:func:`core.junction_columns` on the row of ``table``, a host tensor [R, columns]): shared-
     prefix junctions, and the block boundary a row started mid-block crosses, whose state goes
     to the initial state's block (column ``start // block``). Mid-block rows cross a boundary in
-    two cases: :mod:`.gdn_junction`'s budget rule, and vLLM's own final chunk with an internal
-    checkpoint from a start on a finer prefix-match unit (``--prefix-match-unit 64``, a partial
-    hit inside a block): ``Scheduler._mamba_block_aligned_split`` (vLLM 0.30-0.33) lifts the
-    mid-block stop there and ``MambaManager.cache_blocks`` caches that block at the boundary
-    when a retention interval keeps it, so it must hold the boundary's state, not the hit's.
-    Every other mid-block chunk of vLLM ends at or before its next boundary and finds none."""
+    two cases: :mod:`.gdn_junction`'s budget rule, and vLLM's own chunk from a start on a finer
+    prefix-match unit (``--prefix-match-unit 64``, a partial hit inside a block) that reaches the
+    prompt's end with an internal checkpoint: ``Scheduler._mamba_block_aligned_split`` (vLLM
+    0.30-0.33) lifts the mid-block stop there, also where a shared-prefix junction stop then
+    clips the chunk past the boundary without a checkpoint, and ``MambaManager.cache_blocks``
+    caches that block at the boundary when a retention interval or the junction keeps it, so it
+    must hold the boundary's state, not the hit's. Every other mid-block chunk of vLLM ends at or
+    before its next boundary and finds none. Paths without this write stop such chunks at the
+    boundary instead (``gdn-checkpoint-mid-block-stop``)."""
     out = {}
     for r in range(num_decodes, len(qlens)):
         start = seq_lens[r] - qlens[r]
@@ -519,6 +515,24 @@ def _make_retention(upstream: Any, stack: Stack) -> Any:
     return _cache_partial_tail_block
 
 
+def _make_mid_block_stop(upstream: Any, stack: Stack) -> Any:
+    @functools.wraps(upstream)
+    def _mamba_block_aligned_split(self, request, num_new_tokens, num_new_local_computed_tokens=0,
+                                   num_external_computed_tokens=0):
+        n = upstream(self, request, num_new_tokens, num_new_local_computed_tokens,
+                     num_external_computed_tokens)
+        if (applies := getattr(self, "_vhn_mid_block_stop", None)) is None:
+            applies = self._vhn_mid_block_stop = exporter_path(self.vllm_config, stack.target)[0] \
+                not in (None, *JUNCTION_PATHS)
+        start = request.num_computed_tokens + num_new_local_computed_tokens + num_external_computed_tokens
+        kv = getattr(self.vllm_config, "kv_transfer_config", None)
+        if not applies or (stack.target == "npu" and start > 0 and kv is not None and kv.is_kv_consumer):
+            return n  # vllm-ascend keeps a KV consumer's window whole (patch_mamba_block_aligned_split)
+        return core.mid_block_chunk(start, n, self.cache_config.block_size)
+
+    return _mamba_block_aligned_split
+
+
 def wanted(stack: Stack) -> str | None:
     """Skip reason for every entry when ``VLLM_HYBRID_NPU_PREFILL_CHECKPOINTS=off`` (else None)."""
     return f"{ENV_VAR}=off" if mode() == "off" else None
@@ -575,6 +589,15 @@ PATCHES = [
           "one pass: our chunk-state kernel (vLLM's FLA recurrence, same arithmetic) stores each "
           "checkpoint's float32 state into its block in the SSM cache dtype, in the step's one "
           "FLA call", signature=FLA_H_SIGNATURE),
+    entry("gdn-checkpoint-mid-block-stop", "vllm.v1.core.sched.scheduler",
+          "Scheduler._mamba_block_aligned_split", _make_mid_block_stop, ("cuda", "npu"),
+          "a chunk started mid-block (a hit inside a block, --prefix-match-unit) ends at its next "
+          "block boundary where our exporter writes one checkpoint per row "
+          "(core.mid_block_chunk): vLLM lifts that stop under an internal checkpoint and caches "
+          "the hit's block at the boundary with the hit's state",
+          signature=("self", "request", "num_new_tokens", "num_new_local_computed_tokens",
+                     "num_external_computed_tokens"),
+          until="the one-pass kernel writes several checkpoints per row (issue 38 item 2)"),
     entry("gdn-checkpoint-retention", "vllm.v1.core.single_type_kv_cache_manager",
           "MambaManager._cache_partial_tail_block", _make_retention, ("cpu", "cuda", "npu"),
           "vLLM 0.32's fix carried: the prompt's checkpoint is cached at retention interval 0",
