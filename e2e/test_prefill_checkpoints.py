@@ -469,8 +469,8 @@ def test_shared_budget_chunks_take_caching_offs_steps(tiny_model_dir, engine_arg
 @contextlib.contextmanager
 def _mid_block_stop_forced():
     """The paths that do not write the block a mid-block row crosses (CUDA, the NPU), on this
-    engine: ``gdn-checkpoint-mid-block-stop`` wrapped around the scheduler's split and told it
-    applies, and the worker's crossing write dropped (``_junctions`` keeps rows that start on the
+    engine: ``gdn-checkpoint-mid-block-stop`` wrapped around the scheduler's split (it applies
+    where a prefill checkpoint is declared, as here), and the worker's crossing write dropped (``_junctions`` keeps rows that start on the
     block grid). In-process engines only (``VLLM_ENABLE_V1_MULTIPROCESSING=0``)."""
     from vllm.v1.core.sched.scheduler import Scheduler
 
@@ -487,7 +487,6 @@ def _mid_block_stop_forced():
     mp.setattr(gpc, "_junctions", on_grid_only)
     mp.setattr(Scheduler, "_mamba_block_aligned_split", gpc._make_mid_block_stop(
         Scheduler._mamba_block_aligned_split, registry.REPORT.stack))
-    mp.setattr(Scheduler, "_vhn_mid_block_stop", True, raising=False)
     try:
         yield
     finally:
@@ -503,14 +502,17 @@ def test_hit_inside_a_block_run_past_its_boundary(tiny_model_dir, engine_args, r
     internal checkpoint lifts the mid-block stop). vLLM's ``MambaManager`` caches the block holding
     the hit's state (the initial state's, column ``m // B``) at ``b`` when something keeps that
     boundary: ``kept_by`` ``retention`` (``--prefix-cache-retention-interval None``: dense) or
-    ``junction`` (the default retention 0; a donor prompt cached the attention blocks up to a
-    64-token position ``j`` in ``[b, m + B)``, so the request's shared-prefix junction ``j`` keeps
-    the block ending at ``b``). The block must hold the state at ``b`` (without a fix it kept the
-    state at ``m``, found by review 2026-11-28). ``how``: ``write`` (the CPU path writes the
-    boundary's state into it in the same step; on CUDA the stop below applies instead) or
-    ``stop`` (the paths that cannot, forced here: ``gdn-checkpoint-mid-block-stop`` ends the
-    chunk at ``b``, one step more, as vLLM's split). Checked: the hit; the steps (1 with the
-    write, 2 with the stop); with the write every block cached at ``b`` was written by the
+    ``junction`` (the default retention 0; a donor prompt cached the attention blocks past ``b``,
+    so the request's shared-prefix junction, its attention hit in ``[b, m + B)``, keeps the block
+    ending at ``b``; a junction further on, whose block-floored stop clips the chunk past ``b``
+    with no checkpoint, needs an attention hit inside a block without a GDN state there, which
+    only independent evictions leave: unit-tested, ``test_gdn_checkpoint_vllm_plan.py``). The
+    block must hold the state at ``b`` (without a fix it kept the state at ``m``, found by review
+    2026-11-28).
+    ``how``: ``write`` (the CPU path writes the boundary's state into it in the same step; on
+    CUDA the stop below applies instead) or ``stop`` (the paths that cannot, forced here:
+    ``gdn-checkpoint-mid-block-stop`` ends the chunk at ``b``, one step more, as vLLM's split).
+    Checked: the hit; the steps (1 with the write, 2 with the stop); with the write every block cached at ``b`` was written by the
     exporter; its conv and SSM bytes equal those vLLM's split caches at ``b`` (exact: both ran
     tokens ``m..b`` from the same state in one chunk); a third prompt sharing the first ``b``
     tokens hits ``b`` in both engines with the output it gets computed cold. Own engines

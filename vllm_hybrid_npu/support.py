@@ -79,7 +79,8 @@ class SupportedStack:
 #: whose rule the move count mirrors, is byte-identical in 0.32.0 and 0.33.0) and the GDN
 #: prefill-checkpoint exporter through vLLM 0.33's own plan (each entry's target decides: the CPU
 #: function on ``cpu``; the Triton/FLA path on ``cuda``, with the scheduler's stop at the block
-#: boundary after a hit inside a block, 0.33's split rule unchanged there); not the copy kernel.
+#: boundary for a chunk started mid-block where a checkpoint is declared, vLLM's FlashInfer
+#: export included); not the copy kernel.
 V033_ENTRIES: tuple[str, ...] = (
     "config-checks", "config-checks-flag",
     "step-counters", "step-counters-stats", "step-counters-free", "step-counters-pop",

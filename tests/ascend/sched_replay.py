@@ -91,8 +91,9 @@ def run(args, result) -> None:
     from vllm_hybrid_npu import patches
     from vllm_hybrid_npu.support import Stack
 
-    # the plugin's registry as an NPU process of this stack applies it (no scheduler entry: the
-    # class below stays vLLM's / vllm-ascend's until the lab wraps it)
+    # the plugin's registry as an NPU process of this stack applies it (its one scheduler entry,
+    # gdn-checkpoint-mid-block-stop, wraps the split over vllm-ascend's; the class below stays
+    # vLLM's / vllm-ascend's until the lab wraps it)
     report = patches.apply_patches("npu", Stack(target="npu", vllm="0.30.0", vllm_ascend=ASCEND))
     result["failed"] = dict(report.failed)
 

@@ -254,8 +254,8 @@ def test_mid_block_stop_ends_the_chunk_at_the_boundary():
     """``gdn-checkpoint-mid-block-stop`` (CUDA, the NPU) around a stand-in of vLLM's split that
     lifts the mid-block stop (returns the whole chunk), block 384: a chunk from 1024 ends at 1152
     (128 tokens); from 768 (on the grid), or one ending before the boundary, upstream's; on the NPU
-    a KV consumer's, upstream's; where the exporter does not apply (decided once per scheduler),
-    upstream's."""
+    a KV consumer's, upstream's; where no prefill checkpoint is declared (the scheduler's
+    ``mamba_has_prefill_checkpoint_blocks``), upstream's."""
     from vllm_hybrid_npu.patches import gdn_prefill_checkpoint as gpc
 
     def upstream(self, request, n, local=0, external=0):
@@ -266,7 +266,7 @@ def test_mid_block_stop_ends_the_chunk_at_the_boundary():
     stop = gpc._make_mid_block_stop(upstream, Stack("cuda", "0.30.0"))
     sched = types.SimpleNamespace(cache_config=types.SimpleNamespace(block_size=B),
                                   vllm_config=types.SimpleNamespace(kv_transfer_config=None),
-                                  _vhn_mid_block_stop=True)
+                                  mamba_has_prefill_checkpoint_blocks=True)
     assert stop(sched, _request(prompt=2000, computed=1024), 976) == 128
     assert stop(sched, _request(prompt=2000, computed=1000), 976, 24) == 128  # a local hit to 1024
     assert stop(sched, _request(prompt=2000, computed=768), 1232) == 1232
@@ -276,5 +276,5 @@ def test_mid_block_stop_ends_the_chunk_at_the_boundary():
     sched.vllm_config.kv_transfer_config = types.SimpleNamespace(is_kv_consumer=True)
     assert npu(sched, _request(prompt=2000, computed=1024), 976) == 976
     assert stop(sched, _request(prompt=2000, computed=1024), 976) == 128
-    sched._vhn_mid_block_stop = False
+    sched.mamba_has_prefill_checkpoint_blocks = False  # no checkpoint declared: vLLM's stop stands
     assert stop(sched, _request(prompt=2000, computed=1024), 976) == 976

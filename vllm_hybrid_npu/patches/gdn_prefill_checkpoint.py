@@ -521,12 +521,14 @@ def _make_mid_block_stop(upstream: Any, stack: Stack) -> Any:
                                    num_external_computed_tokens=0):
         n = upstream(self, request, num_new_tokens, num_new_local_computed_tokens,
                      num_external_computed_tokens)
-        if (applies := getattr(self, "_vhn_mid_block_stop", None)) is None:
-            applies = self._vhn_mid_block_stop = exporter_path(self.vllm_config, stack.target)[0] \
-                not in (None, *JUNCTION_PATHS)
+        # vLLM lifts its mid-block stop only where a prefill checkpoint block is declared (ours
+        # or, on 0.33 with FlashInfer, vLLM's own: the same one-checkpoint-per-row plan); the
+        # scheduler's own flag, not the GDN backend, which this process may not have resolved
+        if not getattr(self, "mamba_has_prefill_checkpoint_blocks", False):
+            return n
         start = request.num_computed_tokens + num_new_local_computed_tokens + num_external_computed_tokens
         kv = getattr(self.vllm_config, "kv_transfer_config", None)
-        if not applies or (stack.target == "npu" and start > 0 and kv is not None and kv.is_kv_consumer):
+        if stack.target == "npu" and start > 0 and kv is not None and kv.is_kv_consumer:
             return n  # vllm-ascend keeps a KV consumer's window whole (patch_mamba_block_aligned_split)
         return core.mid_block_chunk(start, n, self.cache_config.block_size)
 
@@ -591,10 +593,11 @@ PATCHES = [
           "FLA call", signature=FLA_H_SIGNATURE),
     entry("gdn-checkpoint-mid-block-stop", "vllm.v1.core.sched.scheduler",
           "Scheduler._mamba_block_aligned_split", _make_mid_block_stop, ("cuda", "npu"),
-          "a chunk started mid-block (a hit inside a block, --prefix-match-unit) ends at its next "
-          "block boundary where our exporter writes one checkpoint per row "
-          "(core.mid_block_chunk): vLLM lifts that stop under an internal checkpoint and caches "
-          "the hit's block at the boundary with the hit's state",
+          "a chunk started mid-block (e.g. a hit inside a block, --prefix-match-unit) ends at its "
+          "next block boundary where a prefill checkpoint is declared (core.mid_block_chunk): "
+          "vLLM lifts that stop under an internal checkpoint and caches the initial state's "
+          "block at the boundary with the state at the chunk's start; the exporters here write "
+          "one checkpoint per row",
           signature=("self", "request", "num_new_tokens", "num_new_local_computed_tokens",
                      "num_external_computed_tokens"),
           until="the one-pass kernel writes several checkpoints per row (issue 38 item 2)"),
