@@ -13,6 +13,13 @@ checkpoint at retention interval 0). The lab takes that entry from the runtime's
 (:data:`vllm_hybrid_npu.patches.gdn_prefill_checkpoint.PATCHES`) and applies its replacement to the
 replay scheduler's own Mamba managers only (bound on the instances), so other replays in the same
 process keep vLLM's unpatched class. The lab imports the runtime; the runtime never imports the lab.
+
+The lab models the exporter of CUDA and the NPU (:mod:`.replay` keeps vLLM's junction stop, which
+the runtime lifts on the CPU path only), so it also takes the runtime's
+``gdn-checkpoint-mid-block-stop`` entry (targets ``cuda`` and ``npu``): a chunk started inside a
+block (after a hit finer than the block, ``--prefix-match-unit``) ends at the next block boundary,
+as vLLM's own split does without a prefill checkpoint, because those exporters write one
+checkpoint per row. Bound on the replay scheduler instance, like the retention fix.
 """
 
 from __future__ import annotations
@@ -22,20 +29,29 @@ from typing import Any
 
 #: the runtime registry entry carrying vLLM 0.32's retention rule to vLLM 0.30
 RETENTION_ENTRY = "gdn-checkpoint-retention"
+#: the runtime registry entry ending a chunk started mid-block at its next block boundary
+MID_BLOCK_STOP_ENTRY = "gdn-checkpoint-mid-block-stop"
 
 
-def retention_entry() -> Any:
-    """The runtime's ``gdn-checkpoint-retention`` :class:`~vllm_hybrid_npu.patches.registry.Patch`
-    when it applies to the installed vLLM (its ``vllm`` versions), else ``None``."""
+def _entry(name: str) -> Any:
+    """The runtime's :class:`~vllm_hybrid_npu.patches.registry.Patch` ``name`` of
+    :data:`vllm_hybrid_npu.patches.gdn_prefill_checkpoint.PATCHES` when it applies to the
+    installed vLLM (its ``vllm`` versions), else ``None``."""
     import vllm
 
     from vllm_hybrid_npu.patches.gdn_prefill_checkpoint import PATCHES
     from vllm_hybrid_npu.support import base_version
 
-    entry = next(p for p in PATCHES if p.name == RETENTION_ENTRY)
+    entry = next(p for p in PATCHES if p.name == name)
     if base_version(vllm.__version__) not in entry.vllm:
         return None
     return entry
+
+
+def retention_entry() -> Any:
+    """The runtime's ``gdn-checkpoint-retention`` :class:`~vllm_hybrid_npu.patches.registry.Patch`
+    when it applies to the installed vLLM (its ``vllm`` versions), else ``None``."""
+    return _entry(RETENTION_ENTRY)
 
 
 def apply_retention_fix(scheduler: Any) -> int:
@@ -66,15 +82,40 @@ def apply_retention_fix(scheduler: Any) -> int:
     return done
 
 
+def apply_mid_block_stop(scheduler: Any) -> bool:
+    """Bind the runtime's ``gdn-checkpoint-mid-block-stop`` replacement of
+    ``Scheduler._mamba_block_aligned_split`` (vLLM 0.30-0.33) on ``scheduler``, as the runtime
+    applies it on CUDA (its stack's target; the NPU's differs only for a KV consumer, which the
+    lab does not replay).
+
+    Returns True when bound; False when the installed vLLM is outside the entry's versions or
+    the scheduler's class already runs the runtime's replacement (applied process-wide).
+    """
+    import vllm
+
+    from vllm_hybrid_npu.patches.registry import MARK
+    from vllm_hybrid_npu.support import Stack, base_version
+
+    entry = _entry(MID_BLOCK_STOP_ENTRY)
+    upstream = type(scheduler)._mamba_block_aligned_split
+    if entry is None or getattr(upstream, MARK, False):
+        return False
+    stack = Stack(target="cuda", vllm=base_version(vllm.__version__))
+    scheduler._mamba_block_aligned_split = types.MethodType(entry.make(upstream, stack), scheduler)
+    return True
+
+
 def exporter_scheduler(base: type) -> type:
     """A subclass of ``base`` (vLLM's ``Scheduler``) with the runtime's retention fix on its
-    Mamba managers (see :func:`apply_retention_fix`); pair it with a setup built with
+    Mamba managers (see :func:`apply_retention_fix`) and the runtime's mid-block stop on its
+    split (:func:`apply_mid_block_stop`); pair it with a setup built with
     ``prefill_checkpoints=True``."""
 
     class ExporterScheduler(base):  # type: ignore[misc, valid-type]
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             apply_retention_fix(self)
+            apply_mid_block_stop(self)
 
     ExporterScheduler.__name__ = ExporterScheduler.__qualname__ = f"Exporter{base.__name__}"
     return ExporterScheduler

@@ -132,6 +132,29 @@ def test_fine_grained_hit_starts_mid_block(cfg):
     assert by == {"prompt_tail": 3, "mid_block_start": 1}
 
 
+def test_exporter_hit_inside_a_block_stops_at_the_next_boundary(cfg, rng, monkeypatch):
+    # Block 256, --prefix-match-unit 64, the exporter declared. A (a tokens, cold, 1025..1279
+    # off the 64-token grid): one step, its checkpoint at m = (a - 1) // 64 * 64 (valid from
+    # start 0). B (1,600 tokens, A's a followed by more: hash block 3 covers 1024..1535) hits m,
+    # inside the block [1024, 1280) unless m = 1024. vLLM lifts its stop at the next boundary
+    # 1280 under the prefill checkpoint; the runtime's gdn-checkpoint-mid-block-stop (CUDA, the
+    # NPU: one checkpoint per row) puts it back: [m, 1280) (mid_block_start), then [1280, 1600)
+    # with its checkpoint at 1536 (valid from 1280): 2 steps where vLLM's own chunking takes 1.
+    from vllm_hybrid_npu_lab import exporter
+
+    a = rng.choice([n for n in range(1025, 1280) if n % 64 and (n - 1) // 64 * 64 > 1024])
+    m = (a - 1) // 64 * 64
+    rows = [(a, [1, 2, 3]), (1600, [1, 2, 3, 4])]
+    res, by = _replay(cfg, rows, "upstream:pmu=64,ckpt")
+    assert res.cached_per_request == [0, m]
+    assert res.prefill_steps_per_prompt == 3 / 2 and by == {"mid_block_start": 1}, a
+    # without the entry (vLLM's chunking under the checkpoint): B in one step, nothing extra
+    monkeypatch.setattr(exporter, "apply_mid_block_stop", lambda scheduler: False)
+    res, by = _replay(cfg, rows, "upstream:pmu=64,ckpt")
+    assert res.cached_per_request == [0, m]
+    assert res.prefill_steps_per_prompt == 1 and by == {}, a
+
+
 def test_checkpoint_off_its_grid_is_checkpoint_invalid(cfg, rng):
     # Block 256, exporter declared, unit 32. A cold prompt whose checkpoint (p - 1) // 32 * 32
     # is an odd multiple of 32 is off the exporter's 64-token alignment: not valid, vLLM splits
