@@ -396,9 +396,24 @@ def _hand_counted_steps(short: int, long: int, block: int) -> tuple[int, int]:
     return -(-(short + long) // budget), split
 
 
-@pytest.mark.parametrize("ssm_dtype", ["auto", "float32"])
+def _cached_boundaries(llm, before, upto: int, block: int) -> dict[int, list]:
+    """``{position: _checkpoint_states}`` of every block boundary ``<= upto`` (tokens) at which
+    the engine cached a GDN state since ``before`` (every Mamba group, as
+    ``cached_mamba_blocks`` requires)."""
+    from vllm.v1.core.kv_cache_utils import get_group_id
+
+    groups = mamba_groups(llm)
+    pool = _core(llm).scheduler.kv_cache_manager.block_pool
+    positions = {b.block_hash_num_tokens for b in pool.blocks
+                 if b.block_hash is not None and before.get(b.block_id) != b.block_hash
+                 and get_group_id(b.block_hash) in groups}
+    return {p: _checkpoint_states(llm, p, before)
+            for p in sorted(positions) if p % block == 0 and 0 < p <= upto}
+
+
+@pytest.mark.parametrize("ssm_dtype,retention", [("auto", 0), ("float32", 0), ("float32", "dense")])
 def test_shared_budget_chunks_take_caching_offs_steps(tiny_model_dir, engine_args, rng,
-                                                      exact_across_schedules, ssm_dtype):
+                                                      exact_across_schedules, ssm_dtype, retention):
     """Two cold prompts sent together under a token budget of ``3B``: a short one (final in the
     first step) and a long one whose first chunk takes the rest of the budget, off the block grid.
     vLLM's align mode floors that chunk to the block and ends a chunk at the long prompt's
@@ -413,8 +428,21 @@ def test_shared_budget_chunks_take_caching_offs_steps(tiny_model_dir, engine_arg
     float32: ours stored the running state at the first chunk's end, the split at its block
     boundary, ``_within_one_rounding``); outputs, of the batch and of the repeat, equal the
     prompts computed alone (exact on CPU: every chunk starts on the 64-token grid). Own engines:
-    exporter, vLLM's split, caching off; the SSM cache in the CPU's dtype and in float32."""
+    exporter, vLLM's split, caching off; the SSM cache in the CPU's dtype and in float32.
+
+    ``dense`` (``--prefix-cache-retention-interval None``: every GDN state left in a block of its
+    own stays cached; float32 SSM cache), counted by hand up to the checkpoint ``cp``: the split's
+    chunks end at ``(3k - 1) B`` (the budget ``3B`` less the short prompt, ``< B``, floored) until
+    ``cp``; the budget rule's chunk ``k`` ends at ``3kB - short`` and leaves the state at its last
+    boundary crossed, ``(3k - 1) B`` (the KV-cache manager's hint, ``JunctionRule.crossed``), and
+    the next chunk, started there mid-block, the state at ``3kB`` in its initial state's block
+    (the worker's crossing write). Every block the exporter's engine cached at those boundaries is
+    one it wrote, and its bytes equal those of a split at every block boundary (a fourth engine,
+    budget ``B``) exactly (a dropped hint leaves ``(3k - 1) B`` out; at retention 0 only ``cp`` is
+    compared)."""
     extra = {} if ssm_dtype == "auto" else {"mamba_ssm_cache_dtype": ssm_dtype}
+    if retention == "dense":
+        extra["prefix_cache_retention_interval"] = None
     steps, outs, hits, states, llm = {}, {}, {}, {}, None
     for mode in ("exporter", "split", "off"):
         if llm is None:  # the first engine's block (the same for all three)
@@ -439,10 +467,12 @@ def test_shared_budget_chunks_take_caching_offs_steps(tiny_model_dir, engine_arg
                 outs[mode], steps[mode] = _gen(llm, [short, long])
             got = [outs[mode]]
             if mode != "off":
-                states[mode] = _checkpoint_states(llm, cp, before)
+                states[mode] = _cached_boundaries(llm, before, cp, block) if retention == "dense" \
+                    else {cp: _checkpoint_states(llm, cp, before)}
                 if mode == "exporter" and _budget_rule_applies():
-                    cached = cached_mamba_blocks(llm, cp, before)
-                    assert set(cached.values()) <= planned, (where, cached, planned)
+                    for p in states[mode]:
+                        cached = cached_mamba_blocks(llm, p, before)
+                        assert set(cached.values()) <= planned, (where, p, cached, planned)
                 (rep,), rep_steps = _gen(llm, [long])
                 hits[mode], got = rep.num_cached_tokens, [*got, [outs[mode][0], rep]]
                 assert rep_steps == 1, f"{where}: the {mode} repeat took {rep_steps} steps"
@@ -457,13 +487,32 @@ def test_shared_budget_chunks_take_caching_offs_steps(tiny_model_dir, engine_arg
     if _budget_rule_applies():
         assert steps["exporter"] == steps["off"], f"{where}: steps {steps}"
     assert hits["exporter"] == hits["split"] == cp, (where, hits)
-    for (name, conv, ssm), (name_s, conv_s, ssm_s) in zip(states["exporter"], states["split"], strict=True):
-        at = f"{where}, {name}, state at {cp}"
-        assert name == name_s and torch_equal(conv, conv_s), f"{at}: conv, {_byte_diff(conv, conv_s)}"
-        if dtype.itemsize < 4:
-            assert _within_one_rounding(ssm, ssm_s, dtype), f"{at}: SSM state, {_byte_diff(ssm, ssm_s)}"
-        else:
-            assert torch_equal(ssm, ssm_s), f"{at}: SSM state, {_byte_diff(ssm, ssm_s)}"
+    ref = states["split"]
+    if retention == "dense":
+        at_split = sorted({*range(2 * block, cp, 3 * block), cp})
+        ends = range(3 * block - len(short), len(long), 3 * block)  # the budget rule's non-final ends
+        at_rule = sorted({cp, *(e // block * block for e in ends),
+                          *(e // block * block + block for e in ends if e // block * block + block <= cp)})
+        assert list(ref) == at_split, f"{where}: vLLM's split cached GDN states at {list(ref)}"
+        if _budget_rule_applies():
+            assert list(states["exporter"]) == at_rule, f"{where}: exporter cached at {list(states['exporter'])}"
+        llm = _engine(tiny_model_dir("qwen3_next"), engine_args, "split", **extra,
+                      max_num_batched_tokens=block, enable_chunked_prefill=True)
+        try:
+            before = block_hashes(llm)
+            _gen(llm, [long])
+            ref = _cached_boundaries(llm, before, cp, block)
+        finally:
+            _close(llm)
+        assert list(ref) == list(range(block, cp + 1, block)), f"{where}: budget B cached at {list(ref)}"
+    for p in states["exporter"]:
+        for (name, conv, ssm), (name_s, conv_s, ssm_s) in zip(states["exporter"][p], ref[p], strict=True):
+            at = f"{where}, {name}, state at {p}"
+            assert name == name_s and torch_equal(conv, conv_s), f"{at}: conv, {_byte_diff(conv, conv_s)}"
+            if dtype.itemsize < 4:
+                assert _within_one_rounding(ssm, ssm_s, dtype), f"{at}: SSM state, {_byte_diff(ssm, ssm_s)}"
+            else:
+                assert torch_equal(ssm, ssm_s), f"{at}: SSM state, {_byte_diff(ssm, ssm_s)}"
 
 
 @contextlib.contextmanager
