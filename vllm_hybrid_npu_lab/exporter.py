@@ -89,16 +89,18 @@ def apply_mid_block_stop(scheduler: Any) -> bool:
     lab does not replay).
 
     Returns True when bound; False when the installed vLLM is outside the entry's versions or
-    the scheduler's class already runs the runtime's replacement (applied process-wide).
+    the runtime applied this entry process-wide (``registry.REPORT.applied``). Another runtime
+    wrapper of the split (the CPU path's ``gdn-junction-split``, which the replay turns off)
+    does not count: the stop is bound over it.
     """
     import vllm
 
-    from vllm_hybrid_npu.patches.registry import MARK
+    from vllm_hybrid_npu.patches import registry
     from vllm_hybrid_npu.support import Stack, base_version
 
     entry = _entry(MID_BLOCK_STOP_ENTRY)
     upstream = type(scheduler)._mamba_block_aligned_split
-    if entry is None or getattr(upstream, MARK, False):
+    if entry is None or MID_BLOCK_STOP_ENTRY in registry.REPORT.applied:
         return False
     stack = Stack(target="cuda", vllm=base_version(vllm.__version__))
     scheduler._mamba_block_aligned_split = types.MethodType(entry.make(upstream, stack), scheduler)
