@@ -8,7 +8,8 @@ CUDA by ``tests/ops/test_gdn_checkpoint_fla.py``; vllm-ascend's by ``tests/ascen
   upstream's call alone;
 * the FLA state-function wrapper (``chunk_gated_delta_rule_fwd_h``): in a ``fused`` scope our
   kernel (the Triton interpreter here) in place of upstream, its launch configuration read off
-  vLLM's autotuner after one upstream call per key, one export; elsewhere upstream's call alone;
+  vLLM's autotuner after one upstream call per key (and logged once per key), one export;
+  elsewhere upstream's call alone;
   the FLA split wrapper (``forward_native``) returns what one unsplit call returns and writes the
   heads' final states;
 * ``with_checkpoints``: the typed field on vLLM's GDN metadata, its other attributes kept.
@@ -125,6 +126,8 @@ def test_fla_state_wrapper_runs_ours_in_a_fused_scope(monkeypatch, rng, seed):
     monkeypatch.setitem(__import__("sys").modules, mod.FLA_H, types.SimpleNamespace(
         chunk_gated_delta_rule_fwd_kernel_h_blockdim64=kernel))
     monkeypatch.setattr(mod, "_FLA_H_CONFIGS", {})
+    logged = []
+    monkeypatch.setattr(mod, "_log_once", lambda key, msg, *args: logged.append((key, args)))
     launches = []
     real = _triton_gdn.chunk_states
     monkeypatch.setattr(_triton_gdn, "chunk_states", lambda *a, **kw: launches.append(kw) or real(*a, **kw))
@@ -144,6 +147,9 @@ def test_fla_state_wrapper_runs_ours_in_a_fused_scope(monkeypatch, rng, seed):
         hook(**kwargs)
     assert scope.exports == 2 and len(calls) == 5, f"seed={seed}: the configuration is read once per key"
     assert [(kw["bv"], kw["num_warps"], kw["num_stages"]) for kw in launches] == [(32, 4, 3)] * 2
+    # the log names the launch the export took, once per key
+    assert [args[0] for key, args in logged if key.startswith("fla-config")] == [
+        {"bv": 32, "num_warps": 4, "num_stages": 3}], f"seed={seed}: {logged}"
     assert ck.chunk_starts.tolist() == offsets.tolist(), f"seed={seed}"
     ref = real(k, w, u, g, h0, True, cu, offsets, sum(nch), torch.full((sum(nch),), -1), ck.slots,
                torch.zeros(1, heads, vd, kd), kernels=_triton_gdn.interpreted())

@@ -335,7 +335,7 @@ def _make_fla_split(upstream: Any, stack: Stack) -> Any:
 FLA_H = "vllm.third_party.flash_linear_attention.ops.chunk_delta_h"
 FLA_H_SIGNATURE = ("k", "w", "u", "g", "gk", "initial_state", "output_final_state", "chunk_size",
                    "save_new_value", "cu_seqlens", "chunk_indices", "chunk_offsets", "use_exp2")
-#: (H, Hg, K, V, input dtype, initial-state dtype, final state?) -> our kernel's launch config
+#: (H, V, Hg, K, input dtype, initial-state dtype, final state?) -> our kernel's launch config
 _FLA_H_CONFIGS: dict[tuple, dict] = {}
 
 
@@ -344,7 +344,9 @@ def fla_h_config(upstream: Callable, args: tuple, key: tuple) -> dict:
     ``chunk_gated_delta_rule_fwd_kernel_h_blockdim64`` uses for calls of ``key``, so our kernel
     tiles and rounds as it does (a dot's rounding can differ between warp layouts): read off its
     autotuner after one call of ``upstream(*args)`` per key and process (its result is dropped).
-    Without an autotuner to read (another vLLM), a fixed configuration, logged once."""
+    Without an autotuner to read (another vLLM), a fixed configuration, logged once; a
+    configuration read off is logged once per ``key`` (INFO), so a run's log names the launch
+    its export took."""
     if (config := _FLA_H_CONFIGS.get(key)) is None:
         upstream(*args)
         kernel = getattr(sys.modules.get(FLA_H), "chunk_gated_delta_rule_fwd_kernel_h_blockdim64", None)
@@ -356,6 +358,9 @@ def fla_h_config(upstream: Callable, args: tuple, key: tuple) -> dict:
         else:
             config = {"bv": best.kwargs["BV"], "num_warps": best.num_warps,
                       "num_stages": best.num_stages}
+            _log_once(f"fla-config-{key}", "export: our chunk-state kernel runs with vLLM's "
+                      "autotuned configuration %s for (H, V, Hg, K, dtype, state dtype, final state) = %s",
+                      config, key)
         _FLA_H_CONFIGS[key] = config
     return config
 
