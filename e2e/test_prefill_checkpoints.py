@@ -309,16 +309,28 @@ def test_shared_prefix_junction_exported_inside_the_step(tiny_model_dir, engine_
     off's one prefill step, the step writes the state at ``jf`` into the block vLLM caches there
     (``_planned_blocks``: plan and ``MambaManager`` in lockstep, with the prompt's own checkpoint),
     the third hits ``jf`` in one step, as after vLLM's split; elsewhere vLLM's stop at ``jf`` stays
-    (two steps). Two second sharers of two prefixes in one batch, the same. The conv and SSM bytes
-    cached at ``jf`` equal those vLLM's split caches there; outputs equal cold copies under a
-    fresh ``cache_salt`` (exact on CPU). Own engines (exporter, then vLLM's split)."""
+    (two steps). A second sharer in one batch with another prefix's third sharer and a cold
+    prompt, the same; and two second sharers of two more prefixes in one batch (two junctions in
+    one step: ``2B < |S| < 3B`` and ``4B < |S| < 5B``, the rows drawn so that both junctions and
+    both rows' own checkpoints lie on four distinct boundaries), the same, every block the step
+    wrote one vLLM cached. The conv and SSM bytes cached at ``jf`` equal those vLLM's split caches there
+    (second sharers sent alone); outputs equal cold copies under a fresh ``cache_salt`` (exact on
+    CPU). Own engines (exporter, then vLLM's split)."""
     states, hits = {}, {}
     llm = _engine(tiny_model_dir("qwen3_next"), engine_args, "exporter")
     try:
         block, exported = _block(llm), _junction_exported()
-        shared = [_prompt(rng, 2 * block + rng.randrange(1, block)) for _ in range(3)]
+        # prefixes 0-3: 2B < |S| < 3B; 4: 4B < |S| < 5B. Prefixes 3 and 4's second sharers run in
+        # one batch, drawn so that the junctions (2B, 4B) and their own checkpoints (3B: at most 4B
+        # tokens; 5B: at most 6B) lie on four distinct boundaries, in at most 10B tokens
+        shared = [_prompt(rng, k * block + rng.randrange(1, block)) for k in (2, 2, 2, 2, 4)]
         jf = [len(s) // block * block for s in shared]
         tails = [[_prompt(rng, rng.randrange(block, 2 * block)) for _ in range(3)] for _ in shared]
+        for i, end in ((3, 4 * block), (4, 6 * block)):
+            tails[i][1] = _prompt(rng, rng.randrange(block, end - len(shared[i]) + 1))
+        budget = _core(llm).vllm_config.scheduler_config.max_num_batched_tokens
+        pair = [shared[i] + tails[i][1] for i in (3, 4)]
+        assert sum(map(len, pair)) <= budget, f"premise: the batched second sharers ({sum(map(len, pair))} tokens) fit the token budget {budget}"
         for i, (s, tail) in enumerate(zip(shared, tails)):
             first = s + tail[0]
             _, steps = _gen(llm, [first])
@@ -349,7 +361,23 @@ def test_shared_prefix_junction_exported_inside_the_step(tiny_model_dir, engine_
         if exported:
             assert steps == 1, f"mixed batch took {steps} steps"
         states[2] = _checkpoint_states(llm, jf[2], before)
-        for i in range(3):  # third sharers, one at a time (prefix 0's ran in the batch)
+        # two junctions in one step: prefixes 3 and 4's second sharers together
+        before = block_hashes(llm)
+        with _planned_blocks() as planned:
+            pair_outs, steps = _gen(llm, pair)
+        where = f"prefixes {len(shared[3])} and {len(shared[4])}, second sharers {[len(p) for p in pair]} tokens, block {block}"
+        assert [o.num_cached_tokens for o in pair_outs] == [0, 0], where
+        assert steps == (1 if exported else 2), f"{where}: {steps} steps (caching off: 1)"
+        if exported:
+            wrote = [b for p in (jf[3], jf[4], *((len(q) - 1) // block * block for q in pair))
+                     for b in cached_mamba_blocks(llm, p, before).values()]
+            assert sorted(planned) == sorted(wrote), (where, planned, wrote)
+        states[3], states[4] = (_checkpoint_states(llm, jf[i], before) for i in (3, 4))
+        for i, out in zip((3, 4), pair_outs):
+            (cold,), _ = _gen(llm, [pair[i - 3]], salt=uuid.uuid4().hex)
+            _assert_same([Sequence.from_output(cold.outputs[0])],
+                         [Sequence.from_output(out.outputs[0])], exact=exact_across_schedules)
+        for i in range(5):  # third sharers, one at a time (prefix 0's ran in the batch)
             (hit,), steps = _gen(llm, [shared[i] + tails[i][2]]) if i else ((outs[1],), 1)
             hits[i] = hit.num_cached_tokens
             assert hit.num_cached_tokens == jf[i] and steps == 1, (i, hit.num_cached_tokens, steps, jf[i])
