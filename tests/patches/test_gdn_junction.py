@@ -278,3 +278,57 @@ def test_mid_block_stop_ends_the_chunk_at_the_boundary():
     assert stop(sched, _request(prompt=2000, computed=1024), 976) == 128
     sched.mamba_has_prefill_checkpoint_blocks = False  # no checkpoint declared: vLLM's stop stands
     assert stop(sched, _request(prompt=2000, computed=1024), 976) == 976
+
+
+def test_worker_reads_the_host_copy_of_a_device_block_table():
+    """vllm-ascend's paths (``host_block_table``): the builder's table is a view of a
+    ``CpuGpuBuffer``'s device tensor; the recorded buffer's host tensor, same view, gives the rows
+    the worker reads: the same blocks as the hand-made host table of the test above. The device
+    side here: a CPU tensor left all null (not committed: reading it would find no block), and a
+    meta tensor (which the host cannot read). A device table with no host copy recorded raises;
+    a host table not recorded is read as is."""
+    import torch
+    from vllm.v1.utils import CpuGpuBuffer
+
+    from vllm_hybrid_npu.patches import gdn_prefill_checkpoint as gpc
+
+    rows = [(1753, 729, 3, [0, 0, 7, 9, 11, 0]), (2000, 976, -1, [0, 0, 4, 0, 8, 10])]
+    seq, qlen, cols = ([r[i] for r in rows] for i in range(3))
+    buffers = [CpuGpuBuffer(8, 6, dtype=torch.int32, device=torch.device(d), pin_memory=False)
+               for d in ("cpu", "meta")]
+    for buf in buffers:
+        buf.np[:2] = [r[3] for r in rows]
+        gpc.remember_host_table(buf)
+        device = buf.gpu[:4]  # BlockTable.get_device_tensor()[:num_reqs_padded]
+        host = gpc.host_block_table(device)
+        assert host.device.type == "cpu" and torch.equal(host, buf.cpu[:4])
+        assert gpc._junctions(device, seq, qlen, cols, 0, B) == {0: [(128, 2)], 1: [(128, 2), (896, 4)]}
+    assert not buffers[0].gpu.any()  # the CPU "device" copy: all null
+    with pytest.raises(RuntimeError, match="no host copy"):  # (meta storages: address 0, 112 B)
+        gpc._junctions(torch.zeros(4, 7, dtype=torch.int32, device="meta"), seq, qlen, cols, 0, B)
+    plain = torch.tensor([r[3] for r in rows], dtype=torch.int32)
+    assert gpc.host_block_table(plain) is plain
+    # a row with nothing to look for reads no table (a decode row, a chunk inside one block)
+    assert gpc._junctions(torch.zeros(2, 6, dtype=torch.int32, device="meta"),
+                          [1000, 1152], [1, 152], [-1, -1], 0, B) == {}
+
+
+def test_junction_paths_by_configuration():
+    """Which exporter paths export junction states (``junctions_off``): the CPU path and
+    vllm-ascend's (``ascend`` in the engine core); on vllm-ascend's not with its V2 model runner,
+    decode context parallel or a KV transfer connector; never CUDA's."""
+    from vllm_hybrid_npu.patches import gdn_prefill_checkpoint as gpc
+
+    def config(v2=False, dcp=1, kv=None):
+        return types.SimpleNamespace(use_v2_model_runner=v2, kv_transfer_config=kv,
+                                     parallel_config=types.SimpleNamespace(decode_context_parallel_size=dcp))
+
+    for path in ("cpu", "ascend", "ascend-fla-npu", "ascend-fused", "ascend-chunk"):
+        assert gpc.junctions_off(config(), path) is None, path
+    for path in ("triton", None):
+        assert "one checkpoint per row" in gpc.junctions_off(config(), path)
+    for path in ("ascend", "ascend-chunk"):
+        assert "V2 model runner" in gpc.junctions_off(config(v2=True), path)
+        assert "decode context parallel" in gpc.junctions_off(config(dcp=2), path)
+        assert "KV transfer" in gpc.junctions_off(config(kv=object()), path)
+    assert gpc.junctions_off(config(v2=True, dcp=2, kv=object()), "cpu") is None  # CPU: unchanged

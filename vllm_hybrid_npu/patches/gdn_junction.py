@@ -122,7 +122,8 @@ def _rule(scheduler: Any, stack: Stack) -> JunctionRule | None:
                      and getattr(m, "has_prefill_checkpoint_blocks", False))
     if (managers and scheduler.mamba_has_prefill_checkpoint_blocks
             and not scheduler.use_eagle_block_drop and not scheduler.mamba_fine_grained_prefix_cache
-            and gdn.exporter_path(scheduler.vllm_config, stack.target)[0] in gdn.JUNCTION_PATHS):
+            and gdn.junctions_off(scheduler.vllm_config,
+                                  gdn.exporter_path(scheduler.vllm_config, stack.target)[0]) is None):
         rule = JunctionRule(scheduler.cache_config.block_size, scheduler.hash_block_size,
                             scheduler.mamba_prefill_checkpoint_alignment, False, managers)
         logger.info("vllm-hybrid-npu: shared-prefix junction states exported from inside the step "
@@ -138,7 +139,7 @@ def _rule(scheduler: Any, stack: Stack) -> JunctionRule | None:
 def budget_rule_expected(vllm_config: Any, target: str) -> bool:
     """Whether an engine of ``vllm_config`` on ``target`` will run prefill chunks to the token
     budget's end (:meth:`JunctionRule.budget_end`), read from the configuration before the
-    scheduler exists: the exporter path writes the states there (:data:`gdn.JUNCTION_PATHS`), the
+    scheduler exists: the exporter path writes the states there (:func:`gdn.junctions_off`), the
     split entry is applied or pending (vLLM 0.30), and no ``--prefix-match-unit`` is set (below
     the block its tail stops stay; the block is not known yet). The ``token-budget`` entries
     then leave the budget alone: no chunk ends on the block grid for them to save."""
@@ -146,7 +147,7 @@ def budget_rule_expected(vllm_config: Any, target: str) -> bool:
 
     report = registry.REPORT
     entry = "gdn-junction-split"
-    return (gdn.exporter_path(vllm_config, target)[0] in gdn.JUNCTION_PATHS
+    return (gdn.junctions_off(vllm_config, gdn.exporter_path(vllm_config, target)[0]) is None
             and (entry in report.applied or entry in report.pending)
             and getattr(vllm_config.cache_config, "prefix_match_unit", None) is None)
 
