@@ -332,3 +332,41 @@ def test_junction_paths_by_configuration():
         assert "decode context parallel" in gpc.junctions_off(config(dcp=2), path)
         assert "KV transfer" in gpc.junctions_off(config(kv=object()), path)
     assert gpc.junctions_off(config(v2=True, dcp=2, kv=object()), "cpu") is None  # CPU: unchanged
+
+
+def test_rule_takes_mamba_manager_subclasses(monkeypatch):
+    """``_rule`` hands the rule to vLLM's ``MambaManager`` and its subclasses (vllm-ascend's
+    ``AscendMambaManager``, whose module rebinds the name) in align mode with checkpoint blocks;
+    not to another class named ``MambaManager``, nor to one outside align mode."""
+    from vllm.v1.core.single_type_kv_cache_manager import MambaManager
+
+    from vllm_hybrid_npu.support import Stack
+
+    monkeypatch.delenv("VLLM_HYBRID_NPU_PREFILL_CHECKPOINTS", raising=False)
+
+    class AscendMambaManager(MambaManager):  # as vllm_ascend/patch/platform/patch_mamba_manager.py
+        pass
+
+    impostor = type("MambaManager", (), {"__module__": "elsewhere"})
+
+    def manager(cls, mode="align"):
+        m = object.__new__(cls)
+        m.mamba_cache_mode, m.has_prefill_checkpoint_blocks = mode, True
+        return m
+
+    ours, vllms, other, no_align = (manager(AscendMambaManager), manager(MambaManager),
+                                    manager(impostor), manager(AscendMambaManager, "all"))
+    hf = types.SimpleNamespace(architectures=["Qwen3NextForCausalLM"])
+    config = types.SimpleNamespace(
+        cache_config=types.SimpleNamespace(enable_prefix_caching=True, mamba_cache_mode="align"),
+        model_config=types.SimpleNamespace(hf_config=hf, dtype="torch.bfloat16"),
+        speculative_config=None)
+    coordinator = types.SimpleNamespace(single_type_managers=[other, ours, no_align, vllms])
+    sched = types.SimpleNamespace(
+        kv_cache_manager=types.SimpleNamespace(coordinator=coordinator), vllm_config=config,
+        mamba_has_prefill_checkpoint_blocks=True, use_eagle_block_drop=False,
+        mamba_fine_grained_prefix_cache=False, cache_config=types.SimpleNamespace(block_size=B),
+        hash_block_size=B, mamba_prefill_checkpoint_alignment=64)
+    rule = mod._rule(sched, Stack("cpu", "0.30.0"))
+    assert rule is not None and rule.managers == (ours, vllms)
+    assert mod.is_mamba_manager(ours) and not mod.is_mamba_manager(other)
