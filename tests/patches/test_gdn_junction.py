@@ -370,3 +370,31 @@ def test_rule_takes_mamba_manager_subclasses(monkeypatch):
     rule = mod._rule(sched, Stack("cpu", "0.30.0"))
     assert rule is not None and rule.managers == (ours, vllms)
     assert mod.is_mamba_manager(ours) and not mod.is_mamba_manager(other)
+
+
+def test_mid_block_stop_stands_aside_where_the_step_writes_the_boundary(monkeypatch):
+    """On vllm-ascend's paths (``junctions_off`` None) the step writes the state at the boundary
+    a mid-block chunk crosses (the initial state's block, ``_junctions``), so the stop returns
+    upstream's chunk, as on the CPU path (which has no stop); decided once per scheduler. With a
+    KV connector (junctions off there) or on CUDA's path it stops at the boundary."""
+    from vllm_hybrid_npu.patches import gdn_prefill_checkpoint as gpc
+    from vllm_hybrid_npu.support import Stack
+
+    path = {"npu": "ascend-chunk", "cuda": "triton"}
+    monkeypatch.setattr(gpc, "exporter_path", lambda config, target: (path[target], ""))
+
+    def scheduler(kv=None):
+        return types.SimpleNamespace(cache_config=types.SimpleNamespace(block_size=B),
+                                     vllm_config=types.SimpleNamespace(kv_transfer_config=kv),
+                                     mamba_has_prefill_checkpoint_blocks=True)
+
+    def stop(target):
+        return gpc._make_mid_block_stop(lambda self, request, n, local=0, external=0: n,
+                                        Stack(target, "0.30.0", "0.30.0rc2" if target == "npu" else None))
+
+    sched = scheduler()
+    assert stop("npu")(sched, _request(prompt=2000, computed=1024), 976) == 976
+    assert vars(sched)[gpc.CROSSING_WRITTEN] is True
+    kv = types.SimpleNamespace(is_kv_consumer=False)
+    assert stop("npu")(scheduler(kv), _request(prompt=2000, computed=1024), 976) == 128
+    assert stop("cuda")(scheduler(), _request(prompt=2000, computed=1024), 976) == 128

@@ -590,6 +590,11 @@ def _make_retention(upstream: Any, stack: Stack) -> Any:
     return _cache_partial_tail_block
 
 
+#: A scheduler's flag: its engine's exporter path writes the state at the block boundary a chunk
+#: started mid-block crosses (:func:`junctions_off`), so the mid-block stop stands aside.
+CROSSING_WRITTEN = "_vhn_crossing_written"
+
+
 def _make_mid_block_stop(upstream: Any, stack: Stack) -> Any:
     @functools.wraps(upstream)
     def _mamba_block_aligned_split(self, request, num_new_tokens, num_new_local_computed_tokens=0,
@@ -601,6 +606,11 @@ def _make_mid_block_stop(upstream: Any, stack: Stack) -> Any:
         # scheduler's own flag, not the GDN backend, which this process may not have resolved
         if not getattr(self, "mamba_has_prefill_checkpoint_blocks", False):
             return n
+        if (writes := vars(self).get(CROSSING_WRITTEN)) is None:  # decided once per scheduler
+            path = exporter_path(self.vllm_config, stack.target)[0]
+            writes = vars(self)[CROSSING_WRITTEN] = junctions_off(self.vllm_config, path) is None
+        if writes:
+            return n  # the step writes the crossed boundary's state (_junctions), as on CPU
         start = request.num_computed_tokens + num_new_local_computed_tokens + num_external_computed_tokens
         kv = getattr(self.vllm_config, "kv_transfer_config", None)
         if stack.target == "npu" and start > 0 and kv is not None and kv.is_kv_consumer:
@@ -672,7 +682,8 @@ PATCHES = [
           "next block boundary where a prefill checkpoint is declared (core.mid_block_chunk): "
           "vLLM lifts that stop under an internal checkpoint and caches the initial state's "
           "block at the boundary with the state at the chunk's start; the exporters here write "
-          "one checkpoint per row",
+          "one checkpoint per row (it stands aside on vllm-ascend's paths where they write the "
+          "crossed boundary's state: junctions_off)",
           signature=("self", "request", "num_new_tokens", "num_new_local_computed_tokens",
                      "num_external_computed_tokens"),
           until="the one-pass kernel writes several checkpoints per row (issue 38 item 2)"),
