@@ -607,8 +607,8 @@ def _make_mid_block_stop(upstream: Any, stack: Stack) -> Any:
         if not getattr(self, "mamba_has_prefill_checkpoint_blocks", False):
             return n
         if (writes := vars(self).get(CROSSING_WRITTEN)) is None:  # decided once per scheduler
-            path = exporter_path(self.vllm_config, stack.target)[0]
-            writes = vars(self)[CROSSING_WRITTEN] = junctions_off(self.vllm_config, path) is None
+            writes = vars(self)[CROSSING_WRITTEN] = stack.target == "npu" and junctions_off(
+                self.vllm_config, exporter_path(self.vllm_config, "npu")[0]) is None
         if writes:
             return n  # the step writes the crossed boundary's state (_junctions), as on CPU
         start = request.num_computed_tokens + num_new_local_computed_tokens + num_external_computed_tokens
