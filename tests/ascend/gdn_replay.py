@@ -52,7 +52,17 @@ decode in the split's second step (vllm-ascend's builder makes it one: the recur
 prefill row in the exporter's step (the chunk kernel), from the same state: its output and final
 state are compared with a tolerance, apart. The tails' share of the
 prefill tokens (the kernel work the split adds) and the prefill kernel calls with and without the
-plan are recorded (no time: the references are CPU code, not the NPU's kernels).
+plan are recorded (no time: the references are CPU code, not the NPU's kernels). The block tables
+are align mode's: context, checkpoint and running columns hold blocks, the others the null block.
+
+Junction draws (``--junction-draws``, issue 38; :func:`junction_draw`): rows with shared-prefix
+junction blocks before the prompt's checkpoint (two or more such rows per batch) and, at block
+128, a row started mid-block whose crossed boundary goes to its initial state's block, the block
+table held by vllm-ascend's own ``vllm_ascend/worker/block_table.py`` ``BlockTable`` (the plugin's
+``gdn-checkpoint-ascend-host-table`` entry records it; the builder is watched for host reads of
+its device tensor). Checked against vLLM's ``K + 1``-step split: the planned checkpoints are the
+constructed ones, vllm-ascend's op runs once per round, every exported conv and SSM block, every
+output and every other cache byte are the split's; a plan one token earlier is caught.
 """
 
 from __future__ import annotations
@@ -72,6 +82,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE.parents[1]))  # this checkout's vllm_hybrid_npu, not an installed one
 from ascend import ascend_env, upstream  # noqa: E402
 
 ASCEND = "0.30.0rc2"
@@ -421,6 +432,8 @@ def setup(fla_npu: bool):
     from vllm.distributed import parallel_state
 
     parallel_state._PCP = types.SimpleNamespace(world_size=1, rank_in_group=0)
+    # vllm-ascend's BlockTable.__init__ asks the DCP group its size (a world of one)
+    parallel_state._DCP = types.SimpleNamespace(world_size=1, rank_in_group=0)
 
     from vllm_hybrid_npu.patches import apply_patches, registry
     from vllm_hybrid_npu.support import Stack
@@ -537,15 +550,17 @@ def common_metadata(rows, tables):
         seq_lens_cpu_upper_bound=seq.clone())
 
 
-def run_step(layer, builder, rows, tables, inputs, caches, plan=True, override=None):
+def run_step(layer, builder, rows, tables, inputs, caches, plan=True, override=None, reads=None):
     """One step of ``rows`` over clones of ``caches``: ``(checkpoints, out, conv, ssm, calls)``
     (``calls``: prefill kernel calls, by kind);
-    ``plan=False`` drops the plugin's plan, ``override(checkpoints)`` replaces it."""
+    ``plan=False`` drops the plugin's plan, ``override(checkpoints)`` replaces it; with ``reads``
+    (a list) the metadata builder runs under :class:`HostReads` of ``tables``, its reads appended."""
     import torch
     import vllm.forward_context as fc
     from vllm_hybrid_npu.patches.gdn_prefill_checkpoint import FIELD
 
-    md = builder.build(0, common_metadata(rows, tables))
+    with HostReads(tables, reads) if reads is not None else contextlib.nullcontext():
+        md = builder.build(0, common_metadata(rows, tables))
     ck = getattr(md, FIELD, None)
     if not plan or override is not None:
         setattr(md, FIELD, None if not plan else override(ck))
@@ -605,11 +620,17 @@ def draw(rng, gen, layer, builder_mod, path, ssm_dtype):
         # 43: block 64, rows (147, 1), (0, 51), (128, 257): the only tail is 1 token). By hand:
         if not any((c + q - 1) // block * block > c and (c + q) % block != 1 for c, q in rows[1:]):
             continue
-        tables, nb = [], 1
-        cols = max(-(-(c + q) // block) for c, q in rows) + 1
-        for _ in rows:
-            tables.append(list(range(nb, nb + cols)))
-            nb += cols
+        # align mode's tables: context, the prompt checkpoint's column where vLLM 0.30 reserves
+        # one (hash block = block), the running column; every other column null (a real block
+        # there would be a junction block the builder exports to)
+        real = [None]
+        for c, q in rows[1:]:
+            cols = set(range(-(-c // block))) | {(c + q - 1) // block}
+            P = (c + q - 1) // block * block
+            if c % block == 0 and c + block <= P < c + q:
+                cols.add(P // block - 1)
+            real.append(cols)
+        tables, nb = align_tables(real, max(-(-(c + q) // block) for c, q in rows) + 1)
         tables = torch.tensor(tables, dtype=torch.int32)
         from vllm_hybrid_npu.patches.gdn_prefill_checkpoint import FIELD
 
@@ -627,8 +648,9 @@ def draw(rng, gen, layer, builder_mod, path, ssm_dtype):
     for r, (ctx, q) in enumerate(rows):
         if ctx:
             src = tables[r, (ctx - 1) // block]
-            conv0[tables[r, (ctx - 1) // block:]] = conv0[src].clone()
-            ssm0[tables[r, (ctx - 1) // block:]] = ssm0[src].clone()
+            dst = [blk for blk in tables[r, (ctx - 1) // block:].tolist() if blk]
+            conv0[dst] = conv0[src].clone()
+            ssm0[dst] = ssm0[src].clone()
     caches, inputs = (conv0, ssm0), (mixed_qkv, b, a)
     _, out_n, conv_n, ssm_n, calls_n = run_step(layer, builder, rows, tables, inputs, caches, False)
     ck, out_p, conv_p, ssm_p, calls_p = run_step(layer, builder, rows, tables, inputs, caches)
@@ -701,6 +723,250 @@ def draw(rng, gen, layer, builder_mod, path, ssm_dtype):
     }
 
 
+# --------------------------------------------------------------------------- junctions (issue 38)
+#: Host reads of a tensor: what the builder must not do to the device block table.
+HOST_READ_FUNCS = ("tolist", "item", "numpy", "cpu", "__bool__", "__int__", "__float__",
+                   "__index__", "__array__", "__repr__", "__format__")
+
+
+class HostReads:
+    """A torch function mode recording every host read (:data:`HOST_READ_FUNCS`, ``to`` a CPU
+    device) of a tensor whose storage is ``device_table``'s (a view of vllm-ascend's
+    ``BlockTable.block_table.gpu``: the NPU's memory in a real runner) into ``reads``."""
+
+    def __init__(self, device_table, reads):
+        import torch
+
+        self.ptr, self.reads = device_table.untyped_storage().data_ptr(), reads
+        self.mode = type("_Mode", (torch.overrides.TorchFunctionMode,), {
+            "__torch_function__": lambda mode, func, types_, args=(), kwargs=None:
+                self._seen(func, args, kwargs or {})})()
+
+    def _seen(self, func, args, kwargs):
+        import torch
+
+        name = getattr(func, "__name__", str(func))
+        to_host = name == "to" and any(
+            str(a) == "cpu" for a in (*args[1:], kwargs.get("device")) if isinstance(a, (str, torch.device)))
+        if (name in HOST_READ_FUNCS or to_host) and any(
+                isinstance(a, torch.Tensor) and a.untyped_storage().data_ptr() == self.ptr for a in args):
+            self.reads.append(name)
+        return func(*args, **kwargs)
+
+    def __enter__(self):
+        self.mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self.mode.__exit__(*exc)
+
+
+def junction_rows(rng, block):
+    """A batch for the junction draw: a decode row first, then 2-4 prefill rows, two or more of
+    them with a shared-prefix junction block (one or two) before the prompt's own checkpoint.
+    Per row ``(context, query_len, cuts, table)``: ``cuts`` the checkpoints the batch is built
+    to have, ``(offset from the row's start, block-table column)`` sorted; ``table`` the row's
+    block-table columns as vLLM 0.30's align mode leaves them (0: the null block) plus the blocks
+    the junction entries reserve. By construction (vLLM 0.30's rule, hash block = block): a row
+    starting on the grid at ``c`` has its prompt checkpoint at ``P = (c + q - 1) // block * block``
+    (valid: ``P >= c + block``) in column ``P // block - 1``, its junctions at block boundaries
+    strictly between ``c`` and ``P`` in columns ``jf // block - 1``, every other column from
+    ``c // block`` up to its running column ``(c + q - 1) // block`` null; a row started mid-block
+    (``c = 128 a + 64``, block 128: a chunk the budget rule ended on the 64-token grid) has no
+    valid prompt checkpoint, the boundary ``b1`` it crosses goes to its initial state's column
+    ``a``, and a later boundary reserved by the allocate entry (``core.crossed_checkpoint``) to
+    its own column. Every segment between cuts and after the last one is 2 tokens or more (no
+    one-token tail: vllm-ascend makes that a decode in the split's step). The first junction row
+    has a null column between ``c`` and ``P`` (the builder must skip it)."""
+    rows = [(rng.randint(1, 300), 1, [], None)]  # a decode row (its table filled below)
+    kinds = ["junction", "junction"] + rng.sample(
+        ["junction", "plain", "none"] + (["crossing"] if block == 128 else []), rng.randint(0, 2))
+    rng.shuffle(kinds)
+    first = True  # the first junction row leaves a null column between c and P (two blocks more)
+    for kind in kinds:
+        if kind == "crossing":
+            a = rng.randint(0, 2)
+            c, b1 = 128 * a + 64, 128 * (a + 1)
+            cuts = [(b1 - c, a)]
+            if rng.random() < 0.5:
+                p = b1 + 128 * rng.randint(1, 2)
+                cuts.append((p - c, p // 128 - 1))
+                end = p + rng.randint(2, 128)
+            else:
+                end = b1 + rng.randint(2, 3 * 128)
+        else:
+            c = block * rng.randint(0, 2)
+            junctions = {"junction": rng.randint(1, 2), "plain": 0, "none": 0}[kind]
+            if kind == "none":  # ends within the next block: no checkpoint, no column to look in
+                end = c + rng.randint(2, block)
+                cuts = []
+            else:
+                big = rng.randint(junctions + (2 if first and junctions else 1), junctions + 3)
+                first = first and not junctions  # big: blocks from c to P
+                P = c + block * big
+                inner = sorted(rng.sample(range(1, big), junctions))
+                cuts = [(block * i, (c + block * i) // block - 1) for i in inner]
+                cuts.append((P - c, P // block - 1))
+                end = P + rng.randint(2, block)
+        rows.append((c, end - c, cuts, None))
+    return rows
+
+
+def align_tables(real, width):
+    """Block-table rows of ``width`` columns, ``real[r]`` the columns of row ``r`` holding a block
+    (None: all), numbered from 1 in row order, every other column 0 (vLLM's null block); returns
+    ``(rows, number of blocks)``."""
+    out, nb = [], 1
+    for cols in real:
+        row = []
+        for col in range(width):
+            row.append(nb if cols is None or col in cols else 0)
+            nb += row[-1] != 0
+        out.append(row)
+    return out, nb
+
+
+def junction_tables(rows, block):
+    """Each row's columns (see :func:`junction_rows`): context columns, the columns of its cuts,
+    its running column real (the decode row: all real); every other column null."""
+    return align_tables(
+        [None] + [set(range(-(-c // block))) | {col for _, col in cuts} | {(c + q - 1) // block}
+                  for c, q, cuts, _ in rows[1:]],
+        max(-(-(c + q) // block) for c, q, _, _ in rows) + 1)
+
+
+def junction_draw(rng, gen, layer, builder_mod, path, ssm_dtype):
+    """One junction batch (:func:`junction_rows`) on ``path`` with an SSM cache of
+    ``ssm_dtype``, the block table held by vllm-ascend's own ``BlockTable`` (host copy ``.cpu``,
+    the "device" copy ``.gpu`` committed per step, handed to the builder as
+    ``get_device_tensor()[:n]``): the one-pass step with the plugin's plan (the builder watched
+    for host reads of the device table), the same step without it, and vLLM's ``K + 1``-step split
+    (each step stops every row at its next cut; between steps align mode's copy of the running
+    state into the block the next step reads), all from the same caches; a control plan one
+    token earlier at every cut."""
+    import torch
+    from vllm_ascend.worker.block_table import BlockTable
+    from vllm_hybrid_npu.patches import gdn_prefill_checkpoint as gpc
+
+    block = rng.choice([64, 128])
+    builder = make_builder(builder_mod, block, ssm_dtype, host=path != "chunk")
+    rows = junction_rows(rng, block)
+    table_rows, nb = junction_tables(rows, block)
+    width = len(table_rows[0])
+    bt = BlockTable(block, len(rows), width, 1 << 14, False, torch.device("cpu"), kernel_sizes=[block])
+
+    def device_table(step_rows):  # the runner: rows into the host table, committed, device view
+        for i, r in enumerate(step_rows):
+            bt.add_row(table_rows[r], i)
+        bt.commit_block_table(len(step_rows))
+        return bt.get_device_tensor()[:len(step_rows)]
+
+    t = sum(q for _, q, _, _ in rows)
+    qsl = [0]
+    for _, q, _, _ in rows:
+        qsl.append(qsl[-1] + q)
+    mixed_qkv = torch.randn(t, CONV_DIM, generator=gen).to(torch.bfloat16)
+    b = torch.randn(t, NV, generator=gen).to(torch.bfloat16)
+    a = torch.randn(t, NV, generator=gen).to(torch.bfloat16)
+    conv0 = torch.randn(nb, WIDTH - 1, CONV_DIM, generator=gen).to(torch.bfloat16)
+    ssm0 = (torch.randn(nb, NV, DV, DK, generator=gen) * 0.1).to(ssm_dtype)
+    # a row with context: the state after it is in its column (c - 1) // block (the last hit, or
+    # the mid-block running block); align mode copies it into the block each step reads (that
+    # step's running column): here, into every real column after it, once for all the runs
+    for r, (c, q, _, _) in enumerate(rows):
+        if c:
+            src = table_rows[r][(c - 1) // block]
+            for blk in table_rows[r][(c - 1) // block + 1:]:
+                if blk:
+                    conv0[blk], ssm0[blk] = conv0[src].clone(), ssm0[src].clone()
+    caches, inputs = (conv0, ssm0), (mixed_qkv, b, a)
+    everyone = list(range(len(rows)))
+    step_rows = [(c, q) for c, q, _, _ in rows]
+    _, out_n, conv_n, ssm_n, calls_n = run_step(layer, builder, step_rows, device_table(everyone),
+                                                inputs, caches, False)
+    reads = []
+    dev = device_table(everyone)
+    ck, out_p, conv_p, ssm_p, calls_p = run_step(layer, builder, step_rows, dev, inputs, caches,
+                                                 reads=reads)
+    host = gpc.host_block_table(dev)
+    control_reads = []
+    with HostReads(dev, control_reads):
+        dev[0, :1].tolist()  # the recorder sees a host read of the device table
+    # vLLM's split: step k runs each row's k-th segment (its edges: 0, the cuts, the row's end)
+    edges = [[0, *(o for o, _ in cuts), q] for _, q, cuts, _ in rows]
+    conv_s, ssm_s = conv0.clone(), ssm0.clone()
+    want_out = out_n.clone()
+    stored = {}  # (row, k) -> (conv, ssm) of the block the split leaves at the row's k-th cut
+    for k in range(max(len(e) for e in edges) - 1):
+        members = [r for r in everyone if len(edges[r]) - 1 > k]
+        for r in members if k else ():  # align mode's copy into this step's running block
+            c = rows[r][0]
+            prev = table_rows[r][(c + edges[r][k] - 1) // block]
+            run_b = table_rows[r][(c + edges[r][k + 1] - 1) // block]
+            conv_s[run_b], ssm_s[run_b] = conv_s[prev].clone(), ssm_s[prev].clone()
+        idx = torch.tensor([tok for r in members
+                            for tok in range(qsl[r] + edges[r][k], qsl[r] + edges[r][k + 1])])
+        seg = [(rows[r][0] + edges[r][k], edges[r][k + 1] - edges[r][k]) for r in members]
+        _, out_k, conv_s, ssm_s, _ = run_step(layer, builder, seg, device_table(members),
+                                              tuple(x[idx] for x in inputs), (conv_s, ssm_s), False)
+        want_out[idx] = out_k
+        for r in members:
+            if k < len(edges[r]) - 2:  # the step stopped at a cut: its running block holds it
+                blk = table_rows[r][(rows[r][0] + edges[r][k + 1] - 1) // block]
+                stored[r, k] = (conv_s[blk].clone(), ssm_s[blk].clone())
+    want_conv, want_ssm = conv_n.clone(), ssm_n.clone()
+    checks = []
+    for r, (c, q, cuts, _) in enumerate(rows):
+        for k, (off, col) in enumerate(cuts):
+            blk = table_rows[r][col]
+            conv_k, ssm_k = stored[r, k]
+            want_conv[blk], want_ssm[blk] = conv_k, ssm_k
+            checks.append({"row": r, "cut": k, "offset": off, "column": col, "block": blk,
+                           "conv_equal": bool(torch.equal(conv_p[blk], conv_k)),
+                           "ssm_equal": bool(torch.equal(ssm_p[blk], ssm_k)),
+                           "block_differed_before": bool(not torch.equal(conv0[blk], conv_k)
+                                                         and not torch.equal(ssm0[blk], ssm_k))})
+        if cuts:  # the final running block: the split's last step
+            fin = table_rows[r][(c + q - 1) // block]
+            want_conv[fin], want_ssm[fin] = conv_s[fin], ssm_s[fin]
+    # the control: every cut one token earlier, the same blocks (a plan as the plugin builds it)
+    from vllm_hybrid_npu.core.prefill_checkpoints import plan_step
+    from vllm_hybrid_npu.ops import gdn_checkpoint as ops
+    from vllm_hybrid_npu.patches.vllm_ascend_gdn import _kernel_meta
+
+    def earlier(_):
+        offsets = [cuts[-1][0] - 1 if cuts else 0 for _, _, cuts, _ in rows]
+        cols = [cuts[-1][1] if cuts else -1 for _, _, cuts, _ in rows]
+        junctions = {r: [(o - 1, col) for o, col in cuts[:-1]] for r, (_, _, cuts, _) in enumerate(rows) if cuts}
+        return ops.build_metadata(plan_step(qsl, offsets, cols, 1, junctions=junctions),
+                                  torch.tensor(table_rows, dtype=torch.int32),
+                                  lambda v, d: torch.tensor(v, dtype=d), "split",
+                                  _kernel_meta(builder, torch.device("cpu")))
+
+    _, _, _, ssm_c, _ = run_step(layer, builder, step_rows, device_table(everyone), inputs, caches,
+                                 override=earlier)
+    plan = ck.plan
+    return {
+        "block_size": block, "rows": [[c, q] for c, q, _, _ in rows], "tokens": t,
+        "tables": table_rows, "constructed": [[list(x) for x in cuts] for _, _, cuts, _ in rows],
+        "planned": [[[o, col] for rr, o, col in zip(plan.rows, plan.offsets, plan.cols) if rr == r]
+                    for r in everyone],
+        # null columns where the builder looks (from the row's start column to its checkpoint's,
+        # or its running column's), by the construction
+        "null_columns_looked_at": sum(
+            1 for r, (c, q, cuts, _) in enumerate(rows) if r and q > 1
+            for col in range(c // block, cuts[-1][1] if cuts and c % block == 0 else (c + q - 1) // block)
+            if table_rows[r][col] == 0),
+        "checkpoints": checks, "vllm_ascend_choice": sorted(calls_n),
+        "kernel_calls": [calls_n, calls_p], "host_reads": reads, "host_read_control": control_reads,
+        "host_copy": host.untyped_storage().data_ptr() == bt.block_table.cpu.untyped_storage().data_ptr(),
+        "outputs_equal": bool(torch.equal(out_p, want_out)),
+        "caches_equal": bool(torch.equal(conv_p, want_conv) and torch.equal(ssm_p, want_ssm)),
+        "control_caught": all(not torch.equal(ssm_c[x["block"]], stored[x["row"], x["cut"]][1])
+                              for x in checks),
+    }
+
+
 def reference_check(gen):
     """The chunked references against the token-by-token rule (two sequences, one with state)."""
     import torch
@@ -754,6 +1020,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seed", type=int, required=True)
     ap.add_argument("--draws", type=int, default=3, help="draws per path and SSM cache dtype")
+    ap.add_argument("--junction-draws", type=int, default=1,
+                    help="junction batches (several checkpoints per row) per path and dtype")
     ap.add_argument("--paths", default="chunk,fused",
                     help="comma-separated from chunk, fused, fla-npu (fla-npu alone: the stub "
                          "package then has the fused op, which vllm-ascend prefers)")
@@ -786,6 +1054,10 @@ def main(argv=None) -> int:
                 "draws": {str(dt).replace("torch.", ""): [draw(rng, gen, layer, builder_mod, path, dt)
                                                           for _ in range(args.draws)]
                           for dt in (torch.bfloat16, torch.float32)},
+                "junction_draws": {
+                    str(dt).replace("torch.", ""): [junction_draw(rng, gen, layer, builder_mod, path, dt)
+                                                    for _ in range(args.junction_draws)]
+                    for dt in (torch.bfloat16, torch.float32)},
             }
         cls._fused_chunk_available = False
         result["paths"] = path_checks(gdn_mod)

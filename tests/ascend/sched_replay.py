@@ -21,6 +21,19 @@ and no group ``balance_gather`` returns at once (its own early return), the copi
 Recorded: the class and MRO, every call of the composed ``_mamba_block_aligned_split``
 (request, chunk start, tokens, prefill end), whether vllm-ascend's wrapper ran, the hits per
 request.
+
+``--mode junction --order ascend-first|registry-first`` (issue 38): the plugin's junction
+entries (``gdn-junction-*``, now for the NPU too) with vllm-ascend's scheduler-side platform
+patches, applied in either order: ``patch_mamba_block_aligned_split`` (and the
+``patch_kv_cache_coordinator`` it imports), ``patch_balance_schedule`` and
+``patch_mamba_manager`` (``AscendMambaManager``, rebinding vLLM's ``MambaManager`` name). The
+prefill checkpoint block is declared (the lab's ``prefill_checkpoints``, as the plugin's spec
+entry declares it on the NPU). Three requests share a prefix of whole blocks ``S`` (the
+junction): the first is cold, the second's attention hits ``S`` and its GDN state does not
+(``shared_prefix_boundary = S``), the third hits ``S``. Recorded: the junction rule's managers,
+which class carries the plugin's manager wrappers, the split's wrapper chain, each request's
+prefill chunks and the second request's Mamba block columns. ``--junctions off`` keeps the lab's
+default (the rule forced off: vLLM's junction stop), the control.
 """
 
 from __future__ import annotations
@@ -46,11 +59,14 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, required=True)
     ap.add_argument("--policy", default="lean")
     ap.add_argument("--balance", choices=("on", "off"), default="on")
+    ap.add_argument("--mode", choices=("policy", "junction"), default="policy")
+    ap.add_argument("--order", choices=("ascend-first", "registry-first"), default="ascend-first")
+    ap.add_argument("--junctions", choices=("on", "off"), default="on")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     result = {"seed": args.seed, "policy": args.policy, "balance": args.balance, "error": None}
     try:
-        run(args, result)
+        (run_junction if args.mode == "junction" else run)(args, result)
     except BaseException:
         result["error"] = traceback.format_exc()
     Path(args.out).write_text(json.dumps(result, indent=1, default=str))
@@ -155,6 +171,111 @@ def run(args, result) -> None:
     result["splits"] = splits
     result["ascend_split_calls"] = calls["ascend_split"]
     result["balance_scheduler"] = f"{balance_mod.BalanceScheduler.__module__}.BalanceScheduler"
+
+
+def _chain(fn) -> list:
+    """``fn`` and the functions it wraps (``__wrapped__``), outermost first: each one's source
+    file from its package directory on, and for the plugin's its ``make`` (``functools.wraps``
+    copies names and the registry's mark to a wrapper, not the code)."""
+    out = []
+    while fn is not None:
+        code = fn.__code__
+        path = Path(code.co_filename).as_posix()
+        tail = path[max(path.rfind(p) for p in ("/vllm/", "/vllm_ascend/", "/vllm_hybrid_npu/")) + 1:]
+        out.append(tail + (f":{code.co_qualname.split('.<locals>')[0]}" if "vllm_hybrid_npu" in tail else ""))
+        fn = getattr(fn, "__wrapped__", None)
+    return out
+
+
+def run_junction(args, result) -> None:
+    sys.path.insert(0, str(REPO))
+    root = upstream.vllm_ascend_src(ASCEND)
+    ascend_env.setup(str(root), "A2")
+    import importlib
+    import types
+
+    plat = "vllm_ascend.patch.platform"
+    mod = types.ModuleType(plat)
+    mod.__path__ = [str(root / "vllm_ascend/patch/platform")]
+    sys.modules[plat] = mod
+    from vllm_hybrid_npu import patches
+    from vllm_hybrid_npu.support import Stack
+
+    def ascend_patches():  # in vllm_ascend/patch/platform/__init__.py's order
+        for name in ("patch_mamba_block_aligned_split", "patch_mamba_manager", "patch_balance_schedule"):
+            importlib.import_module(f"{plat}.{name}")
+
+    stack = Stack(target="npu", vllm="0.30.0", vllm_ascend=ASCEND)
+    if args.order == "ascend-first":
+        ascend_patches()
+        report = patches.apply_patches("npu", stack)
+    else:
+        report = patches.apply_patches("npu", stack)
+        ascend_patches()
+    result["failed"] = dict(report.failed)
+    result["applied"] = list(report.applied)
+    import vllm.v1.core.sched.scheduler as sched_mod
+    import vllm.v1.core.single_type_kv_cache_manager as stm
+    from vllm.v1.core.sched.scheduler import Scheduler as bound  # vllm-ascend's BalanceScheduler
+
+    from vllm_hybrid_npu.patches import gdn_junction
+    from vllm_hybrid_npu.patches.registry import is_ours
+
+    ascend_manager = stm.MambaManager  # AscendMambaManager (the module's name rebound)
+    vllm_manager = ascend_manager.__mro__[1]
+    result["managers_classes"] = [f"{c.__module__}.{c.__qualname__}" for c in (ascend_manager, vllm_manager)]
+    result["wrapped_by"] = {
+        attr: [c.__qualname__ for c in (ascend_manager, vllm_manager) if is_ours(vars(c).get(attr))]
+        for attr in ("get_num_blocks_to_allocate", "allocate_new_blocks")}
+    result["split_chain"] = _chain(sched_mod.Scheduler._mamba_block_aligned_split)
+
+    from vllm_hybrid_npu_lab.model import build_setup
+    from vllm_hybrid_npu_lab.presets import TINY_HYBRID
+    from vllm_hybrid_npu_lab.replay import replay
+    from vllm_hybrid_npu_lab.trace import TraceRequest
+
+    rng = random.Random(args.seed)
+    shared = rng.randint(1, 3)  # trace blocks of 512 tokens: the junction S = 512 * shared
+    setup = build_setup(TINY_HYBRID, kv_cache_bytes=64 << 20, max_model_len=8192, block_size=256,
+                        max_num_batched_tokens=8192, prefill_checkpoints=True)
+    bs = setup.block_size
+    rows = []
+    for i in range(3):  # each prompt's checkpoint (its last boundary) one block past S
+        n = shared * 512 + bs + rng.randint(1, bs - 1)
+        rows.append((n, rng.randint(1, 4), list(range(1, shared + 1)) + [100 + i]))
+    result["rows"], result["junction"], result["block_size"] = rows, shared * 512, bs
+    reqs = [TraceRequest(10_000.0 * i, n, out, tuple(h)) for i, (n, out, h) in enumerate(rows)]
+    chunks: dict[str, list] = {}
+    columns: dict[str, list] = {}
+
+    class Recording(setup.vllm_config.scheduler_config.get_scheduler_cls()):
+        def schedule(self, *a, **k):
+            if args.junctions == "on" and vars(self).get(gdn_junction.RULE, 0) is None:
+                # the lab forces the rule off (it models vLLM's junction stop); let the runtime's
+                # entries decide, as in an engine
+                del self.__dict__[gdn_junction.RULE]
+                del self.kv_cache_manager.__dict__[gdn_junction.RULE]
+            so = super().schedule(*a, **k)
+            rule = getattr(self, gdn_junction.RULE, None)
+            if rule is not None:
+                result["rule_managers"] = [f"{type(m).__module__}.{type(m).__qualname__}"
+                                           for m in rule.managers]
+            for rid, n in so.num_scheduled_tokens.items():
+                req = self.requests[rid]
+                start = req.num_computed_tokens - n  # schedule() advanced it (_update_after_schedule)
+                if start < req.num_prompt_tokens:
+                    chunks.setdefault(rid, []).append([start, n])
+                    if rid not in columns:
+                        columns[rid] = [
+                            [i for i, blk in enumerate(m.req_to_blocks.get(rid, ())) if not blk.is_null]
+                            for m in self.kv_cache_manager.coordinator.single_type_managers
+                            if gdn_junction.is_mamba_manager(m)]
+            return so
+
+    res = replay(reqs, setup, Recording, carry_outputs=False)
+    result["cached_per_request"] = list(res.cached_per_request)
+    result["chunks"], result["mamba_columns"] = chunks, columns
+    result["scheduler_bound"] = f"{bound.__module__}.{bound.__qualname__}"
 
 
 if __name__ == "__main__":

@@ -8,6 +8,13 @@ and ``AscendGatedDeltaNetAttention._forward_core`` with the plugin's registry ap
 on random batches, with a bf16 and a float32 SSM cache, and compares with vLLM's split (a first
 step stopping at the checkpoint, then the rest).
 
+Junction batches (issue 38): several rows each with one or two shared-prefix junction blocks
+before the prompt's checkpoint (and, at block 128, a row started mid-block crossing a boundary),
+in align-mode block tables with null columns held by vllm-ascend's own ``BlockTable``: the plan
+finds exactly the constructed checkpoints in the table's host copy (no host read of the device
+table), vllm-ascend's op runs once per round (``K + 1`` for ``K`` checkpoints in a row), and the
+exported conv and SSM bytes equal vLLM's ``K + 1``-step split.
+
 Fresh seed per session, printed in every failure; rerun with ``VLLM_HYBRID_NPU_TEST_SEED=<seed>``.
 The vllm-ascend sdist is fetched with pip and cached (``tests/ascend/upstream.py``).
 """
@@ -23,6 +30,7 @@ import pytest
 HERE = Path(__file__).resolve().parent
 from ascend.replay_run import SEED, run_replay  # tests/ascend/replay_run.py
 DRAWS = 2
+JUNCTION_DRAWS = 1  # junction batches per path and SSM cache dtype
 #: the replay's op counter of each vllm-ascend prefill path
 OP = {"chunk": "ascendc_fwd_h", "fused": "fused_cann", "fla-npu": "fla_npu"}
 #: a one-token tail: vllm-ascend's recurrent kernel (the split's decode) against its chunk pipeline
@@ -36,7 +44,8 @@ def replay(paths: str) -> dict:
     if paths not in _results:
         out = Path(os.environ.get("TMPDIR", "/tmp")) / f"vhn-gdn-replay-{os.getpid()}-{paths}.json"
         cmd = [sys.executable, str(HERE / "gdn_replay.py"), "--seed", str(SEED),
-               "--draws", str(DRAWS), "--paths", paths, "--out", str(out)]
+               "--draws", str(DRAWS), "--junction-draws", str(JUNCTION_DRAWS), "--paths", paths,
+               "--out", str(out)]
         _results[paths] = run_replay(cmd, out, timeout=900)
     return _results[paths]
 
@@ -82,6 +91,33 @@ def test_exported_bytes_equal_the_split(path, dtype):
             assert t["state_diff"] <= TAIL_TOL * (1 + t["state_scale"]), (where, t)
         assert d["control_shifted_caught"], where
         assert 0 < d["tail_share"] < 1, where
+
+
+@pytest.mark.parametrize("path", ["chunk", "fused", "fla-npu"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_junction_states_equal_the_split(path, dtype):
+    run = run_of(path)
+    for i, d in enumerate(run["junction_draws"][dtype]):
+        where = (f"seed {SEED}, {path}, SSM cache {dtype}, junction draw {i}: block "
+                 f"{d['block_size']}, rows (context, query) {d['rows']}, cuts {d['constructed']}")
+        # premises (by construction): two rows or more with several checkpoints, null columns
+        # where the builder looks
+        assert sum(len(c) > 1 for c in d["constructed"]) >= 2 and d["null_columns_looked_at"], where
+        # the plan: exactly the constructed (offset, column) per row, from the host copy
+        assert d["planned"] == d["constructed"], where
+        assert d["host_copy"] and d["host_reads"] == [], where
+        assert d["host_read_control"] == ["tolist"], where  # the recorder sees a read
+        # vllm-ascend's op: once without the plan, once per round with it
+        rounds = 1 + max(len(c) for c in d["constructed"])
+        assert d["vllm_ascend_choice"] == [OP[path]], where
+        assert d["kernel_calls"] == [{OP[path]: 1}, {OP[path]: rounds}], where
+        for c in d["checkpoints"]:
+            assert c["block_differed_before"], (where, c)
+            assert c["conv_equal"] and c["ssm_equal"], (where, c)
+        assert len(d["checkpoints"]) == sum(len(c) for c in d["constructed"]), where
+        # no one-token segment by construction: outputs and every cache byte exactly the split's
+        assert d["outputs_equal"] and d["caches_equal"], where
+        assert d["control_caught"], where
 
 
 def test_path_decisions():

@@ -11,6 +11,12 @@ eviction; until 2026-11-25 the runtime's ``VLLM_HYBRID_NPU_CHECKPOINTS=lean``) a
 sharing a random prefix through vLLM's real scheduler and KV-cache manager (the lab's replay).
 Balance scheduling on (vllm-ascend's copied ``schedule()`` runs) and off (``super().schedule``).
 Fresh seed per session, printed on failure (``VLLM_HYBRID_NPU_TEST_SEED`` reruns one).
+
+The junction entries (issue 38, ``sched_replay.py --mode junction``): vllm-ascend's split wrapper,
+``BalanceScheduler`` and ``AscendMambaManager`` with the plugin's ``gdn-junction-*`` entries, in
+both orders (vllm-ascend's patches first, the registry first), and a control with vLLM's junction
+stop: the second request sharing a prefix runs past its junction in one step, the block in the
+junction's column reserved, and the third hits the junction.
 """
 
 from __future__ import annotations
@@ -75,3 +81,63 @@ def test_requests_scheduled_with_the_policy_chunk_ends(composed):
     shared_tokens = [len(h) - 1 for _, _, h in rows][0] * 512
     assert composed["cached_per_request"][0] == 0
     assert composed["cached_per_request"][1] == shared_tokens, (SEED, composed["cached_per_request"])
+
+
+# ------------------------------------------------------------------ junction entries (issue 38)
+@pytest.fixture(scope="module", params=[("ascend-first", "on"), ("registry-first", "on"),
+                                        ("ascend-first", "off")],
+                ids=["ascend-first", "registry-first", "control-stop"])
+def junction(request, tmp_path_factory):
+    """``sched_replay.py --mode junction``: the plugin's junction entries with vllm-ascend's
+    scheduler-side platform patches, in either order; the control keeps vLLM's junction stop."""
+    order, on = request.param
+    out = tmp_path_factory.mktemp("junction") / "r.json"
+    cmd = [sys.executable, str(HERE / "sched_replay.py"), "--seed", str(SEED), "--mode", "junction",
+           "--order", order, "--junctions", on, "--out", str(out)]
+    res = run_replay(cmd, out, timeout=600)
+    res["order"], res["on"] = order, on == "on"
+    return res
+
+
+def test_junction_entries_compose_with_vllm_ascend(junction):
+    assert junction["failed"] == {}
+    for name in ("gdn-junction-split", "gdn-junction-allocate", "gdn-junction-count",
+                 "gdn-junction-blocks", "gdn-checkpoint-mid-block-stop"):
+        assert name in junction["applied"], name
+    ascend, vllm = junction["managers_classes"]
+    assert ascend == "vllm_ascend.patch.platform.patch_mamba_manager.AscendMambaManager"
+    assert vllm == "vllm.v1.core.single_type_kv_cache_manager.MambaManager"
+    # the manager wrappers sit on one class: the one the module's name bound when they applied
+    # (vllm-ascend's subclass after its patch, else vLLM's, under AscendMambaManager's super())
+    owner = "AscendMambaManager" if junction["order"] == "ascend-first" else "MambaManager"
+    assert junction["wrapped_by"] == {"get_num_blocks_to_allocate": [owner],
+                                      "allocate_new_blocks": [owner]}
+    ours = ["vllm_hybrid_npu/patches/gdn_junction.py:_make_split",
+            "vllm_hybrid_npu/patches/gdn_prefill_checkpoint.py:_make_mid_block_stop"]
+    theirs = ["vllm_ascend/patch/platform/patch_mamba_block_aligned_split.py"]
+    chain = ours + theirs if junction["order"] == "ascend-first" else theirs + ours
+    assert junction["split_chain"] == chain + ["vllm/v1/core/sched/scheduler.py"]
+    if junction["on"]:  # the rule took vllm-ascend's managers (an exact type-name match did not)
+        assert junction["rule_managers"] and all(m == ascend for m in junction["rule_managers"])
+    else:
+        assert "rule_managers" not in junction
+
+
+def test_shared_prefix_junction_runs_inside_the_step(junction):
+    bs, junction_at, rows = junction["block_size"], junction["junction"], junction["rows"]
+    where = f"seed {SEED}, {junction['order']}, junctions {'on' if junction['on'] else 'off'}"
+    # premises by construction: the shared prefix ends on the block grid, each prompt one block
+    # and some tokens past it (its checkpoint, the last boundary, is not the junction)
+    assert junction_at % bs == 0 and all(junction_at + bs < n < junction_at + 2 * bs for n, _, _ in rows)
+    chunks, cached = junction["chunks"], junction["cached_per_request"]
+    assert chunks["0"] == [[0, rows[0][0]]], where  # cold: one step (the checkpoint declared)
+    if junction["on"]:
+        # the second sharer runs past the junction in one step, its state's block reserved in
+        # the junction's column (in every GDN group)
+        assert chunks["1"] == [[0, rows[1][0]]], where
+        assert all(junction_at // bs - 1 in cols for cols in junction["mamba_columns"]["1"]), where
+    else:  # vLLM's stop at the junction: one more step
+        assert chunks["1"] == [[0, junction_at], [junction_at, rows[1][0] - junction_at]], where
+    # the third hits the junction's state either way
+    assert cached[1] == 0 and cached[2] == junction_at, (where, cached)
+    assert chunks["2"] == [[junction_at, rows[2][0] - junction_at]], where

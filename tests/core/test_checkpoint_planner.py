@@ -154,6 +154,14 @@ def test_plan_with_a_junction_by_hand():
     assert plan.round_of == (0, 1, 0) and plan.ckpt_seq == (0, 0, 1) and plan.several_per_row
     # the two-call split's view: heads up to each row's first checkpoint
     assert plan.head_spans == ((0, 768), (1500, 1628)) and plan.tail_spans == ((768, 1500), (1628, 1800))
+    # the split in three calls: cu_seqlens 768 + 128, 384 + 172, 348; the rows a checkpoint ends
+    # (A and B after round 0, A after round 1); laid end to end the states are A@768, B@128
+    # (round 0), A@1152 (round 1): checkpoint 1 (A@1152) third, checkpoint 2 (B) second
+    assert [plan.round_bounds(k) for k in range(3)] == [[0, 768, 896], [0, 384, 556], [0, 348]]
+    assert plan.round_index(2) == [*range(1152, 1500)] and plan.round_index(0)[767:769] == [767, 1500]
+    assert [plan.round_rows(k) for k in range(3)] == [[0, 1], [0, 1], [0]]
+    assert plan.carried(0) == [0, 1] and plan.carried(1) == [0] and plan.carried(2) == []
+    assert plan.round_order() == [0, 2, 1]
     with pytest.raises(ValueError, match="repeated"):
         pc.plan_step(qsl, [0, 768, 0], [-1, 1, -1], num_decodes=1, junctions={1: [(768, 1)]})
     # a junction alone (no prompt checkpoint in the row) makes a plan too

@@ -8,6 +8,11 @@ rounded to bf16 and the tail's outputs equal a run of the tail alone from the ro
 vLLM's split computes in its next step). Random batches (rows, lengths, checkpoints; the suffix
 layout and the gathered one), seed printed on failure. The writes are checked on poisoned caches,
 the conv write by both methods (``fused``: our Triton kernel, in the interpreter on CPU).
+
+Rows with several checkpoints (a shared-prefix junction before the prompt's own; issue 38): the
+split runs one call per round (``K + 1`` for ``K`` checkpoints in a row), each round from the
+previous round's checkpoints as read back; compared with the same reference kernel run segment by
+segment, row by row (vLLM's ``K + 1``-step split), exactly, in float64 and in bf16.
 """
 
 from __future__ import annotations
@@ -62,7 +67,7 @@ def _metadata(plan, blocks):
 
 
 def _run(md):
-    bounds = {"head": md.plan.head_bounds, "tail": md.plan.tail_bounds}
+    bounds = {ops.part(k): md.plan.round_bounds(k) for k in range(len(md.plan.rounds))}
     return lambda inputs, state, part: kernel(*inputs, state, bounds[part])
 
 
@@ -189,3 +194,137 @@ def test_fused_metadata_is_one_upload(monkeypatch):
     off_grid = plan_step(qsl, [65, 0, 0, 0], [2, 0, 0, 0], num_decodes=0)
     with pytest.raises(ValueError, match="64-token chunk"):
         ops.build_metadata(off_grid, table, lambda v, d: torch.tensor(v, dtype=d), "fused")
+
+
+# ----------------------------------------------------------------- several checkpoints in a row
+def _several(rng, gen, suffix):
+    """A batch in which some row has two or three checkpoints (by construction: that row has at
+    least 4 tokens and draws 2-3 distinct offsets); with ``suffix`` only the last row has any,
+    else that row is not the last (so its tail ends before the step's last token: not a suffix).
+    The last offset of a row is its prompt checkpoint, the others its junctions (``plan_step``'s
+    ``junctions``); columns distinct. Returns ``(plan, qsl, inputs, cuts)``, ``cuts`` per row its
+    sorted offsets."""
+    rows = rng.randint(1 if suffix else 2, 4)
+    lens = [rng.randint(2, 40) for _ in range(rows)]
+    several = rows - 1 if suffix else rng.randrange(rows - 1)
+    lens[several] = rng.randint(4, 40)
+    cuts = [[] for _ in range(rows)]
+    for r in range(rows):
+        if r == several:
+            cuts[r] = sorted(rng.sample(range(1, lens[r]), rng.randint(2, min(3, lens[r] - 1))))
+        elif not suffix and rng.random() < 0.5:
+            cuts[r] = sorted(rng.sample(range(1, lens[r]), rng.randint(1, min(3, lens[r] - 1))))
+    qsl = [0]
+    for n in lens:
+        qsl.append(qsl[-1] + n)
+    offsets = [c[-1] if c else 0 for c in cuts]
+    cols = [10 * r + len(c) for r, c in enumerate(cuts)]
+    junctions = {r: [(o, 10 * r + j) for j, o in enumerate(c[:-1])] for r, c in enumerate(cuts) if len(c) > 1}
+    plan = plan_step(qsl, offsets, cols, num_decodes=0, junctions=junctions)
+    t = qsl[-1]
+    inputs = (torch.randn(1, t, H, K, generator=gen), torch.randn(1, t, H, K, generator=gen) * 0.3,
+              torch.randn(1, t, H, V, generator=gen), -torch.rand(1, t, H, generator=gen) * 0.2,
+              torch.rand(1, t, H, generator=gen))
+    return plan, qsl, inputs, cuts
+
+
+def _segmented(inputs, state0, qsl, cuts, dtype):
+    """vLLM's split row by row: each segment of a row a kernel call of its own from the state the
+    previous one left, rounded to the cache ``dtype`` (what the next step reads back). Returns o
+    [1, T, H, V], final [N, ...] and per row the rounded states at its cuts."""
+    o = torch.zeros(1, qsl[-1], H, V, dtype=torch.float64)
+    finals, stored = [], []
+    for r, (s, e) in enumerate(zip(qsl, qsl[1:])):
+        state, edges, row = state0[r:r + 1], [0, *cuts[r], e - s], []
+        for a, b in zip(edges, edges[1:]):
+            o_seg, state = kernel(*(x[:, s + a:s + b] for x in inputs), state, [0, b - a])
+            o[:, s + a:s + b] = o_seg
+            if b < e - s:
+                state = state.to(dtype)
+                row.append(state[0])
+        finals.append(state[0])
+        stored.append(row)
+    return o, torch.stack(finals), stored
+
+
+@pytest.mark.parametrize("suffix", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16], ids=["float64", "bf16"])
+def test_rounds_equal_the_split_step_by_step(rng, torch_gen, seed, suffix, dtype):
+    """``K + 1`` rounds: each call's cu_seqlens and initial states those of the round (round
+    ``k + 1`` from round ``k``'s checkpoints as read back), the checkpoints (in ``plan.rows``
+    order) the states vLLM's split stores at each cut, outputs and final states those of its last
+    step; in float64 also those of one unsplit call."""
+    for _ in range(3):
+        plan, qsl, inputs, cuts = _several(rng, torch_gen, suffix)
+        where = f"seed={seed} qsl={qsl} cuts={cuts}"
+        assert plan.several_per_row and plan.tails_are_suffix == suffix, where
+        md = _metadata(plan, 40)
+        state0 = (torch.randn(len(qsl) - 1, H, K, V, generator=torch_gen) * 0.5).to(dtype)
+        calls = []
+
+        def run(xs, state, part):
+            calls.append((part, state.clone()))
+            return _run(md)(xs, state, part)
+
+        o, final, ckpt = ops.run_split(run, md, inputs, state0, dtype)
+        o_ref, final_ref, stored = _segmented(inputs, state0, qsl, cuts, dtype)
+        k_max = max(len(c) for c in cuts)
+        assert [p for p, _ in calls] == [ops.part(k) for k in range(k_max + 1)], where
+        assert ckpt.dtype == dtype and ckpt.shape[0] == sum(len(c) for c in cuts), where
+        # round k's rows and initial states: the rows with at least k cuts, from their k-th state
+        for k, (_, state) in enumerate(calls):
+            rows = [r for r, c in enumerate(cuts) if len(c) >= k]
+            want = state0[rows] if k == 0 else torch.stack([stored[r][k - 1] for r in rows])
+            assert torch.equal(state, want), (where, k)
+            assert md.bounds[ops.part(k)].tolist() == plan.round_bounds(k), where
+        i = 0
+        for r, c in enumerate(cuts):  # plan.rows order: by row, then by offset
+            for j in range(len(c)):
+                assert plan.rows[i] == r and plan.offsets[i] == c[j], where
+                assert torch.equal(ckpt[i], stored[r][j]), (where, r, j)
+                i += 1
+        assert torch.equal(o, o_ref) and torch.equal(final, final_ref), where
+        if dtype == torch.float64:  # the split changes nothing in float64
+            o_one, final_one = kernel(*inputs, state0, qsl)
+            assert torch.equal(o, o_one) and torch.equal(final, final_one), where
+
+
+def test_rounds_write_into_out_without_a_copy(rng, torch_gen, seed):
+    """The suffix layout with ``out``: every round's call gets ``out``'s rows of its slice (a
+    view, in round order, end to end) and ``o`` is ``out`` itself."""
+    plan, qsl, inputs, cuts = _several(rng, torch_gen, suffix=True)
+    md = _metadata(plan, 40)
+    out = torch.empty(1, qsl[-1], H, V, dtype=torch.float64)
+    seen = []
+
+    def run(xs, state, part, o_part):
+        o_k, final_k = _run(md)(xs, state, part)
+        assert o_part.data_ptr() == out[:, sum(n for _, n in seen):].data_ptr(), f"seed={seed}"
+        o_part.copy_(o_k)
+        seen.append((part, o_k.shape[1]))
+        return o_k, final_k
+
+    state0 = torch.randn(len(qsl) - 1, H, K, V, generator=torch_gen, dtype=torch.float64)
+    o, final, _ = ops.run_split(run, md, inputs, state0, torch.float64, out)
+    assert o is out and sum(n for _, n in seen) == qsl[-1] and len(seen) == len(cuts[-1]) + 1
+    o_ref, final_ref = kernel(*inputs, state0, qsl)
+    assert torch.equal(o, o_ref) and torch.equal(final, final_ref), f"seed={seed}"
+
+
+def test_split_metadata_is_one_upload(rng, torch_gen, monkeypatch):
+    """The split's integers (checkpoint fields, per round its cu_seqlens, token indices, carried
+    and continuing rows, the checkpoint order): one int64 upload per step; the cu_seqlens int32
+    on the device, equal to the host copy ``kernel_meta`` gets."""
+    monkeypatch.setattr(ops, "_SHARED", [None, None])
+    for suffix in (True, False):
+        plan, qsl, _, cuts = _several(rng, torch_gen, suffix)
+        uploads, metas = [], []
+        up = lambda v, d: uploads.append(d) or torch.tensor(v, dtype=d)  # noqa: E731
+        md = ops.build_metadata(plan, torch.arange(400, dtype=torch.int32).view(4, 100)[:len(qsl) - 1],
+                                up, "split", lambda h, d: metas.append((h, d)) or len(metas))
+        assert uploads == [torch.int64], (qsl, cuts)
+        assert len(metas) == len(plan.rounds) == max(len(c) for c in cuts) + 1
+        for k, (host, dev) in enumerate(metas):
+            assert host.dtype == dev.dtype == torch.int32 and torch.equal(host, dev)
+            assert md.kernel_meta[ops.part(k)] == k + 1 and md.bounds[ops.part(k)] is dev
+        assert all(v is None for v in md.index.values()) == suffix

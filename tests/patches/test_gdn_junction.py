@@ -278,3 +278,123 @@ def test_mid_block_stop_ends_the_chunk_at_the_boundary():
     assert stop(sched, _request(prompt=2000, computed=1024), 976) == 128
     sched.mamba_has_prefill_checkpoint_blocks = False  # no checkpoint declared: vLLM's stop stands
     assert stop(sched, _request(prompt=2000, computed=1024), 976) == 976
+
+
+def test_worker_reads_the_host_copy_of_a_device_block_table():
+    """vllm-ascend's paths (``host_block_table``): the builder's table is a view of a
+    ``CpuGpuBuffer``'s device tensor; the recorded buffer's host tensor, same view, gives the rows
+    the worker reads: the same blocks as the hand-made host table of the test above. The device
+    side here: a CPU tensor left all null (not committed: reading it would find no block), and a
+    meta tensor (which the host cannot read). A device table with no host copy recorded raises;
+    a host table not recorded is read as is."""
+    import torch
+    from vllm.v1.utils import CpuGpuBuffer
+
+    from vllm_hybrid_npu.patches import gdn_prefill_checkpoint as gpc
+
+    rows = [(1753, 729, 3, [0, 0, 7, 9, 11, 0]), (2000, 976, -1, [0, 0, 4, 0, 8, 10])]
+    seq, qlen, cols = ([r[i] for r in rows] for i in range(3))
+    buffers = [CpuGpuBuffer(8, 6, dtype=torch.int32, device=torch.device(d), pin_memory=False)
+               for d in ("cpu", "meta")]
+    for buf in buffers:
+        buf.np[:2] = [r[3] for r in rows]
+        gpc.remember_host_table(buf)
+        device = buf.gpu[:4]  # BlockTable.get_device_tensor()[:num_reqs_padded]
+        host = gpc.host_block_table(device)
+        assert host.device.type == "cpu" and torch.equal(host, buf.cpu[:4])
+        assert gpc._junctions(device, seq, qlen, cols, 0, B) == {0: [(128, 2)], 1: [(128, 2), (896, 4)]}
+    assert not buffers[0].gpu.any()  # the CPU "device" copy: all null
+    with pytest.raises(RuntimeError, match="no host copy"):  # (meta storages: address 0, 112 B)
+        gpc._junctions(torch.zeros(4, 7, dtype=torch.int32, device="meta"), seq, qlen, cols, 0, B)
+    plain = torch.tensor([r[3] for r in rows], dtype=torch.int32)
+    assert gpc.host_block_table(plain) is plain
+    # a row with nothing to look for reads no table (a decode row, a chunk inside one block)
+    assert gpc._junctions(torch.zeros(2, 6, dtype=torch.int32, device="meta"),
+                          [1000, 1152], [1, 152], [-1, -1], 0, B) == {}
+
+
+def test_junction_paths_by_configuration():
+    """Which exporter paths export junction states (``junctions_off``): the CPU path and
+    vllm-ascend's (``ascend`` in the engine core); on vllm-ascend's not with its V2 model runner,
+    decode context parallel or a KV transfer connector; never CUDA's."""
+    from vllm_hybrid_npu.patches import gdn_prefill_checkpoint as gpc
+
+    def config(v2=False, dcp=1, kv=None):
+        return types.SimpleNamespace(use_v2_model_runner=v2, kv_transfer_config=kv,
+                                     parallel_config=types.SimpleNamespace(decode_context_parallel_size=dcp))
+
+    for path in ("cpu", "ascend", "ascend-fla-npu", "ascend-fused", "ascend-chunk"):
+        assert gpc.junctions_off(config(), path) is None, path
+    for path in ("triton", None):
+        assert "one checkpoint per row" in gpc.junctions_off(config(), path)
+    for path in ("ascend", "ascend-chunk"):
+        assert "V2 model runner" in gpc.junctions_off(config(v2=True), path)
+        assert "decode context parallel" in gpc.junctions_off(config(dcp=2), path)
+        assert "KV transfer" in gpc.junctions_off(config(kv=object()), path)
+    assert gpc.junctions_off(config(v2=True, dcp=2, kv=object()), "cpu") is None  # CPU: unchanged
+
+
+def test_rule_takes_mamba_manager_subclasses(monkeypatch):
+    """``_rule`` hands the rule to vLLM's ``MambaManager`` and its subclasses (vllm-ascend's
+    ``AscendMambaManager``, whose module rebinds the name) in align mode with checkpoint blocks;
+    not to another class named ``MambaManager``, nor to one outside align mode."""
+    from vllm.v1.core.single_type_kv_cache_manager import MambaManager
+
+    from vllm_hybrid_npu.support import Stack
+
+    monkeypatch.delenv("VLLM_HYBRID_NPU_PREFILL_CHECKPOINTS", raising=False)
+
+    class AscendMambaManager(MambaManager):  # as vllm_ascend/patch/platform/patch_mamba_manager.py
+        pass
+
+    impostor = type("MambaManager", (), {"__module__": "elsewhere"})
+
+    def manager(cls, mode="align"):
+        m = object.__new__(cls)
+        m.mamba_cache_mode, m.has_prefill_checkpoint_blocks = mode, True
+        return m
+
+    ours, vllms, other, no_align = (manager(AscendMambaManager), manager(MambaManager),
+                                    manager(impostor), manager(AscendMambaManager, "all"))
+    hf = types.SimpleNamespace(architectures=["Qwen3NextForCausalLM"])
+    config = types.SimpleNamespace(
+        cache_config=types.SimpleNamespace(enable_prefix_caching=True, mamba_cache_mode="align"),
+        model_config=types.SimpleNamespace(hf_config=hf, dtype="torch.bfloat16"),
+        speculative_config=None)
+    coordinator = types.SimpleNamespace(single_type_managers=[other, ours, no_align, vllms])
+    sched = types.SimpleNamespace(
+        kv_cache_manager=types.SimpleNamespace(coordinator=coordinator), vllm_config=config,
+        mamba_has_prefill_checkpoint_blocks=True, use_eagle_block_drop=False,
+        mamba_fine_grained_prefix_cache=False, cache_config=types.SimpleNamespace(block_size=B),
+        hash_block_size=B, mamba_prefill_checkpoint_alignment=64)
+    rule = mod._rule(sched, Stack("cpu", "0.30.0"))
+    assert rule is not None and rule.managers == (ours, vllms)
+    assert mod.is_mamba_manager(ours) and not mod.is_mamba_manager(other)
+
+
+def test_mid_block_stop_stands_aside_where_the_step_writes_the_boundary(monkeypatch):
+    """On vllm-ascend's paths (``junctions_off`` None) the step writes the state at the boundary
+    a mid-block chunk crosses (the initial state's block, ``_junctions``), so the stop returns
+    upstream's chunk, as on the CPU path (which has no stop); decided once per scheduler. With a
+    KV connector (junctions off there) or on CUDA's path it stops at the boundary."""
+    from vllm_hybrid_npu.patches import gdn_prefill_checkpoint as gpc
+    from vllm_hybrid_npu.support import Stack
+
+    path = {"npu": "ascend-chunk", "cuda": "triton"}
+    monkeypatch.setattr(gpc, "exporter_path", lambda config, target: (path[target], ""))
+
+    def scheduler(kv=None):
+        return types.SimpleNamespace(cache_config=types.SimpleNamespace(block_size=B),
+                                     vllm_config=types.SimpleNamespace(kv_transfer_config=kv),
+                                     mamba_has_prefill_checkpoint_blocks=True)
+
+    def stop(target):
+        return gpc._make_mid_block_stop(lambda self, request, n, local=0, external=0: n,
+                                        Stack(target, "0.30.0", "0.30.0rc2" if target == "npu" else None))
+
+    sched = scheduler()
+    assert stop("npu")(sched, _request(prompt=2000, computed=1024), 976) == 976
+    assert vars(sched)[gpc.CROSSING_WRITTEN] is True
+    kv = types.SimpleNamespace(is_kv_consumer=False)
+    assert stop("npu")(scheduler(kv), _request(prompt=2000, computed=1024), 976) == 128
+    assert stop("cuda")(scheduler(), _request(prompt=2000, computed=1024), 976) == 128

@@ -227,6 +227,40 @@ class StepPlan:
         return [t for s, e in (self.head_spans if part == "head" else self.tail_spans)
                 for t in range(s, e)]
 
+    # the split in rounds (len(rounds) kernel calls; two where no row has several checkpoints)
+    def round_bounds(self, k: int) -> list[int]:
+        """cu_seqlens (tokens, [rows of round ``k`` + 1]) of round ``k``'s kernel call; round 0's
+        are ``head_bounds``, round 1's ``tail_bounds`` where no row has several checkpoints."""
+        out = [0]
+        for _, s, e in self.rounds[k]:
+            out.append(out[-1] + e - s)
+        return out
+
+    def round_index(self, k: int) -> list[int]:
+        """Prefill-relative token indices of round ``k``'s call, in call order."""
+        return [t for _, s, e in self.rounds[k] for t in range(s, e)]
+
+    def round_rows(self, k: int) -> list[int]:
+        """Round ``k``'s rows (indices among the prefill rows), in call order."""
+        return [q for q, _, _ in self.rounds[k]]
+
+    def carried(self, k: int) -> list[int]:
+        """Positions among round ``k``'s rows of the rows a checkpoint ends there (``round_of
+        == k``): their running states are round ``k + 1``'s initial states, in its row order."""
+        after = set(self.round_rows(k + 1)) if k + 1 < len(self.rounds) else set()
+        return [i for i, q in enumerate(self.round_rows(k)) if q in after]
+
+    def round_order(self) -> list[int]:
+        """Per checkpoint (``rows`` order) its position among the checkpoint states of all
+        rounds laid end to end (round 0's, then round 1's, ...: each in row order)."""
+        firsts, pos = [0], [0] * len(self.rows)
+        for k in range(len(self.rounds) - 1):
+            firsts.append(firsts[-1] + self.round_of.count(k))
+        seen = [0] * len(self.rounds)
+        for i, k in enumerate(self.round_of):
+            pos[i], seen[k] = firsts[k] + seen[k], seen[k] + 1
+        return pos
+
 
 def plan_step(query_start_loc: Sequence[int], offsets: Sequence[int], cols: Sequence[int],
               num_decodes: int, chunk: int = ALIGNMENT,

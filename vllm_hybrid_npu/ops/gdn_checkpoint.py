@@ -16,7 +16,9 @@ writes the SSM states by one of two methods:
   in one kernel call, the tails in a second from the heads' final states; the checkpoint is the
   head's final state in the cache dtype (the bytes vLLM's split stores) and the tails start from
   what the split's next step reads back. Exact in every cache dtype; for kernels that return only
-  final states.
+  final states. A row with several checkpoints (a shared-prefix junction before the prompt's own,
+  :attr:`StepPlan.rounds`) takes one call per segment: ``K`` checkpoints in a row, ``K + 1``
+  calls ("rounds"), each from the previous round's checkpoint states as read back.
 """
 
 from __future__ import annotations
@@ -39,8 +41,15 @@ PROFILE_RANGE = "vllm_hybrid_npu.export"
 #: ``to_device(values, dtype) -> tensor``: an asynchronous upload from pinned host memory.
 ToDevice = Callable[[list, torch.dtype], torch.Tensor]
 #: ``kernel_meta(bounds_host, bounds_device) -> backend chunk metadata`` of one cu_seqlens
-#: (int32 [k + 1] on the host and on the device), for the split's two calls.
+#: (int32 [k + 1] on the host and on the device), for each of the split's calls.
 KernelMeta = Callable[[torch.Tensor, torch.Tensor], Any]
+
+
+def part(k: int) -> str:
+    """The name of the split's call ``k`` (round ``k`` of :attr:`StepPlan.rounds`): ``"head"``,
+    ``"tail"``, then ``"round2"``, ``"round3"``, ...; the keys of :class:`CheckpointMetadata`'s
+    per-call fields and the ``part`` a kernel wrapper's ``run`` gets."""
+    return ("head", "tail")[k] if k < 2 else f"round{k}"
 
 
 @dataclasses.dataclass
@@ -56,9 +65,15 @@ class CheckpointMetadata:
             among the prefill rows.
         chunk_map: (fused) int64 [plan.num_chunks], per chunk its checkpoint or -1; else None.
         chunk_starts: (fused) int64 [P], each prefill row's first chunk (FLA's chunk_offsets).
-        index, bounds, kernel_meta: (split) per call (``"head"``, ``"tail"``): int64
-            prefill-relative token indices (None when the tails are a suffix: slices then), int32
-            cu_seqlens, the backend's chunk metadata (``kernel_meta`` empty where it needs none).
+        index, bounds, kernel_meta: (split) per call (:func:`part`: ``"head"``, ``"tail"``,
+            ``"round2"``, ...): int64 prefill-relative token indices (None when the tails are a
+            suffix: slices then), int32 cu_seqlens, the backend's chunk metadata (``kernel_meta``
+            empty where it needs none).
+        carry, round_rows: (split) int64, per call but the last: the positions among its rows
+            whose running states are checkpoints (:meth:`StepPlan.carried`), and per call but the
+            first: its rows among the prefill rows (:meth:`StepPlan.round_rows`).
+        order: (split, several checkpoints in a row) int64 [n], :meth:`StepPlan.round_order`;
+            else None.
     """
 
     plan: StepPlan
@@ -74,6 +89,9 @@ class CheckpointMetadata:
     bounds: dict[str, torch.Tensor]
     kernel_meta: dict[str, Any]
     to_device: ToDevice
+    carry: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
+    round_rows: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
+    order: torch.Tensor | None = None
     method: str = "split"
     _memo: dict = dataclasses.field(default_factory=dict, repr=False)
 
@@ -92,12 +110,13 @@ class CheckpointMetadata:
 
 def build_metadata(plan: StepPlan, block_table: torch.Tensor, to_device: ToDevice,
                    method: str = "split", kernel_meta: KernelMeta | None = None) -> CheckpointMetadata:
-    """The device side of ``plan`` for ``method``: its int64 fields in one upload (shared by the
-    step's GDN KV-cache groups: :data:`_SHARED`), the checkpoint blocks gathered on the device from
-    ``block_table`` (int32 [R, columns], the group's); for the split also its calls' bounds and
-    indices and ``kernel_meta``'s chunk metadata (None: the backend needs none). Raises
-    ValueError for a method other than ``split`` or ``fused``, and for a fused checkpoint off the
-    64-token chunk grid."""
+    """The device side of ``plan`` for ``method``: its integer fields in one upload (int64; the
+    split's cu_seqlens cast to int32 on the device; shared by the step's GDN KV-cache groups:
+    :data:`_SHARED`), the checkpoint blocks gathered on the device from ``block_table`` (int32
+    [R, columns], the group's); for the split also, per call (one per :attr:`StepPlan.rounds`),
+    its bounds, indices, carried rows and ``kernel_meta``'s chunk metadata (None: the backend
+    needs none). Raises ValueError for a method other than ``split`` or ``fused``, and for a fused
+    checkpoint off the 64-token chunk grid."""
     if method not in METHODS:
         raise ValueError(f"GDN checkpoint export method {method!r}: expected one of {METHODS}")
     key = (plan, method, str(block_table.device))
@@ -128,20 +147,40 @@ def _upload(plan: StepPlan, method: str, to_device: ToDevice, kernel_meta: Kerne
     if fused and any(off % CHUNK for off in plan.offsets):
         raise ValueError(f"fused GDN checkpoint export: offsets {plan.offsets} are not all at a "
                          f"{CHUNK}-token chunk start (the declared alignment)")
-    fields = (plan.rows, plan.cols, plan.conv_end, plan.chunk_index, plan.ckpt_seq)
-    extra = [*plan.chunk_map(), *plan.chunk_starts] if fused else []
-    buf = to_device([v for f in fields for v in f] + extra, torch.int64)
-    rows, cols, conv_end, chunk_index, ckpt_seq = (buf[i * n:(i + 1) * n] for i in range(len(fields)))
-    bounds = {} if fused else {part: (torch.tensor(v, dtype=torch.int32), to_device(list(v), torch.int32))
-                               for part, v in (("head", plan.head_bounds), ("tail", plan.tail_bounds))}
+    # every integer the step's export reads, in one upload: (field, part) -> values
+    fields: dict[tuple[str, str], list[int]] = {
+        (name, ""): list(getattr(plan, name))
+        for name in ("rows", "cols", "conv_end", "chunk_index", "ckpt_seq")}
+    if fused:
+        fields["chunk_map", ""], fields["chunk_starts", ""] = plan.chunk_map(), list(plan.chunk_starts)
+    else:
+        last = len(plan.rounds) - 1
+        for k in range(last + 1):
+            name = part(k)
+            fields["bounds", name] = plan.round_bounds(k)
+            if not plan.tails_are_suffix:
+                fields["index", name] = plan.round_index(k)
+            if k < last:
+                fields["carry", name] = plan.carried(k)
+            if k:
+                fields["round_rows", name] = plan.round_rows(k)
+        if last > 1:
+            fields["order", ""] = plan.round_order()
+    buf = to_device([v for values in fields.values() for v in values], torch.int64)
+    dev, at = {}, 0
+    for key, values in fields.items():
+        dev[key], at = buf[at:at + len(values)], at + len(values)
+    per_call = {f: {p: t for (g, p), t in dev.items() if g == f}
+                for f in ("bounds", "index", "carry", "round_rows")}
+    bounds = {p: (torch.tensor(fields["bounds", p], dtype=torch.int32), t.to(torch.int32))
+              for p, t in per_call["bounds"].items()}
     return dict(
-        rows=rows, cols=cols, conv_end=conv_end, chunk_index=chunk_index, ckpt_seq=ckpt_seq,
-        chunk_map=buf[len(fields) * n:][:plan.num_chunks] if fused else None,
-        chunk_starts=buf[len(fields) * n + plan.num_chunks:] if fused else None,
-        index={part: None if plan.tails_are_suffix else to_device(plan.token_index(part), torch.int64)
-               for part in bounds},
-        bounds={part: device for part, (_, device) in bounds.items()},
-        kernel_meta={} if kernel_meta is None else {p: kernel_meta(*b) for p, b in bounds.items()})
+        **{name: dev[name, ""] for name in ("rows", "cols", "conv_end", "chunk_index", "ckpt_seq")},
+        chunk_map=dev.get(("chunk_map", "")), chunk_starts=dev.get(("chunk_starts", "")),
+        index={p: per_call["index"].get(p) for p in bounds},
+        bounds={p: device for p, (_, device) in bounds.items()},
+        kernel_meta={} if kernel_meta is None else {p: kernel_meta(*b) for p, b in bounds.items()},
+        carry=per_call["carry"], round_rows=per_call["round_rows"], order=dev.get(("order", "")))
 
 
 def write_conv(conv_cache: torch.Tensor, mixed_qkv: torch.Tensor, md: CheckpointMetadata,
@@ -165,37 +204,49 @@ def write_conv(conv_cache: torch.Tensor, mixed_qkv: torch.Tensor, md: Checkpoint
 def run_split(run: Callable[..., tuple[torch.Tensor, torch.Tensor]], md: CheckpointMetadata,
               inputs: tuple[torch.Tensor, ...], initial_state: torch.Tensor,
               cache_dtype: torch.dtype, out: torch.Tensor | None = None):
-    """A chunk kernel over the prefill rows, split at the checkpoints: ``run(inputs, initial_state,
-    part) -> (o, final_state)`` is the backend's kernel on ``inputs`` ([1, T, ...]: q, k, v, g,
-    beta) laid out by the cu_seqlens of ``part`` (``"head"`` / ``"tail"``) from ``initial_state``
-    ([P, ...] per prefill row, the kernel's layout and dtype). With ``out`` (a contiguous [1, T,
-    ...] tensor of ``v``'s shape and dtype) and tails that are a suffix, ``run(inputs, state, part,
-    out_part)`` gets ``out``'s rows of that part (a contiguous view) and must write its output there
-    (FLA's ``core_attn_out``): no concatenation copies ``o``. Returns ``o`` [1, T, ...] (``out``
-    where given) and ``final_state`` [P, ...] as one unsplit call returns them, and the checkpoint
-    states [n, ...] (kernel layout) in ``cache_dtype``, the SSM cache's."""
+    """A chunk kernel over the prefill rows, split at the checkpoints: one call per round of
+    ``md.plan.rounds`` (two where no row has several checkpoints; ``K + 1`` for ``K`` in a row).
+    ``run(inputs, initial_state, part) -> (o, final_state)`` is the backend's kernel on ``inputs``
+    ([1, T, ...]: q, k, v, g, beta) laid out by the cu_seqlens of ``part`` (:func:`part`:
+    ``"head"``, ``"tail"``, ``"round2"``, ...) from ``initial_state`` ([rows of that call, ...],
+    the kernel's layout and dtype): round 0 from ``initial_state`` ([P, ...] per prefill row),
+    round ``k + 1`` from the checkpoint states round ``k`` ended in, cast to ``cache_dtype`` and
+    back (what vLLM's split's next step reads back from the SSM cache). With ``out`` (a
+    contiguous [1, T, ...] tensor of ``v``'s shape and dtype) and tails that are a suffix (every
+    round a slice), ``run(inputs, state, part, out_part)`` gets ``out``'s rows of that call (a
+    contiguous view) and must write its output there (FLA's ``core_attn_out``): no concatenation
+    copies ``o``. Returns ``o`` [1, T, ...] (``out`` where given) and ``final_state`` [P, ...] as
+    one unsplit call returns them, and the checkpoint states [n, ...] (kernel layout, ``plan.rows``
+    order) in ``cache_dtype``, the SSM cache's. Mirrors vLLM 0.30's align-mode split (one
+    scheduler step per segment, ``Scheduler._mamba_block_aligned_split``) within one step."""
     plan = md.plan
-    if plan.several_per_row:
-        raise ValueError("the split exports one checkpoint per row; this step plans several in a "
-                         "row (a shared-prefix junction): not on this path")
+    parts = [part(k) for k in range(len(plan.rounds))]
+    if plan.tails_are_suffix:  # only the last prefill row has checkpoints: each round a slice
+        cuts = md.memo("split-cuts", lambda: [0, *(spans[-1][2] for spans in plan.rounds)])
+    state, o_parts, finals, states = initial_state, [], [], []
+    for k, name in enumerate(parts):
+        if plan.tails_are_suffix:
+            a, b = cuts[k], cuts[k + 1]
+            xs = tuple(x[:, a:b] for x in inputs)
+            o_k, final_k = run(xs, state, name) if out is None else run(xs, state, name, out[:, a:b])
+        else:
+            o_k, final_k = run(tuple(x.index_select(1, md.index[name]) for x in inputs), state, name)
+        o_parts.append(o_k)
+        finals.append(final_k)
+        if k + 1 < len(parts):
+            states.append(final_k.index_select(0, md.carry[name]).to(cache_dtype))
+            state = states[-1].to(initial_state.dtype)  # as read back
     if plan.tails_are_suffix:
-        cut = plan.head_bounds[-1]
-        heads, tails = tuple(x[:, :cut] for x in inputs), tuple(x[:, cut:] for x in inputs)
-        parts = () if out is None else (out[:, :cut], out[:, cut:])
+        o = out if out is not None else torch.cat(o_parts, dim=1)
     else:
-        heads = tuple(x.index_select(1, md.index["head"]) for x in inputs)
-        tails = tuple(x.index_select(1, md.index["tail"]) for x in inputs)
-        parts = ()
-    o_head, final = run(heads, initial_state, "head", *parts[:1])
-    ckpt = final.index_select(0, md.ckpt_seq).to(cache_dtype)
-    o_tail, tail_final = run(tails, ckpt.to(initial_state.dtype), "tail", *parts[1:])  # as read back
-    if plan.tails_are_suffix:
-        o = out if parts else torch.cat([o_head, o_tail], dim=1)
-    else:
-        o = o_head.new_empty((o_head.shape[0], plan.num_prefill_tokens, *o_head.shape[2:]))
-        o.index_copy_(1, md.index["head"], o_head)
-        o.index_copy_(1, md.index["tail"], o_tail)
-    return o, final.index_copy(0, md.ckpt_seq, tail_final.to(final.dtype)), ckpt
+        o = o_parts[0].new_empty((o_parts[0].shape[0], plan.num_prefill_tokens, *o_parts[0].shape[2:]))
+        for name, o_k in zip(parts, o_parts):
+            o.index_copy_(1, md.index[name], o_k)
+    final = finals[0]
+    for name, final_k in zip(parts[1:], finals[1:]):  # a row's last round holds its final state
+        final = final.index_copy(0, md.round_rows[name], final_k.to(final.dtype))
+    ckpt = states[0] if len(states) == 1 else torch.cat(states).index_select(0, md.order)
+    return o, final, ckpt
 
 
 @dataclasses.dataclass

@@ -7,7 +7,9 @@ request sharing a system prompt, a document asked a second question), vLLM 0.30 
 (``jf``), so that align mode caches the state at ``jf`` for the next sharer: one more prefill
 step for that request, even where the GDN layers export the prompt's own checkpoint from inside
 the step (:mod:`.gdn_prefill_checkpoint`). Here, where the exporter path can also write the
-junction state (:data:`~.gdn_prefill_checkpoint.JUNCTION_PATHS`: vLLM's CPU GDN function), the
+junction state (:data:`~.gdn_prefill_checkpoint.JUNCTION_PATHS`: vLLM's CPU GDN function,
+vllm-ascend 0.30.0rc2's three GDN prefill paths; :func:`~.gdn_prefill_checkpoint.junctions_off`
+says where not), the
 chunk runs on and the state at ``jf`` goes into a block of its own, in the block-table column
 vLLM's split would have left it in (``jf // block - 1``), so vLLM caches it there under the same
 block hash, retention rule and host-tier offer as the split's step end. One rule decides for all
@@ -21,8 +23,10 @@ block hash, retention rule and host-tier offer as the split's step end. One rule
 * ``MambaManager.get_num_blocks_to_allocate`` / ``allocate_new_blocks`` (``gdn-junction-count``,
   ``gdn-junction-blocks``): one block more, put in the junction's column (vLLM leaves it null);
   vLLM's own ``cache_blocks`` then caches it (the junction is one of its reachable boundaries);
-* the worker's GDN metadata builder finds that block in the host block table and plans a second
-  checkpoint in the row (``core.junction_columns``); vLLM's CPU GDN function runs in one more round.
+* the worker's GDN metadata builder finds that block in the host block table (on vllm-ascend the
+  host copy of its device table, ``gdn_prefill_checkpoint.host_block_table``) and plans a second
+  checkpoint in the row (``core.junction_columns``); vLLM's CPU GDN function, or vllm-ascend's
+  prefill kernel (``ops.run_split``), runs in one more round.
 
 The same entries end a prefill chunk where the token budget ends (issue 38 item 4), where vLLM
 floors a non-final chunk to the block and stops a chunk started mid-block at its next boundary
@@ -35,7 +39,9 @@ next boundary's state (the builder finds it, ``core.junction_columns``) and ``al
 hands the managers the prompt checkpoint or the chunk's last boundary past it
 (:meth:`JunctionRule.crossed`). Only with the prefix-match unit at the block.
 
-Elsewhere (CUDA, the NPU: the block table is device memory; vLLM 0.32 / 0.33, whose managers
+The Mamba managers are vLLM's ``MambaManager`` or a subclass (vllm-ascend's
+``AscendMambaManager``, :func:`is_mamba_manager`). Elsewhere (CUDA: one checkpoint per row in the
+one-pass kernel; vllm-ascend's V2 runner, DCP, a KV connector; vLLM 0.32 / 0.33, whose managers
 reserve checkpoints by other rules; speculative decoding) nothing applies and vLLM stops at the
 junction, as before. A junction the manager cannot place (its column not null) keeps nothing
 there: the chunk already ran past it, so a later sharer hits less, but no block is cached
@@ -60,6 +66,10 @@ RULE = "_vhn_junction_rule"
 #: A Mamba manager's ``{request id: junction position}`` for the allocation in progress.
 HINT = "_vhn_junction"
 VERSIONS = ("0.30.0",)
+#: Where the junction entries apply: vLLM's CPU GDN function and vllm-ascend's GDN paths
+#: (:data:`.gdn_prefill_checkpoint.JUNCTION_PATHS`; each engine decides by :func:`_rule`).
+TARGETS = ("cpu", "npu")
+SINGLE_TYPE = "vllm.v1.core.single_type_kv_cache_manager"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,6 +121,17 @@ class JunctionRule:
                                        self.alignment)
 
 
+def is_mamba_manager(manager: Any) -> bool:
+    """Whether ``manager`` is vLLM 0.30's ``MambaManager``
+    (``vllm/v1/core/single_type_kv_cache_manager.py``) or a subclass of it: vllm-ascend
+    0.30.0rc2's ``AscendMambaManager`` (``patch/platform/patch_mamba_manager.py``, which rebinds
+    the module's ``MambaManager`` to it) keeps its allocation and caching and wraps
+    ``get_num_blocks_to_allocate`` around vLLM's. By the class's module and name along the MRO:
+    the module attribute may name either class, depending on the import order."""
+    return any(c.__name__ == "MambaManager" and c.__module__ == SINGLE_TYPE
+               for c in type(manager).__mro__)
+
+
 def _rule(scheduler: Any, stack: Stack) -> JunctionRule | None:
     """The scheduler's :class:`JunctionRule`, or None where junctions keep vLLM's stop; decided
     once per scheduler and handed to its KV-cache manager (:data:`RULE`)."""
@@ -118,11 +139,12 @@ def _rule(scheduler: Any, stack: Stack) -> JunctionRule | None:
         return getattr(scheduler, RULE)
     rule = None
     managers = tuple(m for m in scheduler.kv_cache_manager.coordinator.single_type_managers
-                     if type(m).__name__ == "MambaManager" and m.mamba_cache_mode == "align"
+                     if is_mamba_manager(m) and m.mamba_cache_mode == "align"
                      and getattr(m, "has_prefill_checkpoint_blocks", False))
     if (managers and scheduler.mamba_has_prefill_checkpoint_blocks
             and not scheduler.use_eagle_block_drop and not scheduler.mamba_fine_grained_prefix_cache
-            and gdn.exporter_path(scheduler.vllm_config, stack.target)[0] in gdn.JUNCTION_PATHS):
+            and gdn.junctions_off(scheduler.vllm_config,
+                                  gdn.exporter_path(scheduler.vllm_config, stack.target)[0]) is None):
         rule = JunctionRule(scheduler.cache_config.block_size, scheduler.hash_block_size,
                             scheduler.mamba_prefill_checkpoint_alignment, False, managers)
         logger.info("vllm-hybrid-npu: shared-prefix junction states exported from inside the step "
@@ -138,7 +160,7 @@ def _rule(scheduler: Any, stack: Stack) -> JunctionRule | None:
 def budget_rule_expected(vllm_config: Any, target: str) -> bool:
     """Whether an engine of ``vllm_config`` on ``target`` will run prefill chunks to the token
     budget's end (:meth:`JunctionRule.budget_end`), read from the configuration before the
-    scheduler exists: the exporter path writes the states there (:data:`gdn.JUNCTION_PATHS`), the
+    scheduler exists: the exporter path writes the states there (:func:`gdn.junctions_off`), the
     split entry is applied or pending (vLLM 0.30), and no ``--prefix-match-unit`` is set (below
     the block its tail stops stay; the block is not known yet). The ``token-budget`` entries
     then leave the budget alone: no chunk ends on the block grid for them to save."""
@@ -146,7 +168,7 @@ def budget_rule_expected(vllm_config: Any, target: str) -> bool:
 
     report = registry.REPORT
     entry = "gdn-junction-split"
-    return (gdn.exporter_path(vllm_config, target)[0] in gdn.JUNCTION_PATHS
+    return (gdn.junctions_off(vllm_config, gdn.exporter_path(vllm_config, target)[0]) is None
             and (entry in report.applied or entry in report.pending)
             and getattr(vllm_config.cache_config, "prefix_match_unit", None) is None)
 
@@ -239,10 +261,9 @@ def _make_blocks(upstream: Any, stack: Stack) -> Any:
     return allocate_new_blocks
 
 
-SINGLE_TYPE = "vllm.v1.core.single_type_kv_cache_manager"
 PATCHES = [
     gdn.entry("gdn-junction-split", "vllm.v1.core.sched.scheduler",
-              "Scheduler._mamba_block_aligned_split", _make_split, ("cpu",),
+              "Scheduler._mamba_block_aligned_split", _make_split, TARGETS,
               "no chunk end at a shared-prefix junction whose state the step exports "
               "(core.junction_checkpoint), nor below the token budget's end at a block boundary "
               "(core.budget_chunk_end)", vllm=VERSIONS,
@@ -250,7 +271,7 @@ PATCHES = [
                          "num_external_computed_tokens"),
               until="vLLM exports junction states inside the step (RFC #52959)"),
     gdn.entry("gdn-junction-allocate", "vllm.v1.core.kv_cache_manager",
-              "KVCacheManager.allocate_slots", _make_allocate, ("cpu",),
+              "KVCacheManager.allocate_slots", _make_allocate, TARGETS,
               "the same rule on each allocation: the align-mode Mamba managers reserve the "
               "junction's block, or the block a chunk started mid-block leaves its last "
               "checkpoint in (core.crossed_checkpoint), for that call", vllm=VERSIONS,
@@ -259,11 +280,11 @@ PATCHES = [
                          "num_external_computed_tokens"),
               until="vLLM exports junction states inside the step (RFC #52959)"),
     gdn.entry("gdn-junction-count", SINGLE_TYPE, "MambaManager.get_num_blocks_to_allocate",
-              _make_count, ("cpu",), "one block more for a reserved junction", vllm=VERSIONS,
+              _make_count, TARGETS, "one block more for a reserved junction", vllm=VERSIONS,
               signature=("self", "request_id"),
               until="vLLM exports junction states inside the step (RFC #52959)"),
     gdn.entry("gdn-junction-blocks", SINGLE_TYPE, "MambaManager.allocate_new_blocks",
-              _make_blocks, ("cpu",), "the junction's block in the column vLLM's split would have "
+              _make_blocks, TARGETS, "the junction's block in the column vLLM's split would have "
               "cached it in (jf // block - 1)", vllm=VERSIONS,
               signature=("self", "request_id"),
               until="vLLM exports junction states inside the step (RFC #52959)"),

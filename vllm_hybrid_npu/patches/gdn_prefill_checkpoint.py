@@ -28,6 +28,7 @@ import itertools
 import logging
 import os
 import sys
+import weakref
 from typing import Any, Callable
 
 import torch
@@ -184,7 +185,7 @@ def build_checkpoints(builder: Any, common: Any, metadata: Any, stack: Stack,
     qsl = common.query_start_loc_cpu[: n + 1].tolist()
     if stack.vllm in VLLM_PLAN:  # request rows 0..n-1; each row's block (gathered) as a column
         planned, path = metadata.checkpoint, exporter_path(config, stack.target)[0]
-        crossing = path in JUNCTION_PATHS and common.seq_lens_cpu_upper_bound is not None
+        crossing = junctions_off(config, path) is None and common.seq_lens_cpu_upper_bound is not None
         if path is None or (planned is None and not crossing):
             return None
         offsets, cols = (planned.offsets, [0] * n) if planned else ([0] * n, [0] * n)
@@ -216,7 +217,7 @@ def build_checkpoints(builder: Any, common: Any, metadata: Any, stack: Stack,
             drop_eagle_block=bool(spec_config is not None and spec_config.use_eagle_block_drop()),
             position_fn=kv.get_mamba_prefill_checkpoint_position,
             valid_fn=kv.is_mamba_prefill_checkpoint_valid)
-        if (path := exporter_path(config, stack.target)[0]) in JUNCTION_PATHS:
+        if junctions_off(config, path := exporter_path(config, stack.target)[0]) is None:
             junctions = _junctions(table, seq_lens, qlens, cols, metadata.num_decodes, spec.block_size)
     if (plan := core.plan_step(qsl, offsets, cols, metadata.num_decodes, junctions=junctions)) is None:
         return None
@@ -225,15 +226,88 @@ def build_checkpoints(builder: Any, common: Any, metadata: Any, stack: Stack,
                               kernel_meta(builder, table.device) if method == "split" else None)
 
 
-#: Exporter paths that export shared-prefix junction states (:mod:`.gdn_junction`): the block
-#: table is host memory there, so the builder finds the junction blocks without a device read.
-JUNCTION_PATHS = ("cpu",)
+#: Exporter paths that export shared-prefix junction states and crossed block boundaries
+#: (:mod:`.gdn_junction`, several checkpoints in a row): vLLM's CPU GDN function (one call per
+#: round, the block table host memory) and vllm-ascend 0.30.0rc2's three prefill paths
+#: (``ops.run_split`` in rounds; the builder reads the host copy of the device block table,
+#: :func:`host_block_table`); ``ascend`` is their name before the worker knows which (the
+#: engine-core process). :func:`junctions_off` lists the configurations they leave out.
+JUNCTION_PATHS = ("cpu", "ascend", "ascend-fla-npu", "ascend-fused", "ascend-chunk")
+
+
+def junctions_off(vllm_config: Any, path: str | None) -> str | None:
+    """Why the exporter ``path`` (:func:`exporter_path`'s) of the engine of ``vllm_config``
+    exports no shared-prefix junction state or crossed block boundary (a str), or None where it
+    does. Read from the configuration alone, so the scheduler's entries (:mod:`.gdn_junction`,
+    the mid-block stop) and the worker's builder (:func:`build_checkpoints`) decide alike. Off:
+    paths outside :data:`JUNCTION_PATHS` (CUDA's one-pass kernel writes one checkpoint per row
+    and its block table is device memory), and on vllm-ascend's paths, which read the host copy
+    of the block table that vllm-ascend 0.30.0rc2's V1 ``BlockTable`` keeps: its V2 model runner
+    (``vllm_ascend/worker/v2``, other block tables, not recorded), decode context parallel (the
+    DCP table holds rows per rank and draft token; ``AscendMambaManager`` looks hits up at rank
+    size 1: not read here) and a KV transfer connector (``AscendMambaManager`` counts a block more
+    for a synchronous external hit and vllm-ascend keeps a KV consumer's chunk whole,
+    ``patch_mamba_block_aligned_split``: neither composed with the junction block here)."""
+    if path not in JUNCTION_PATHS:
+        return f"exporter path {path}: one checkpoint per row"
+    if not path.startswith("ascend"):
+        return None
+    if getattr(vllm_config, "use_v2_model_runner", False):
+        return "vllm-ascend's V2 model runner (its block tables are not the host-mirrored V1 BlockTable)"
+    parallel = getattr(vllm_config, "parallel_config", None)
+    if (getattr(parallel, "decode_context_parallel_size", 1) or 1) > 1:
+        return "decode context parallel (the DCP block table is not read here)"
+    if getattr(vllm_config, "kv_transfer_config", None) is not None:
+        return "a KV transfer connector (vllm-ascend's external-hit block and KV-consumer window)"
+    return None
+
+
+#: The host copies of device block tables: the device storage (address, bytes) -> vLLM's
+#: ``CpuGpuBuffer`` (``vllm/v1/utils.py``: ``.cpu`` host, ``.gpu`` device, one shape and dtype),
+#: recorded by :func:`remember_host_table` (vllm-ascend's ``BlockTable.__init__`` entry).
+_HOST_TABLES: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+
+def _storage_key(tensor: Any) -> tuple[int, int]:
+    storage = tensor.untyped_storage()  # no device access: the allocation's address and size
+    return storage.data_ptr(), storage.nbytes()
+
+
+def remember_host_table(buffer: Any) -> None:
+    """Record ``buffer`` (a ``CpuGpuBuffer``, vLLM 0.30's ``vllm/v1/utils.py``; vllm-ascend
+    0.30.0rc2's ``BlockTable.block_table`` and vLLM's own ``BlockTable.block_table`` are one) so
+    :func:`host_block_table` finds its host tensor from a view of its device tensor. Weak: a
+    dropped buffer is forgotten."""
+    _HOST_TABLES[_storage_key(buffer.gpu)] = buffer
+
+
+def host_block_table(table: Any) -> Any:
+    """The host copy of ``table`` (a block table on the device, int32 [R, columns], a view of a
+    recorded ``CpuGpuBuffer``'s ``.gpu``, as ``CommonAttentionMetadata.block_table_tensor`` is:
+    ``BlockTable.get_device_tensor()[:num_reqs_padded]``): the same view of its ``.cpu``, which
+    the model runner copied to the device this step (``commit_block_table``), so no device read
+    and no host sync. A host ``table`` not recorded is itself. Raises RuntimeError for a device
+    table whose host copy is not recorded (a runner other than vllm-ascend's V1, or the
+    ``gdn-checkpoint-ascend-host-table`` entry not applied)."""
+    key = _storage_key(table)
+    buf = _HOST_TABLES.get(key)
+    if (buf is not None and _storage_key(buf.gpu) == key and buf.cpu.dtype == table.dtype and buf.cpu.shape == buf.gpu.shape
+            and buf.cpu.stride() == buf.gpu.stride()):
+        return buf.cpu.as_strided(table.size(), table.stride(), table.storage_offset())
+    if table.device.type == "cpu":
+        return table
+    raise RuntimeError(
+        f"vllm-hybrid-npu GDN prefill checkpoints: no host copy recorded for the {table.device} "
+        f"block table (shape {tuple(table.shape)}): the shared-prefix junction columns cannot be "
+        f"found without a device read (the gdn-checkpoint-ascend-host-table entry records "
+        f"vllm-ascend's V1 BlockTable); set {ENV_VAR}=off")
 
 
 def _junctions(table: Any, seq_lens: list, qlens: list, cols: list, num_decodes: int,
                block: int) -> dict[int, list[tuple[int, int]]]:
     """Per prefill row the checkpoints inside the row the KV-cache manager keeps a block for
-    (:func:`core.junction_columns` on the row of ``table``, a host tensor [R, columns]): shared-
+    (:func:`core.junction_columns` on the row of ``table``, int32 [R, columns], read on the host:
+    :func:`host_block_table`; RuntimeError where a device table has no host copy): shared-
     prefix junctions, and the block boundary a row started mid-block crosses, whose state goes
     to the initial state's block (column ``start // block``). Mid-block rows cross a boundary in
     two cases: :mod:`.gdn_junction`'s budget rule, and vLLM's own chunk from a start on a finer
@@ -245,12 +319,13 @@ def _junctions(table: Any, seq_lens: list, qlens: list, cols: list, num_decodes:
     must hold the boundary's state, not the hit's. Every other mid-block chunk of vLLM ends at or
     before its next boundary and finds none. Paths without this write stop such chunks at the
     boundary instead (``gdn-checkpoint-mid-block-stop``)."""
-    out = {}
+    out, host = {}, None
     for r in range(num_decodes, len(qlens)):
         start = seq_lens[r] - qlens[r]
         limit = cols[r] if cols[r] >= 0 else -(-seq_lens[r] // block) - 1
         if qlens[r] > 1 and limit > start // block:
-            if found := core.junction_columns(start, seq_lens[r], block, cols[r], table[r, :limit].tolist()):
+            host = host_block_table(table) if host is None else host
+            if found := core.junction_columns(start, seq_lens[r], block, cols[r], host[r, :limit].tolist()):
                 out[r] = found
     return out
 
@@ -520,6 +595,11 @@ def _make_retention(upstream: Any, stack: Stack) -> Any:
     return _cache_partial_tail_block
 
 
+#: A scheduler's flag: its engine's exporter path writes the state at the block boundary a chunk
+#: started mid-block crosses (:func:`junctions_off`), so the mid-block stop stands aside.
+CROSSING_WRITTEN = "_vhn_crossing_written"
+
+
 def _make_mid_block_stop(upstream: Any, stack: Stack) -> Any:
     @functools.wraps(upstream)
     def _mamba_block_aligned_split(self, request, num_new_tokens, num_new_local_computed_tokens=0,
@@ -531,6 +611,11 @@ def _make_mid_block_stop(upstream: Any, stack: Stack) -> Any:
         # scheduler's own flag, not the GDN backend, which this process may not have resolved
         if not getattr(self, "mamba_has_prefill_checkpoint_blocks", False):
             return n
+        if (writes := vars(self).get(CROSSING_WRITTEN)) is None:  # decided once per scheduler
+            writes = vars(self)[CROSSING_WRITTEN] = stack.target == "npu" and junctions_off(
+                self.vllm_config, exporter_path(self.vllm_config, "npu")[0]) is None
+        if writes:
+            return n  # the step writes the crossed boundary's state (_junctions), as on CPU
         start = request.num_computed_tokens + num_new_local_computed_tokens + num_external_computed_tokens
         kv = getattr(self.vllm_config, "kv_transfer_config", None)
         if stack.target == "npu" and start > 0 and kv is not None and kv.is_kv_consumer:
@@ -602,7 +687,8 @@ PATCHES = [
           "next block boundary where a prefill checkpoint is declared (core.mid_block_chunk): "
           "vLLM lifts that stop under an internal checkpoint and caches the initial state's "
           "block at the boundary with the state at the chunk's start; the exporters here write "
-          "one checkpoint per row",
+          "one checkpoint per row (it stands aside on vllm-ascend's paths where they write the "
+          "crossed boundary's state: junctions_off)",
           signature=("self", "request", "num_new_tokens", "num_new_local_computed_tokens",
                      "num_external_computed_tokens"),
           until="the one-pass kernel writes several checkpoints per row (issue 38 item 2)"),
