@@ -14,12 +14,13 @@ checkpoint at retention interval 0). The lab takes that entry from the runtime's
 replay scheduler's own Mamba managers only (bound on the instances), so other replays in the same
 process keep vLLM's unpatched class. The lab imports the runtime; the runtime never imports the lab.
 
-The lab models the exporter of CUDA and the NPU (:mod:`.replay` keeps vLLM's junction stop, which
-the runtime lifts on the CPU path only), so it also takes the runtime's
-``gdn-checkpoint-mid-block-stop`` entry (targets ``cuda`` and ``npu``): a chunk started inside a
-block (after a hit finer than the block, ``--prefix-match-unit``) ends at the next block boundary,
-as vLLM's own split does without a prefill checkpoint, because those exporters write one
-checkpoint per row. Bound on the replay scheduler instance, like the retention fix.
+The lab models CUDA's exporter (:mod:`.replay` keeps vLLM's junction stop, which the runtime lifts
+on the CPU path and, since 2026-11-28, on vllm-ascend's paths, replayed on CPU only; the lab does
+not model those yet), so it also takes the runtime's ``gdn-checkpoint-mid-block-stop`` entry: a
+chunk started inside a block (after a hit finer than the block, ``--prefix-match-unit``) ends at
+the next block boundary, as vLLM's own split does without a prefill checkpoint, because CUDA's
+one-pass export writes one checkpoint per row. Bound on the replay scheduler instance, like the
+retention fix.
 """
 
 from __future__ import annotations
@@ -85,8 +86,8 @@ def apply_retention_fix(scheduler: Any) -> int:
 def apply_mid_block_stop(scheduler: Any) -> bool:
     """Bind the runtime's ``gdn-checkpoint-mid-block-stop`` replacement of
     ``Scheduler._mamba_block_aligned_split`` (vLLM 0.30-0.33) on ``scheduler``, as the runtime
-    applies it on CUDA (its stack's target; the NPU's differs only for a KV consumer, which the
-    lab does not replay).
+    applies it on CUDA (its stack's target; on the NPU it stands aside where vllm-ascend's paths
+    write the crossed boundary, and a KV consumer's chunk stays whole, neither replayed here).
 
     Returns True when bound; False when the installed vLLM is outside the entry's versions or
     the runtime applied this entry process-wide (``registry.REPORT.applied``). Another runtime

@@ -219,8 +219,9 @@ def replay(
         log_stats=False,
     )
     # the runtime's junction entries (vllm_hybrid_npu.patches.gdn_junction) export a shared-prefix
-    # junction's state on the CPU path only; the lab models the paths without them (CUDA, the NPU),
-    # also in a process where the runtime's registry is applied: vLLM's junction stop stays
+    # junction's state on the CPU path and vllm-ascend's paths; the lab models the path without
+    # them (CUDA's one-pass export), also in a process where the runtime's registry is applied:
+    # vLLM's junction stop stays
     from vllm_hybrid_npu.patches.gdn_junction import RULE
 
     setattr(sched, RULE, None)
