@@ -73,16 +73,24 @@ def main(argv=None) -> int:
     return 0
 
 
-def run(args, result) -> None:
+def _platform_package() -> str:
+    """Load vllm-ascend's sdist with the stubs (A2) and make its ``patch.platform`` package
+    importable module by module (without its ``__init__``, which applies them all); returns the
+    package name."""
+    import types
+
     sys.path.insert(0, str(REPO))
     root = upstream.vllm_ascend_src(ASCEND)
     ascend_env.setup(str(root), "A2")
-    import types
-
     plat = "vllm_ascend.patch.platform"
     mod = types.ModuleType(plat)
     mod.__path__ = [str(root / "vllm_ascend/patch/platform")]
     sys.modules[plat] = mod
+    return plat
+
+
+def run(args, result) -> None:
+    plat = _platform_package()
     import importlib
 
     split_mod = importlib.import_module(plat + ".patch_mamba_block_aligned_split")
@@ -188,16 +196,8 @@ def _chain(fn) -> list:
 
 
 def run_junction(args, result) -> None:
-    sys.path.insert(0, str(REPO))
-    root = upstream.vllm_ascend_src(ASCEND)
-    ascend_env.setup(str(root), "A2")
+    plat = _platform_package()
     import importlib
-    import types
-
-    plat = "vllm_ascend.patch.platform"
-    mod = types.ModuleType(plat)
-    mod.__path__ = [str(root / "vllm_ascend/patch/platform")]
-    sys.modules[plat] = mod
     from vllm_hybrid_npu import patches
     from vllm_hybrid_npu.support import Stack
 
