@@ -58,8 +58,8 @@ def test_plan_of_a_mixed_batch_by_hand():
     assert plan.tail_spans == ((328, 500), (564, 600)) and plan.tail_bounds == (0, 172, 208)
     assert plan.ckpt_seq == (1, 2)
     assert not plan.tails_are_suffix
-    assert plan.token_index("head") == [*range(0, 328), *range(500, 564)]
-    assert plan.token_index("tail") == [*range(328, 500), *range(564, 600)]
+    assert plan.round_index(0) == [*range(0, 328), *range(500, 564)]
+    assert plan.round_index(1) == [*range(328, 500), *range(564, 600)]
 
 
 def test_plan_with_one_tail_at_the_end_is_a_suffix():

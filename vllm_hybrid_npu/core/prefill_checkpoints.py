@@ -222,11 +222,6 @@ class StepPlan:
             out[chunk] = i
         return out
 
-    def token_index(self, part: str) -> list[int]:
-        """Prefill-relative token indices of the ``"head"`` or ``"tail"`` call, in call order."""
-        return [t for s, e in (self.head_spans if part == "head" else self.tail_spans)
-                for t in range(s, e)]
-
     # the split in rounds (len(rounds) kernel calls; two where no row has several checkpoints)
     def round_bounds(self, k: int) -> list[int]:
         """cu_seqlens (tokens, [rows of round ``k`` + 1]) of round ``k``'s kernel call; round 0's
