@@ -1,0 +1,232 @@
+"""Our chunk-state kernel against vLLM's FLA state kernel, launch configuration by configuration, on a GPU.
+
+``python -m benchmarks.gdn_chunk_states [--lengths 8192 32768] [--reps 15] [--first ours|vllm]
+[--block 1088] [--call N] [--json FILE] [--device cuda|cpu]``
+
+Why: in issue 37's H200 session (docs/notes/issue37-h200-2026-11-28c/) the exporter's step
+profile had our chunk-state kernel (:func:`vllm_hybrid_npu.ops._triton_gdn.chunk_states`) at
+307 us a call against vLLM's ``chunk_gated_delta_rule_fwd_kernel_h_blockdim64`` at 169 us in
+caching off's process, and vLLM's own ``merge_16x16_to_64x64_inverse_kernel`` slower in the
+exporter's process too: our kernel, or the launch configuration each process's autotuner picked?
+vLLM's autotuner keys that kernel on ``(H, K, V, BT)``, not the length, and our kernel takes the
+configuration it picked (``fla_h_config``, for bit-equal states), so the two questions are
+separated here, in one process:
+
+* ``config`` rows: for every configuration of vLLM's autotuning space (``BV`` 32 / 64, 2 / 4
+  warps, its stages), vLLM's kernel launched directly with it (its ``JITFunction``, the
+  heuristics' values passed as vLLM's wrapper would) and ours with the same, once without a
+  checkpoint (``chunk_map`` all -1) and once with the cold prompt's checkpoint at its last block
+  boundary (``(T - 1) // block * block``, one block of a float32 SSM cache);
+* ``autotuned`` rows: the calls a serving step makes: vLLM's ``chunk_gated_delta_rule_fwd_h``
+  (its autotuner's pick) against our ``chunk_states`` with ``fla_h_config``'s mirror of it.
+
+Shapes: one cold row of ``T`` tokens at Qwen3.5-35B-A3B's GDN width at tp 1 (32 value heads, 16
+key heads, head dims 128), bf16 inputs, a float32 initial state, final state stored, as vLLM's
+GDN layer calls it. GPU time per call: CUDA events around the one launch (microseconds); host
+time: the Python call's wall time with an idle stream (microseconds, launch and allocation).
+Each round launches every variant once, rotated so that each comes first equally often
+(``--first`` picks who starts round 0: alternate it across calls); medians over ``--reps``
+rounds, and ``ours / vllm`` ratios of the same run. Prints a table, writes ``--json``.
+
+``--device cpu`` is a dry run of the same calls in Triton's interpreter (``TRITON_INTERPRET=1``,
+short lengths: its times say nothing). Raises SystemExit without the device or without vLLM's FLA
+module (vLLM 0.30's layout).
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import statistics
+import sys
+import time
+
+HEADS, KEY_HEADS, DIM, CHUNK = 32, 16, 128, 64
+
+
+def _jit(kernel):
+    """The ``JITFunction`` under vLLM's ``heuristics(autotune(jit))`` decorators (an
+    ``InterpretedFunction`` under ``TRITON_INTERPRET=1``)."""
+    from triton.runtime.autotuner import Autotuner, Heuristics
+
+    while isinstance(kernel, (Autotuner, Heuristics)):
+        kernel = kernel.fn
+    return kernel
+
+
+def _inputs(t: int, seed: int, dev: str):
+    import torch
+
+    from vllm.third_party.flash_linear_attention.ops import index
+
+    gen = torch.Generator(device=dev).manual_seed(seed)
+    rand = lambda *s: torch.randn(*s, generator=gen, device=dev)  # noqa: E731
+    k = torch.nn.functional.normalize(rand(1, t, KEY_HEADS, DIM), dim=-1).to(torch.bfloat16)
+    w = (rand(1, t, HEADS, DIM) * 0.05).to(torch.bfloat16)
+    u = rand(1, t, HEADS, DIM).to(torch.bfloat16)
+    # chunk-local cumulative log gates, as FLA's chunk_local_cumsum leaves them
+    g = (-torch.rand(1, t, HEADS, generator=gen, device=dev) * 0.05)
+    g = g.view(1, -1, CHUNK, HEADS).cumsum(2).view(1, t, HEADS) if t % CHUNK == 0 else g.cumsum(1)
+    h0 = torch.zeros(1, HEADS, DIM, DIM, device=dev)
+    cu = torch.tensor([0, t], dtype=torch.int32, device=dev)
+    ci, co = (f(cu.cpu(), CHUNK).to(dev) for f in (index.prepare_chunk_indices,
+                                                       index.prepare_chunk_offsets))
+    return k, w, u, g, h0, cu, ci, co
+
+
+def _median(xs):
+    return round(statistics.median(xs), 2)
+
+
+class _CpuEvent:
+    """``torch.cuda.Event``'s two calls on the host clock (the dry run)."""
+
+    def record(self):
+        self.t = time.perf_counter()
+
+    def elapsed_time(self, end):
+        return (end.t - self.t) * 1e3
+
+
+def run(lengths, reps, first, block, seed, dev="cuda"):
+    import torch
+    import triton
+
+    from vllm.third_party.flash_linear_attention.ops import chunk_delta_h as fla
+
+    from vllm_hybrid_npu.ops import _triton_gdn
+    from vllm_hybrid_npu.patches import gdn_prefill_checkpoint as mod
+
+    vjit = _jit(fla.chunk_gated_delta_rule_fwd_kernel_h_blockdim64)
+    kernels = _triton_gdn.interpreted() if dev == "cpu" else None
+    tuner = _jit_autotuner(fla.chunk_gated_delta_rule_fwd_kernel_h_blockdim64)
+    space = [(c.kwargs["BV"], c.num_warps, c.num_stages) for c in tuner.configs]
+    rows = []
+    for t in lengths:
+        k, w, u, g, h0, cu, ci, co = _inputs(t, seed, dev)
+        nt = ci.shape[0]
+        cache = torch.zeros(4, HEADS, DIM, DIM, device=dev)
+        none = torch.full((nt,), -1, dtype=torch.int64, device=dev)
+        ckpt = none.clone()
+        ckpt[((t - 1) // block * block) // CHUNK] = 0
+        slots = torch.tensor([1], dtype=torch.int64, device=dev)
+
+        def vllm_cfg(bv, nw, ns):
+            h = k.new_empty(1, nt, HEADS, DIM, DIM)
+            ht = k.new_empty(1, HEADS, DIM, DIM, dtype=torch.float32)
+            vn = torch.empty_like(u)
+            pos = (k, u, w, vn, g, None, h, h0, ht, cu, co, t)
+            kw = dict(H=HEADS, Hg=KEY_HEADS, K=DIM, V=DIM, BT=CHUNK, BV=bv, USE_G=True,
+                      USE_GK=False, USE_INITIAL_STATE=True, STORE_FINAL_STATE=True,
+                      SAVE_NEW_VALUE=True, IS_VARLEN=True, USE_EXP2=False)
+            if dev == "cpu":  # vLLM 0.30's kernel does not run in the interpreter: bind only
+                inspect.signature(vjit.fn).bind(*pos, **kw)
+                return
+            vjit[(triton.cdiv(DIM, bv), HEADS)](*pos, **kw, num_warps=nw, num_stages=ns)
+
+        def ours_cfg(bv, nw, ns, cmap):
+            _triton_gdn.chunk_states(k, w, u, g, h0, True, cu, co, nt, cmap, slots, cache,
+                                     bv=bv, num_warps=nw, num_stages=ns, kernels=kernels)
+
+        args = (k, w, u, g, None, h0, True, CHUNK, True, cu, ci, co, False)
+        variants = {}
+        for cfg in space:
+            variants[("config", cfg, "vllm")] = lambda cfg=cfg: vllm_cfg(*cfg)
+            variants[("config", cfg, "ours")] = lambda cfg=cfg: ours_cfg(*cfg, none)
+            variants[("config", cfg, "ours+ckpt")] = lambda cfg=cfg: ours_cfg(*cfg, ckpt)
+        if dev == "cuda":  # the interpreter has neither vLLM 0.30's block pointers nor a benchmarker
+            fla.chunk_gated_delta_rule_fwd_h(*args)  # the autotuner picks (first call of this key)
+            picked = mod.fla_h_config(fla.chunk_gated_delta_rule_fwd_h, args, ("bench", t))
+            auto = (picked["bv"], picked["num_warps"], picked["num_stages"])
+            variants[("autotuned", auto, "vllm")] = lambda: fla.chunk_gated_delta_rule_fwd_h(*args)
+            variants[("autotuned", auto, "ours+ckpt")] = lambda auto=auto: ours_cfg(*auto, ckpt)
+        names = list(variants)
+        if first == "ours":
+            names.sort(key=lambda n: n[2] == "vllm")
+        for f in variants.values():  # compile every variant before timing
+            f()
+        sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
+        sync()
+        gpu = {n: [] for n in names}
+        host = {n: [] for n in names}
+        event = (lambda: torch.cuda.Event(enable_timing=True)) if dev == "cuda" else _CpuEvent
+        ev = [(event(), event()) for _ in names]
+        for r in range(reps):
+            order = names[r % len(names):] + names[:r % len(names)]
+            for n, (a, b) in zip(order, ev):
+                sync()
+                t0 = time.perf_counter()
+                a.record()
+                variants[n]()
+                b.record()
+                host[n].append((time.perf_counter() - t0) * 1e6)
+                sync()
+                gpu[n].append(a.elapsed_time(b) * 1e3)
+        for n in names:
+            kind, cfg, who = n
+            rows.append({"tokens": t, "kind": kind, "bv": cfg[0], "num_warps": cfg[1],
+                         "num_stages": cfg[2], "kernel": who, "gpu_us": _median(gpu[n]),
+                         "host_us": _median(host[n]), "reps": reps})
+    ref = {(r["tokens"], r["kind"], r["bv"], r["num_warps"], r["num_stages"]): r
+           for r in rows if r["kernel"] == "vllm"}
+    for r in rows:
+        base = ref[(r["tokens"], r["kind"], r["bv"], r["num_warps"], r["num_stages"])]
+        r["gpu_vs_vllm"] = round(r["gpu_us"] / base["gpu_us"], 3)
+        r["host_vs_vllm"] = round(r["host_us"] / base["host_us"], 3)
+    return rows
+
+
+def _jit_autotuner(kernel):
+    import triton
+
+    while not isinstance(kernel, triton.runtime.autotuner.Autotuner):
+        kernel = kernel.fn
+    return kernel
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--lengths", type=int, nargs="+", default=[8192, 32768])
+    ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--first", choices=("ours", "vllm"), default="vllm")
+    ap.add_argument("--block", type=int, default=1088, help="block size in tokens (the checkpoint)")
+    ap.add_argument("--seed", type=int, default=2136681357)
+    ap.add_argument("--call", type=int, default=0, help="the device call's number, kept in the JSON")
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    a = ap.parse_args(argv)
+    if a.device == "cpu":
+        import os
+
+        os.environ["TRITON_INTERPRET"] = "1"  # before any kernel module is imported
+        import triton
+        import vllm.triton_utils as tu
+
+        tu.triton, tu.tl = triton, triton.language  # vLLM's CPU build swaps in placeholders
+    try:
+        import torch
+        import vllm.third_party.flash_linear_attention.ops.chunk_delta_h  # noqa: F401
+    except ImportError as e:
+        raise SystemExit(f"gdn_chunk_states: needs vLLM's FLA module ({e})") from e
+    if a.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("gdn_chunk_states: needs a CUDA device (--device cpu: a dry run)")
+    t0 = time.time()
+    rows = run(a.lengths, a.reps, a.first, a.block, a.seed, a.device)
+    print(f"{'tokens':>6} {'kind':>9} {'BV':>3} {'w':>2} {'s':>2} {'kernel':>10} "
+          f"{'GPU us':>9} {'/vllm':>6} {'host us':>8} {'/vllm':>6}")
+    for r in rows:
+        print(f"{r['tokens']:>6} {r['kind']:>9} {r['bv']:>3} {r['num_warps']:>2} {r['num_stages']:>2} "
+              f"{r['kernel']:>10} {r['gpu_us']:>9} {r['gpu_vs_vllm']:>6} {r['host_us']:>8} "
+              f"{r['host_vs_vllm']:>6}")
+    doc = {"device": torch.cuda.get_device_name(0) if a.device == "cuda" else "cpu (interpreter)", "torch": torch.__version__,
+           "vllm": __import__("vllm").__version__, "call": a.call, "first": a.first,
+           "seed": a.seed, "block": a.block, "wall_s": round(time.time() - t0, 1), "rows": rows}
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(doc, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
