@@ -1,7 +1,8 @@
 """Our chunk-state kernel against vLLM's FLA state kernel, launch configuration by configuration, on a GPU.
 
 ``python -m benchmarks.gdn_chunk_states [--lengths 8192 32768] [--reps 15] [--first ours|vllm]
-[--block 1088] [--call N] [--json FILE] [--device cuda|cpu]``
+[--block 1088] [--call N] [--inner N] [--json FILE] [--device cuda|cpu] [--also [LABEL=]FILE ...] [--asm DIR]``;
+``python -m benchmarks.gdn_chunk_states --pool CALL.json ... [--json FILE]`` pools calls
 
 Why: in issue 37's H200 session (docs/notes/issue37-h200-2026-11-28c/) the exporter's step
 profile had our chunk-state kernel (:func:`vllm_hybrid_npu.ops._triton_gdn.chunk_states`) at
@@ -17,6 +18,7 @@ separated here, in one process:
   heuristics' values passed as vLLM's wrapper would) and ours with the same, once without a
   checkpoint (``chunk_map`` all -1) and once with the cold prompt's checkpoint at its last block
   boundary (``(T - 1) // block * block``, one block of a float32 SSM cache);
+* ``LABEL`` rows (``--also LABEL=FILE``): other versions of our kernel module, no checkpoint;
 * ``autotuned`` rows: the calls a serving step makes: vLLM's ``chunk_gated_delta_rule_fwd_h``
   (its autotuner's pick) against our ``chunk_states`` with ``fla_h_config``'s mirror of it.
 
@@ -38,6 +40,7 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
+import os
 import statistics
 import sys
 import time
@@ -89,7 +92,18 @@ class _CpuEvent:
         return (end.t - self.t) * 1e3
 
 
-def run(lengths, reps, first, block, seed, dev="cuda"):
+def _load(path: str, label: str):
+    """Another version of :mod:`vllm_hybrid_npu.ops._triton_gdn` (its source file), as a module."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"gdn_chunk_states_{label}", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def run(lengths, reps, first, block, seed, dev="cuda", also=(), inner=1, asm=None):
     import torch
     import triton
 
@@ -100,6 +114,11 @@ def run(lengths, reps, first, block, seed, dev="cuda"):
 
     vjit = _jit(fla.chunk_gated_delta_rule_fwd_kernel_h_blockdim64)
     kernels = _triton_gdn.interpreted() if dev == "cpu" else None
+    others = {}
+    for spec in also or ():
+        label, _, path = spec.rpartition("=")
+        mod_ = _load(path, label or "before")
+        others[label or "before"] = mod_.interpreted() if dev == "cpu" else mod_
     tuner = _jit_autotuner(fla.chunk_gated_delta_rule_fwd_kernel_h_blockdim64)
     space = [(c.kwargs["BV"], c.num_warps, c.num_stages) for c in tuner.configs]
     rows = []
@@ -135,6 +154,10 @@ def run(lengths, reps, first, block, seed, dev="cuda"):
             variants[("config", cfg, "vllm")] = lambda cfg=cfg: vllm_cfg(*cfg)
             variants[("config", cfg, "ours")] = lambda cfg=cfg: ours_cfg(*cfg, none)
             variants[("config", cfg, "ours+ckpt")] = lambda cfg=cfg: ours_cfg(*cfg, ckpt)
+            for label, other in others.items():
+                variants[("config", cfg, label)] = lambda cfg=cfg, other=other: other.chunk_states(
+                    k, w, u, g, h0, True, cu, co, nt, none, slots, cache, bv=cfg[0],
+                    num_warps=cfg[1], num_stages=cfg[2], kernels=other)
         if dev == "cuda":  # the interpreter has neither vLLM 0.30's block pointers nor a benchmarker
             fla.chunk_gated_delta_rule_fwd_h(*args)  # the autotuner picks (first call of this key)
             picked = mod.fla_h_config(fla.chunk_gated_delta_rule_fwd_h, args, ("bench", t))
@@ -158,16 +181,36 @@ def run(lengths, reps, first, block, seed, dev="cuda"):
                 sync()
                 t0 = time.perf_counter()
                 a.record()
-                variants[n]()
+                for _ in range(inner):
+                    variants[n]()
                 b.record()
-                host[n].append((time.perf_counter() - t0) * 1e6)
+                host[n].append((time.perf_counter() - t0) * 1e6 / inner)
                 sync()
-                gpu[n].append(a.elapsed_time(b) * 1e3)
+                gpu[n].append(a.elapsed_time(b) * 1e3 / inner)
         for n in names:
             kind, cfg, who = n
             rows.append({"tokens": t, "kind": kind, "bv": cfg[0], "num_warps": cfg[1],
                          "num_stages": cfg[2], "kernel": who, "gpu_us": _median(gpu[n]),
                          "host_us": _median(host[n]), "reps": reps})
+        if asm and dev == "cuda" and t == lengths[0]:  # both kernels' code at vLLM's pick
+            bv, nw, ns = auto
+            pos = (k, u, w, torch.empty_like(u), g, None, k.new_empty(1, nt, HEADS, DIM, DIM), h0,
+                   k.new_empty(1, HEADS, DIM, DIM, dtype=torch.float32), cu, co, t)
+            theirs = vjit[(triton.cdiv(DIM, bv), HEADS)](
+                *pos, H=HEADS, Hg=KEY_HEADS, K=DIM, V=DIM, BT=CHUNK, BV=bv, USE_G=True,
+                USE_GK=False, USE_INITIAL_STATE=True, STORE_FINAL_STATE=True, SAVE_NEW_VALUE=True,
+                IS_VARLEN=True, USE_EXP2=False, num_warps=nw, num_stages=ns)
+            mine = _triton_gdn.chunk_states_kernel[(triton.cdiv(DIM, bv), HEADS)](
+                k, u, w, torch.empty_like(u), g, pos[6], h0, pos[8], cu, co, ckpt, slots, cache,
+                *cache.stride(), H=HEADS, Hg=KEY_HEADS, K=DIM, V=DIM, BT=CHUNK, BV=bv,
+                USE_INITIAL_STATE=True, STORE_FINAL_STATE=True, num_warps=nw, num_stages=ns)
+            for label, ck in (("vllm", theirs), ("ours", mine)):
+                print(f"asm {label}: config {auto} n_regs {getattr(ck, 'n_regs', '?')} "
+                      f"n_spills {getattr(ck, 'n_spills', '?')} shared {getattr(ck, 'shared', '?')}")
+                for ext in ("ttgir", "ptx"):
+                    if ext in getattr(ck, "asm", {}):
+                        with open(os.path.join(asm, f"{label}.{ext}"), "w") as f:
+                            f.write(ck.asm[ext])
     ref = {(r["tokens"], r["kind"], r["bv"], r["num_warps"], r["num_stages"]): r
            for r in rows if r["kernel"] == "vllm"}
     for r in rows:
@@ -185,6 +228,40 @@ def _jit_autotuner(kernel):
     return kernel
 
 
+def _table(rows: list[dict]) -> None:
+    print(f"{'tokens':>6} {'kind':>9} {'BV':>3} {'w':>2} {'s':>2} {'kernel':>10} "
+          f"{'GPU us':>9} {'/vllm':>6} {'host us':>8} {'/vllm':>6}")
+    for r in rows:
+        print(f"{r['tokens']:>6} {r['kind']:>9} {r['bv']:>3} {r['num_warps']:>2} {r['num_stages']:>2} "
+              f"{r['kernel']:>10} {r['gpu_us']:>9} {r['gpu_vs_vllm']:>6} {r['host_us']:>8} "
+              f"{r['host_vs_vllm']:>6}")
+
+
+def pool(paths: list[str]) -> dict:
+    """Calls' JSONs (one machine, one version) pooled: per (tokens, kind, configuration, kernel)
+    the median of the calls' medians, its ratio to vLLM's pooled the same way, and the calls."""
+    docs = [json.load(open(p)) for p in paths]
+    key = lambda r: (r["tokens"], r["kind"], r["bv"], r["num_warps"], r["num_stages"])  # noqa: E731
+    cells: dict = {}
+    for d in docs:
+        for r in d["rows"]:
+            cells.setdefault((*key(r), r["kernel"]), []).append(r)
+    rows = []
+    for (t, kind, bv, nw, ns, who), rs in cells.items():
+        rows.append({"tokens": t, "kind": kind, "bv": bv, "num_warps": nw, "num_stages": ns,
+                     "kernel": who, "calls": len(rs),
+                     "gpu_us": _median([r["gpu_us"] for r in rs]),
+                     "host_us": _median([r["host_us"] for r in rs])})
+    ref = {(r["tokens"], r["kind"], r["bv"], r["num_warps"], r["num_stages"]): r
+           for r in rows if r["kernel"] == "vllm"}
+    for r in rows:
+        base = ref[key(r)]
+        r["gpu_vs_vllm"] = round(r["gpu_us"] / base["gpu_us"], 3)
+        r["host_vs_vllm"] = round(r["host_us"] / base["host_us"], 3)
+    return {"calls": [d.get("call") for d in docs], "device": docs[0]["device"],
+            "files": [os.path.basename(p) for p in paths], "rows": rows}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--lengths", type=int, nargs="+", default=[8192, 32768])
@@ -195,7 +272,25 @@ def main(argv=None) -> int:
     ap.add_argument("--call", type=int, default=0, help="the device call's number, kept in the JSON")
     ap.add_argument("--json", default=None)
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    ap.add_argument("--also", nargs="*", default=(), metavar="[LABEL=]FILE",
+                    help="other versions of vllm_hybrid_npu/ops/_triton_gdn.py: rows LABEL "
+                         "(default 'before'), no checkpoint")
+    ap.add_argument("--inner", type=int, default=1,
+                    help="launches back to back between a round's two events (GPU time per launch "
+                         "without the host's launch gap once the queue runs ahead)")
+    ap.add_argument("--asm", default=None, metavar="DIR",
+                    help="write both kernels' TTGIR and PTX at vLLM's autotuned configuration "
+                         "(the first length) into DIR and print registers and spills")
+    ap.add_argument("--pool", nargs="*", default=None, metavar="JSON",
+                    help="pool these calls' JSONs (no run): table and --json")
     a = ap.parse_args(argv)
+    if a.pool:
+        doc = pool(a.pool)
+        _table(doc["rows"])
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump(doc, f, indent=1)
+        return 0
     if a.device == "cpu":
         import os
 
@@ -212,16 +307,11 @@ def main(argv=None) -> int:
     if a.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("gdn_chunk_states: needs a CUDA device (--device cpu: a dry run)")
     t0 = time.time()
-    rows = run(a.lengths, a.reps, a.first, a.block, a.seed, a.device)
-    print(f"{'tokens':>6} {'kind':>9} {'BV':>3} {'w':>2} {'s':>2} {'kernel':>10} "
-          f"{'GPU us':>9} {'/vllm':>6} {'host us':>8} {'/vllm':>6}")
-    for r in rows:
-        print(f"{r['tokens']:>6} {r['kind']:>9} {r['bv']:>3} {r['num_warps']:>2} {r['num_stages']:>2} "
-              f"{r['kernel']:>10} {r['gpu_us']:>9} {r['gpu_vs_vllm']:>6} {r['host_us']:>8} "
-              f"{r['host_vs_vllm']:>6}")
+    rows = run(a.lengths, a.reps, a.first, a.block, a.seed, a.device, a.also, a.inner, a.asm)
+    _table(rows)
     doc = {"device": torch.cuda.get_device_name(0) if a.device == "cuda" else "cpu (interpreter)", "torch": torch.__version__,
            "vllm": __import__("vllm").__version__, "call": a.call, "first": a.first,
-           "seed": a.seed, "block": a.block, "wall_s": round(time.time() - t0, 1), "rows": rows}
+           "seed": a.seed, "block": a.block, "inner": a.inner, "also": list(a.also), "wall_s": round(time.time() - t0, 1), "rows": rows}
     if a.json:
         with open(a.json, "w") as f:
             json.dump(doc, f, indent=1)

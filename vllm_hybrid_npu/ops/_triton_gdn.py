@@ -125,10 +125,19 @@ def chunk_states_kernel(k, v, w, v_new, g, h, h0, ht, cu_seqlens, chunk_offsets,
         if K > 192:
             b_h4 += _load_state(h0 + i_nh * V * K, o_v, m_v, 192, K)
 
+    o_t = tl.arange(0, BT)  # a chunk's tokens, int32: tile offsets stay 32-bit (vLLM's do too)
     for i_t in range(NT):
         c = tl.full([], 0, dtype=tl.int64) + i_t  # chunk index in the row, int64 in both modes
-        # the state at this chunk's start: into h, and into a checkpoint block where one is planned
+        # the chunk's bases (64-bit scalars); the tiles below add 32-bit offsets to them
         h_c = h + c * H * V * K
+        w_c = w + c * BT * H * K
+        k_c = k + c * BT * Hg * K
+        v_c = v + c * BT * H * V
+        vn_c = v_new + c * BT * H * V
+        g_c = g + c * BT * H
+        rem = tl.minimum(T - c * BT, BT).to(tl.int32)  # the chunk's tokens (the last may be short)
+        m_t = o_t < rem
+        # the state at this chunk's start: into h, and into a checkpoint block where one is planned
         _store_state(h_c, b_h1, o_v, m_v, 0, K, K, 1)
         if K > 64:
             _store_state(h_c, b_h2, o_v, m_v, 64, K, K, 1)
@@ -147,24 +156,21 @@ def chunk_states_kernel(k, v, w, v_new, g, h, h0, ht, cu_seqlens, chunk_offsets,
             if K > 192:
                 _store_state(dst, b_h4, o_v, m_v, 192, K, s_cv, s_ck)
 
-        o_t = c * BT + tl.arange(0, BT)
-        m_t = o_t < T
-        b_v = _w_times_h(w, o_t, m_t, H * K, 0, b_h1, K)
+        b_v = _w_times_h(w_c, o_t, m_t, H * K, 0, b_h1, K)
         if K > 64:
-            b_v += _w_times_h(w, o_t, m_t, H * K, 64, b_h2, K)
+            b_v += _w_times_h(w_c, o_t, m_t, H * K, 64, b_h2, K)
         if K > 128:
-            b_v += _w_times_h(w, o_t, m_t, H * K, 128, b_h3, K)
+            b_v += _w_times_h(w_c, o_t, m_t, H * K, 128, b_h3, K)
         if K > 192:
-            b_v += _w_times_h(w, o_t, m_t, H * K, 192, b_h4, K)
-        p_v, m_tv = _tile(v, o_t, m_t, o_v, m_v, H * V, 1)
+            b_v += _w_times_h(w_c, o_t, m_t, H * K, 192, b_h4, K)
+        p_v, m_tv = _tile(v_c, o_t, m_t, o_v, m_v, H * V, 1)
         b_v = tl.load(p_v, mask=m_tv, other=0.0) - b_v
-        p_vn, _ = _tile(v_new, o_t, m_t, o_v, m_v, H * V, 1)
+        p_vn, _ = _tile(vn_c, o_t, m_t, o_v, m_v, H * V, 1)
         tl.store(p_vn, b_v.to(p_vn.dtype.element_ty), mask=m_tv)
 
         # gates: the chunk's last token decays the state, each token's value by its distance
-        last = tl.minimum((c + 1) * BT, T) - 1
-        b_g_last = tl.load(g + last * H)
-        b_g = tl.load(g + o_t * H, mask=m_t, other=0.0)
+        b_g_last = tl.load(g_c + (rem - 1) * H)
+        b_g = tl.load(g_c + o_t * H, mask=m_t, other=0.0)
         b_v = b_v * tl.where(m_t, tl.exp(b_g_last - b_g), 0)[:, None]
         b_g_last = tl.exp(b_g_last)
         b_h1 *= b_g_last
@@ -176,13 +182,13 @@ def chunk_states_kernel(k, v, w, v_new, g, h, h0, ht, cu_seqlens, chunk_offsets,
             b_h4 *= b_g_last
         b_v = b_v.to(k.dtype.element_ty)
 
-        b_h1 += _k_times_v(k, o_t, m_t, Hg * K, 0, b_v, K)
+        b_h1 += _k_times_v(k_c, o_t, m_t, Hg * K, 0, b_v, K)
         if K > 64:
-            b_h2 += _k_times_v(k, o_t, m_t, Hg * K, 64, b_v, K)
+            b_h2 += _k_times_v(k_c, o_t, m_t, Hg * K, 64, b_v, K)
         if K > 128:
-            b_h3 += _k_times_v(k, o_t, m_t, Hg * K, 128, b_v, K)
+            b_h3 += _k_times_v(k_c, o_t, m_t, Hg * K, 128, b_v, K)
         if K > 192:
-            b_h4 += _k_times_v(k, o_t, m_t, Hg * K, 192, b_v, K)
+            b_h4 += _k_times_v(k_c, o_t, m_t, Hg * K, 192, b_v, K)
 
     if STORE_FINAL_STATE:
         ht += i_nh * V * K
