@@ -287,9 +287,7 @@ def main(argv=None) -> int:
     if a.pool:
         doc = pool(a.pool)
         _table(doc["rows"])
-        if a.json:
-            with open(a.json, "w") as f:
-                json.dump(doc, f, indent=1)
+        _dump(a.json, doc)
         return 0
     if a.device == "cpu":
         import os
@@ -309,13 +307,18 @@ def main(argv=None) -> int:
     t0 = time.time()
     rows = run(a.lengths, a.reps, a.first, a.block, a.seed, a.device, a.also, a.inner, a.asm)
     _table(rows)
-    doc = {"device": torch.cuda.get_device_name(0) if a.device == "cuda" else "cpu (interpreter)", "torch": torch.__version__,
-           "vllm": __import__("vllm").__version__, "call": a.call, "first": a.first,
-           "seed": a.seed, "block": a.block, "inner": a.inner, "also": list(a.also), "wall_s": round(time.time() - t0, 1), "rows": rows}
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(doc, f, indent=1)
+    device = torch.cuda.get_device_name(0) if a.device == "cuda" else "cpu (interpreter)"
+    _dump(a.json, {"device": device, "torch": torch.__version__, "vllm": __import__("vllm").__version__,
+                   "call": a.call, "first": a.first, "seed": a.seed, "block": a.block,
+                   "inner": a.inner, "also": list(a.also), "wall_s": round(time.time() - t0, 1),
+                   "command": " ".join(sys.argv), "rows": rows})
     return 0
+
+
+def _dump(path: str | None, doc: dict) -> None:
+    if path:
+        with open(path, "w") as f:
+            json.dump(doc, f, indent=1)
 
 
 if __name__ == "__main__":
