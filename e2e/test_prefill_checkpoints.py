@@ -92,14 +92,24 @@ _BLOCK: dict[str, int] = {}
 
 
 def _block_of(tiny_model_dir, engine_args) -> int:
+    """The block (tokens) of the exporter engine at ``KV_BYTES``, recorded with its page count
+    (``_BLOCK["pages"]``) by the module's ``exporter`` fixture. A test that runs without it (a
+    single test id, ``-k``) starts and closes such an engine here to read both (they were read
+    from the fixture only: ``KeyError: 'exporter'``)."""
+    if "exporter" not in _BLOCK:
+        _close(_record_geometry(_engine(tiny_model_dir("qwen3_next"), engine_args, "exporter")))
     return _BLOCK["exporter"]
+
+
+def _record_geometry(llm):
+    _BLOCK["exporter"] = _block(llm)
+    _BLOCK["pages"] = llm.llm_engine.engine_core.engine_core.scheduler.kv_cache_config.num_blocks
+    return llm
 
 
 @pytest.fixture(scope="module")
 def exporter(tiny_model_dir, engine_args):
-    llm = _engine(tiny_model_dir("qwen3_next"), engine_args, "exporter")
-    _BLOCK["exporter"] = _block(llm)
-    _BLOCK["pages"] = llm.llm_engine.engine_core.engine_core.scheduler.kv_cache_config.num_blocks
+    llm = _record_geometry(_engine(tiny_model_dir("qwen3_next"), engine_args, "exporter"))
     yield llm
     _close(llm)
 
