@@ -33,7 +33,12 @@ on failure):
 * batches that mix several cold prompts, a hit and running decodes; chunked prefill over several
   steps; preemption and resume (a KV cache of 20 pages, vLLM's
   ``scheduler_reserve_full_isl`` off so that prefills outgrow it): outputs equal each prompt
-  computed alone, and the repeats hit whole blocks up to the checkpoint.
+  computed alone, and the repeats hit whole blocks up to the checkpoint;
+* a shared-prefix junction's row preempted in the step after its junction step (a KV cache
+  counted so that its final chunk cannot be allocated beside a decoder's pages): vLLM preempts
+  exactly that row; resumed, it hits the junction block its first chunk wrote, which no later
+  step writes; no page stays held; the bytes cached at the junction, and at the junction the
+  resumed row itself exports, equal the split's; a third sharer afterwards hits the junction.
 """
 
 from __future__ import annotations
@@ -92,14 +97,24 @@ _BLOCK: dict[str, int] = {}
 
 
 def _block_of(tiny_model_dir, engine_args) -> int:
+    """The block (tokens) of the exporter engine at ``KV_BYTES``, recorded with its page count
+    (``_BLOCK["pages"]``) by the module's ``exporter`` fixture. A test that runs without it (a
+    single test id, ``-k``) starts and closes such an engine here to read both (they were read
+    from the fixture only: ``KeyError: 'exporter'``)."""
+    if "exporter" not in _BLOCK:
+        _close(_record_geometry(_engine(tiny_model_dir("qwen3_next"), engine_args, "exporter")))
     return _BLOCK["exporter"]
+
+
+def _record_geometry(llm):
+    _BLOCK["exporter"] = _block(llm)
+    _BLOCK["pages"] = llm.llm_engine.engine_core.engine_core.scheduler.kv_cache_config.num_blocks
+    return llm
 
 
 @pytest.fixture(scope="module")
 def exporter(tiny_model_dir, engine_args):
-    llm = _engine(tiny_model_dir("qwen3_next"), engine_args, "exporter")
-    _BLOCK["exporter"] = _block(llm)
-    _BLOCK["pages"] = llm.llm_engine.engine_core.engine_core.scheduler.kv_cache_config.num_blocks
+    llm = _record_geometry(_engine(tiny_model_dir("qwen3_next"), engine_args, "exporter"))
     yield llm
     _close(llm)
 
@@ -758,6 +773,193 @@ def test_preemption_and_resume_with_the_exporter(tiny_model_dir, engine_args, rn
         _assert_same(ref, [Sequence.from_output(o.outputs[0]) for o in again], exact=exact_across_schedules)
     finally:
         _close(llm)
+
+
+@contextlib.contextmanager
+def _planned_blocks_per_step(llm):
+    """``_planned_blocks`` by engine step: ``{step: blocks}``, the step numbered by the steps
+    ``llm`` has scheduled so far (``count_scheduled_steps``: the metadata is built after the
+    step's ``schedule``)."""
+    from vllm_hybrid_npu.ops import gdn_checkpoint as ops
+
+    seen: dict[int, set[int]] = {}
+    mp = pytest.MonkeyPatch()
+    for name in ("build_metadata", "regather"):
+        def spy(*args, _real=getattr(ops, name), **kwargs):
+            md = _real(*args, **kwargs)
+            seen.setdefault(len(llm._vhn_steps), set()).update(md.slots.tolist())
+            return md
+
+        mp.setattr(ops, name, spy)
+    try:
+        yield seen
+    finally:
+        mp.undo()
+
+
+@contextlib.contextmanager
+def _scheduler_record(llm):
+    """What vLLM's scheduler does to each request while open: ``preempted``, one ``(prompt,
+    tokens computed)`` per ``Scheduler._preempt_request`` (before it resets them), and
+    ``lookups``, one ``(prompt, request.num_preemptions, tokens hit, shared_prefix_boundary,
+    [the hit's last block per KV-cache group])`` per prefix-cache lookup of a waiting request
+    (``KVCacheManager.get_computed_blocks``, repeated each step a request waits). Spies on the
+    engine's own objects; what they return is vLLM's."""
+    sched = _core(llm).scheduler
+    manager = sched.kv_cache_manager
+    preempted, lookups = [], []
+    mp = pytest.MonkeyPatch()
+
+    def preempt(request, *args, _real=sched._preempt_request, **kwargs):
+        preempted.append((tuple(request.prompt_token_ids), request.num_computed_tokens))
+        return _real(request, *args, **kwargs)
+
+    def lookup(request, *args, _real=manager.get_computed_blocks, **kwargs):
+        blocks, hit, junction = out = _real(request, *args, **kwargs)
+        lookups.append((tuple(request.prompt_token_ids), request.num_preemptions, hit, junction,
+                        [g[-1].block_id if g else None for g in blocks.blocks]))
+        return out
+
+    mp.setattr(sched, "_preempt_request", preempt)
+    mp.setattr(manager, "get_computed_blocks", lookup)
+    try:
+        yield preempted, lookups
+    finally:
+        mp.undo()
+
+
+def test_shared_prefix_junction_preempted_after_its_junction_step(tiny_model_dir, engine_args, rng,
+                                                                 exact_across_schedules):
+    """A second sharer of a prefix ``S`` (``2B < |S| < 3B``, junction ``jf = 2B``) preempted in
+    the step after its junction step, resumed from the junction block it wrote itself. Own
+    engines (exporter with a small KV cache, then vLLM's split), after the module's; where the
+    junction entries do not apply it skips (vLLM stops at ``jf``: the page counts below are
+    those of the exporter's chunk).
+
+    The first sharer caches attention blocks over ``S`` and no GDN state at ``jf`` (its
+    checkpoint lies a block further). Then, under a token budget of ``b = 12`` blocks, vLLM's
+    ``scheduler_reserve_full_isl`` off and a KV cache of ``2b + 7`` usable pages, a decoder ``D``
+    (``(b - 4) B < d < (b - 3) B`` tokens, two output tokens) and the second sharer ``J``
+    (``(b + 1) B < |J| < (b + 2) B``) are sent together. Step 1: ``D``'s prompt, and ``J``'s first
+    chunk ``[0, c)``, ``c = bB - d`` (``3B < c < 4B``, on the 64-token grid: the budget's end),
+    which runs past ``jf`` and exports the state there into the junction block (the chunk's own
+    checkpoint at ``3B`` is written but not cached: retention 0 keeps the junction and the replay
+    boundary). Step 2: ``D`` decodes (no page needed: EOS ignored, two tokens inside its last
+    block) and ``J``'s final chunk needs more pages than ``D`` and ``J`` leave; ``J``, the last
+    running request, is the one vLLM's FCFS policy preempts (itself: no page is allocated in that
+    step). ``D`` ends. Nothing is allocated until ``J``'s lookup in step 3, so the lookup hits
+    ``jf``, in the block ``J`` wrote in step 1, and ``J``, alone, resumes from it in one step
+    (its attention blocks up to ``3B``, cached in step 1, make ``3B`` a junction of the resumed
+    row, exported in the same way), then decodes inside its last block. Pages, counted for
+    vLLM 0.30's align mode (per GDN group: the running state and each checkpoint a block; 3 GDN
+    groups, one attention group): step 1 holds ``b + 16`` (``D``: ``b - 3`` attention pages, state
+    and checkpoint; ``J``: 4, state, junction and chunk checkpoint); in step 2 ``D`` holds
+    ``b``, ``J`` 7 and ``J``'s final chunk needs ``b + 4`` more (``b - 2`` attention pages, state
+    and prompt checkpoint): ``2b + 11``. A cache of ``2b + 7`` (31) pages lies 3 from either end.
+
+    Checked: vLLM preempted exactly ``J``, once, with ``c`` tokens computed
+    (``Scheduler._preempt_request``), and counts it (``vllm:num_preemptions``); ``J``'s first
+    lookup found the junction (no hit, attention to ``jf``); its lookup after the preemption hit
+    ``jf``, in the blocks cached there, which the step with ``J``'s first chunk wrote and no later
+    step wrote again, and found the junction ``3B``, whose blocks the resumed step wrote (the
+    exporter's plan, ``_planned_blocks_per_step``); every page is back in
+    the pool after the batch (the preempted row and its junction block hold none); the conv and
+    SSM bytes cached at ``jf`` and at the resumed row's junction ``3B`` equal those vLLM's split
+    caches there (its stops at the junctions); a third sharer sent afterwards hits ``jf`` in one
+    step with the output it gets computed cold under a fresh ``cache_salt`` (exact on CPU); the
+    batch's outputs equal each prompt computed alone up to near-ties (``greedy_compare``'s
+    chunking bound, as the preemption test)."""
+    block = _block_of(tiny_model_dir, engine_args)  # an engine has run: the entries are decided
+    if not _junction_exported():
+        pytest.skip("shared-prefix junction entries not applied (vLLM stops a chunk at the junction "
+                    "here): the preemption this test forces is counted on the exporter's chunk")
+    b, out_j = 12, 8
+    budget, usable = b * block, 2 * b + 7
+    kv = KV_BYTES * (usable + 1) // _BLOCK["pages"]  # and vLLM's null block
+    shared = _prompt(rng, 2 * block + rng.randrange(1, block))
+    jf = len(shared) // block * block
+    first = shared + _prompt(rng, rng.randrange(block, 2 * block))  # its checkpoint past jf
+    d = 64 * rng.randrange((b - 4) * block // 64 + 1, (b - 3) * block // 64)
+    decoder = _prompt(rng, d)
+    c = budget - d
+    second = shared + _prompt(rng, rng.randrange((b + 1) * block + 1, (b + 2) * block - out_j)
+                              - len(shared))
+    third = shared + _prompt(rng, rng.randrange(block, 2 * block))
+    where = (f"block {block}, prefix {len(shared)}, decoder {d} tokens, second sharer "
+             f"{len(second)} (first chunk {c}), budget {budget}, {usable} pages")
+    # premises of the page count, whatever the draws
+    assert jf == 2 * block and 3 * block < c < 4 * block and c % 64 == 0, where
+    assert 0 < d % block and d % block + 2 <= block, f"{where}: the decoder's tokens need a page"
+    assert len(second) % block + out_j <= block, f"{where}: the second sharer's tokens need a page"
+    assert len(second) - jf <= budget, f"{where}: the resumed sharer does not fit one step"
+    assert (d - 1) // block * block not in (jf, 3 * block), f"{where}: the decoder caches at a junction"
+    from vllm import SamplingParams
+
+    # EOS ignored: the decoder must hold its pages through step 2 (an EOS first would end it)
+    sp = [SamplingParams(max_tokens=n, temperature=0.0, logprobs=20, ignore_eos=True) for n in (2, out_j)]
+    llm = _engine(tiny_model_dir("qwen3_next"), engine_args, "exporter", kv_cache_memory_bytes=kv,
+                  max_model_len=(b + 3) * block, max_num_batched_tokens=budget,
+                  enable_chunked_prefill=True, scheduler_reserve_full_isl=False,
+                  disable_log_stats=False)
+    try:
+        pool = _core(llm).scheduler.kv_cache_manager.block_pool
+        assert _block(llm) == block and pool.num_gpu_blocks == usable + 1, (where, pool.num_gpu_blocks)
+        _gen(llm, [first])
+        before = block_hashes(llm)
+        n0 = len(llm._vhn_steps)
+        with _scheduler_record(llm) as (preempted, lookups), _planned_blocks_per_step(llm) as planned:
+            batch = llm.generate([{"prompt_token_ids": p} for p in (decoder, second)], sp, use_tqdm=False)
+        steps = llm._vhn_steps[n0:]
+        assert steps[0] == budget, f"{where}: step 1 scheduled {steps[0]} tokens (steps {steps})"
+        names = {tuple(decoder): "decoder", tuple(second): "second"}
+        seen = [(names.get(p, len(p)), n) for p, n in preempted]
+        assert seen == [("second", c)], f"{where}: preempted {seen} (steps {steps})"
+        metric = [m.value for m in llm.get_metrics() if m.name == "vllm:num_preemptions"]
+        assert metric == [1], f"{where}: vllm:num_preemptions {metric}"
+        mine = [(n, hit, junction, ids) for p, n, hit, junction, ids in lookups if p == tuple(second)]
+        assert mine[0][:3] == (0, 0, jf), f"{where}: the second sharer's first lookup {mine[0]}"
+        resumed = [m for m in mine if m[0] == 1]
+        assert resumed and all(m[1:3] == (jf, 3 * block) for m in resumed), f"{where}: {resumed}"
+        at_jf = cached_mamba_blocks(llm, jf, before)
+        hit_ids = {g: resumed[0][3][g] for g in at_jf}
+        assert hit_ids == at_jf, f"{where}: the resumed row hit {hit_ids}, cached at jf {at_jf}"
+        # written in step 1 (D's prompt and J's first chunk; 2: D's decode, J preempted) and 3 (J
+        # resumed), and by no later step (a block id written before may be a freed one, reused)
+        for p, step in ((jf, 1), (3 * block, 3)):
+            cached = set(cached_mamba_blocks(llm, p, before).values())
+            later = [s - n0 for s, ids in sorted(planned.items()) if s - n0 > step and cached & ids]
+            assert cached <= planned.get(n0 + step, set()) and not later, \
+                f"{where}: the blocks cached at {p} ({cached}) not written in batch step {step}, or again in {later}"
+        assert pool.get_num_free_blocks() == usable, f"{where}: {pool.get_num_free_blocks()} free"
+        states = {p: _checkpoint_states(llm, p, before) for p in (jf, 3 * block)}
+        (hit,), hit_steps = _gen(llm, [third])
+        assert hit.num_cached_tokens == jf and hit_steps == 1, (where, hit.num_cached_tokens, hit_steps)
+        (cold,), _ = _gen(llm, [third], salt=uuid.uuid4().hex)
+        _assert_same([Sequence.from_output(cold.outputs[0])], [Sequence.from_output(hit.outputs[0])],
+                     exact=exact_across_schedules)
+        alone = [llm.generate([{"prompt_token_ids": p, "cache_salt": uuid.uuid4().hex}], s,
+                              use_tqdm=False)[0] for p, s in zip((decoder, second), sp)]
+        _assert_same([Sequence.from_output(o.outputs[0]) for o in alone],
+                     [Sequence.from_output(o.outputs[0]) for o in batch], exact=False)
+    finally:
+        _close(llm)
+    split = _engine(tiny_model_dir("qwen3_next"), engine_args, "split",
+                    max_model_len=(b + 3) * block, max_num_batched_tokens=budget,
+                    enable_chunked_prefill=True)
+    try:
+        ref = {}
+        _gen(split, [first])
+        for p, prompt in ((jf, second), (3 * block, second[:3 * block + 1])):
+            before = block_hashes(split)
+            _gen(split, [prompt])  # a junction stop at p: vLLM's split caches the state there
+            ref[p] = _checkpoint_states(split, p, before)
+    finally:
+        _close(split)
+    for p in states:
+        for (name, conv, ssm), (name_s, conv_s, ssm_s) in zip(states[p], ref[p], strict=True):
+            at = f"{where}, {name}, state at {p}"
+            assert name == name_s and torch_equal(conv, conv_s), f"{at}: conv, {_byte_diff(conv, conv_s)}"
+            assert torch_equal(ssm, ssm_s), f"{at}: SSM state, {_byte_diff(ssm, ssm_s)}"
 
 
 @pytest.mark.parametrize("ssm_dtype", ["auto", "float32"])
