@@ -1,7 +1,7 @@
 """Our chunk-state kernel against vLLM's FLA state kernel, launch configuration by configuration, on a GPU.
 
 ``python -m benchmarks.gdn_chunk_states [--lengths 8192 32768] [--reps 15] [--first ours|vllm]
-[--block 1088] [--call N] [--inner N] [--json FILE] [--device cuda|cpu] [--also [LABEL=]FILE ...] [--asm DIR]``;
+[--block 1088] [--call N] [--inner N] [--json FILE] [--device cuda|cpu] [--also [LABEL=]FILE ...] [--theirs [LABEL=]FILE ...] [--asm DIR]``;
 ``python -m benchmarks.gdn_chunk_states --pool CALL.json ... [--json FILE]`` pools calls
 
 Why: in issue 37's H200 session (docs/notes/issue37-h200-2026-11-28c/) the exporter's step
@@ -19,6 +19,9 @@ separated here, in one process:
   checkpoint (``chunk_map`` all -1) and once with the cold prompt's checkpoint at its last block
   boundary (``(T - 1) // block * block``, one block of a float32 SSM cache);
 * ``LABEL`` rows (``--also LABEL=FILE``): other versions of our kernel module, no checkpoint;
+  (``--theirs LABEL=FILE``): another vLLM version's ``chunk_delta_h.py`` loaded into this vLLM's
+  FLA package, its kernel launched as vLLM's (0.32 / 0.33 load and store through pointer
+  arithmetic where 0.30 uses block pointers, with the same arithmetic);
 * ``autotuned`` rows: the calls a serving step makes: vLLM's ``chunk_gated_delta_rule_fwd_h``
   (its autotuner's pick) against our ``chunk_states`` with ``fla_h_config``'s mirror of it.
 
@@ -92,18 +95,20 @@ class _CpuEvent:
         return (end.t - self.t) * 1e3
 
 
-def _load(path: str, label: str):
-    """Another version of :mod:`vllm_hybrid_npu.ops._triton_gdn` (its source file), as a module."""
+def _load(path: str, label: str, package: str = ""):
+    """Another version of a kernel module (its source file), as a module of ``package`` (its
+    relative imports resolve there)."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location(f"gdn_chunk_states_{label}", path)
+    name = f"{package}.gdn_bench_{label}".lstrip(".").replace("-", "_")
+    spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod
     spec.loader.exec_module(mod)
     return mod
 
 
-def run(lengths, reps, first, block, seed, dev="cuda", also=(), inner=1, asm=None):
+def run(lengths, reps, first, block, seed, dev="cuda", also=(), inner=1, asm=None, their_files=()):
     import torch
     import triton
 
@@ -114,6 +119,11 @@ def run(lengths, reps, first, block, seed, dev="cuda", also=(), inner=1, asm=Non
 
     vjit = _jit(fla.chunk_gated_delta_rule_fwd_kernel_h_blockdim64)
     kernels = _triton_gdn.interpreted() if dev == "cpu" else None
+    theirs = {}  # other vLLM versions' chunk_delta_h.py, in this vLLM's FLA package
+    for spec in their_files or ():
+        label, _, path = spec.rpartition("=")
+        theirs[label or "vllm-other"] = _jit(_load(path, label or "vllm-other", fla.__package__)
+                                             .chunk_gated_delta_rule_fwd_kernel_h_blockdim64)
     others = {}
     for spec in also or ():
         label, _, path = spec.rpartition("=")
@@ -131,7 +141,7 @@ def run(lengths, reps, first, block, seed, dev="cuda", also=(), inner=1, asm=Non
         ckpt[((t - 1) // block * block) // CHUNK] = 0
         slots = torch.tensor([1], dtype=torch.int64, device=dev)
 
-        def vllm_cfg(bv, nw, ns):
+        def vllm_cfg(bv, nw, ns, vjit=vjit):
             h = k.new_empty(1, nt, HEADS, DIM, DIM)
             ht = k.new_empty(1, HEADS, DIM, DIM, dtype=torch.float32)
             vn = torch.empty_like(u)
@@ -152,6 +162,8 @@ def run(lengths, reps, first, block, seed, dev="cuda", also=(), inner=1, asm=Non
         variants = {}
         for cfg in space:
             variants[("config", cfg, "vllm")] = lambda cfg=cfg: vllm_cfg(*cfg)
+            for label, jit in theirs.items():
+                variants[("config", cfg, label)] = lambda cfg=cfg, jit=jit: vllm_cfg(*cfg, vjit=jit)
             variants[("config", cfg, "ours")] = lambda cfg=cfg: ours_cfg(*cfg, none)
             variants[("config", cfg, "ours+ckpt")] = lambda cfg=cfg: ours_cfg(*cfg, ckpt)
             for label, other in others.items():
@@ -278,6 +290,9 @@ def main(argv=None) -> int:
     ap.add_argument("--inner", type=int, default=1,
                     help="launches back to back between a round's two events (GPU time per launch "
                          "without the host's launch gap once the queue runs ahead)")
+    ap.add_argument("--theirs", nargs="*", default=(), metavar="[LABEL=]FILE",
+                    help="another vLLM version's chunk_delta_h.py (e.g. 0.32's pointer-arithmetic "
+                         "kernel): rows LABEL (default 'vllm-other'), launched as vLLM's")
     ap.add_argument("--asm", default=None, metavar="DIR",
                     help="write both kernels' TTGIR and PTX at vLLM's autotuned configuration "
                          "(the first length) into DIR and print registers and spills")
@@ -305,12 +320,13 @@ def main(argv=None) -> int:
     if a.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("gdn_chunk_states: needs a CUDA device (--device cpu: a dry run)")
     t0 = time.time()
-    rows = run(a.lengths, a.reps, a.first, a.block, a.seed, a.device, a.also, a.inner, a.asm)
+    rows = run(a.lengths, a.reps, a.first, a.block, a.seed, a.device, a.also, a.inner, a.asm,
+               a.theirs)
     _table(rows)
     device = torch.cuda.get_device_name(0) if a.device == "cuda" else "cpu (interpreter)"
     _dump(a.json, {"device": device, "torch": torch.__version__, "vllm": __import__("vllm").__version__,
                    "call": a.call, "first": a.first, "seed": a.seed, "block": a.block,
-                   "inner": a.inner, "also": list(a.also), "wall_s": round(time.time() - t0, 1),
+                   "inner": a.inner, "also": list(a.also), "theirs": list(a.theirs), "wall_s": round(time.time() - t0, 1),
                    "command": " ".join(sys.argv), "rows": rows})
     return 0
 
