@@ -740,6 +740,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--offered-load", type=float, default=DEFAULT_UTILIZATION,
                         help="offered prompt tokens/s over the simulated throughput when "
                         f"--tokens-per-s is not given (default {DEFAULT_UTILIZATION:g})")
+    parser.add_argument("--target", choices=("cuda", "npu"), default="cuda",
+                        help="the GDN prefill-checkpoint exporter path modelled: cuda (the one-pass Triton/FLA export, default: vLLM's stop at a shared-prefix junction and its block-rounded chunk ends stay) or npu (vllm-ascend 0.30.0rc2's prefill paths as the plugin runs them on vLLM 0.30, replayed on CPU only: junction states and budget chunk ends exported inside the step; off beside a host tier, whose KV connector turns them off there)")
     parser.add_argument("--no-carry", action="store_true",
                         help="do not carry an earlier turn's answer into the next prompt")
     parser.add_argument("--host-link-gbps", type=float, default=50.0,
@@ -820,7 +822,7 @@ def advise(args: argparse.Namespace) -> dict[str, Any]:
         kernel_block_size=args.kernel_block_size,
     )
     timing = dict(step_ms=args.step_ms, tokens_per_s=rate, carry_outputs=not args.no_carry,
-                  link=HostLink(args.host_link_gbps, args.host_link_latency_us))
+                  link=HostLink(args.host_link_gbps, args.host_link_latency_us), target=args.target)
     tag = f"{model_name} tp{args.tp} {args.kv_cache_gib:g} GiB" + (
         f" +host {args.host_cache_gib:g}" if args.host_cache_gib else "")
     fit_replayer = Replayer(fit, cfg, kv_cache_gib=args.kv_cache_gib, tp=args.tp, common=common,
@@ -858,7 +860,8 @@ def advise(args: argparse.Namespace) -> dict[str, Any]:
     replay_cmd = (f"vllm-hybrid-npu-lab hitrate --trace CHECK_PART --model {args.model} "
                   f"--tp {args.tp} --kv-cache-gib {args.kv_cache_gib:g} --policy {best.policy}"
                   + (f" --host-cache-gib {best.host_gib:g}" if best.host_gib else "")
-                  + f" --tokens-per-s {rate:.0f}" + (" --no-carry" if args.no_carry else ""))
+                  + f" --tokens-per-s {rate:.0f}" + (" --no-carry" if args.no_carry else "")
+                  + (f" --target {args.target}" if args.target != "cuda" else ""))
     check_replays = check_replayer.count  # advised, defaults, most-hits and split rows (distinct)
 
     audit = None
@@ -964,6 +967,7 @@ def advise(args: argparse.Namespace) -> dict[str, Any]:
         "offered_prompt_tokens_per_s": offered,
         "step_ms": args.step_ms,
         "carry_outputs": not args.no_carry,
+        "target": args.target,
         "num_requests": len(requests),
     }
 

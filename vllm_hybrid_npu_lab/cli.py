@@ -92,6 +92,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "is reported as the utilization",
     )
     parser.add_argument(
+        "--target", choices=("cuda", "npu"), default="cuda",
+        help="the GDN prefill-checkpoint exporter path modelled: cuda (the one-pass Triton/FLA export, default: vLLM's stop at a shared-prefix junction and its block-rounded chunk ends stay) or npu (vllm-ascend 0.30.0rc2's prefill paths as the plugin runs them on vLLM 0.30, replayed on CPU only: junction states and budget chunk ends exported inside the step; off beside a host tier, whose KV connector turns them off there)",
+    )
+    parser.add_argument(
         "--no-carry", action="store_true",
         help="do not carry an earlier turn's generated tokens into the prompt that extends it",
     )
@@ -287,7 +291,7 @@ def run_sweep(args: argparse.Namespace) -> dict[str, Any]:
                     label = (f"{model_name} tp{args.tp} {gib:g} GiB" + (f" +host {host:g}" if host else "")
                              + (f" bs{bs}" if bs else "") + (f" {rate:,.0f} tok/s" if len(rates) > 1 else ""))
                     timing = dict(step_ms=args.step_ms, tokens_per_s=rate,
-                                  carry_outputs=not args.no_carry, link=link)
+                                  carry_outputs=not args.no_carry, link=link, target=args.target)
                     policies: dict[str, Any] = {}
                     for name in names:
                         pol = get_policy(name)
@@ -372,6 +376,7 @@ def run_sweep(args: argparse.Namespace) -> dict[str, Any]:
                             "utilization": first["busy_fraction"],
                             "offered_load": offered / rate,
                             "carry_outputs": not args.no_carry,
+                            "target": args.target,
                             "num_requests": len(requests),
                             "attention_bound": ares.token_hit_rate,
                             "infinite_bound": cached / total,

@@ -14,9 +14,10 @@ checkpoint at retention interval 0). The lab takes that entry from the runtime's
 replay scheduler's own Mamba managers only (bound on the instances), so other replays in the same
 process keep vLLM's unpatched class. The lab imports the runtime; the runtime never imports the lab.
 
-The lab models CUDA's exporter (:mod:`.replay` keeps vLLM's junction stop, which the runtime lifts
-on the CPU path and, since 2026-11-28, on vllm-ascend's paths, replayed on CPU only; the lab does
-not model those yet), so it also takes the runtime's ``gdn-checkpoint-mid-block-stop`` entry: a
+By default the lab models CUDA's exporter (:mod:`.replay` keeps vLLM's junction stop, which the
+runtime lifts on the CPU path and, since 2026-11-28, on vllm-ascend's paths, replayed on CPU only;
+``--target npu`` models those: :func:`apply_junction_entries`), so it also takes the runtime's
+``gdn-checkpoint-mid-block-stop`` entry: a
 chunk started inside a block (after a hit finer than the block, ``--prefix-match-unit``) ends at
 the next block boundary, as vLLM's own split does without a prefill checkpoint, because CUDA's
 one-pass export writes one checkpoint per row. Bound on the replay scheduler instance, like the
@@ -105,6 +106,67 @@ def apply_mid_block_stop(scheduler: Any) -> bool:
         return False
     stack = Stack(target="cuda", vllm=base_version(vllm.__version__))
     scheduler._mamba_block_aligned_split = types.MethodType(entry.make(upstream, stack), scheduler)
+    return True
+
+
+#: the runtime registry entries exporting shared-prefix junction states and budget chunk ends
+#: inside the step (:mod:`vllm_hybrid_npu.patches.gdn_junction`; vLLM 0.30, CPU and NPU targets)
+JUNCTION_ENTRIES = ("gdn-junction-split", "gdn-junction-allocate", "gdn-junction-count",
+                    "gdn-junction-blocks")
+
+
+def apply_junction_entries(scheduler: Any) -> bool:
+    """Model vllm-ascend's GDN prefill paths (``--target npu``): the runtime's junction entries
+    (:data:`JUNCTION_ENTRIES`, vLLM 0.30) on ``scheduler``, as the runtime applies them on the NPU
+    (vllm-ascend 0.30.0rc2's three prefill paths, replayed on CPU only). A chunk no longer stops
+    at a shared-prefix junction whose state the step exports, nor below the token budget's end at
+    a block boundary, and a chunk started mid-block runs on (the step writes the crossed boundary,
+    so the runtime's mid-block stop stands aside and is unbound here). The blocks they reserve are
+    cached by vLLM's own manager.
+
+    Binds the entries on this scheduler, its KV-cache manager and its align-mode Mamba managers
+    (the classes stay untouched), unless the runtime applied them process-wide; then only the
+    rule is set. The rule (:class:`vllm_hybrid_npu.patches.gdn_junction.JunctionRule`) is the
+    runtime's ``_rule`` without its path check: only where Mamba managers declare prefill
+    checkpoint blocks (the exporter's setups), without EAGLE's block drop or vLLM's fine-grained
+    prefix cache. Returns True when the rule is on; False, with vLLM's junction stop kept, outside
+    vLLM 0.30 or without such managers. The caller leaves it off where the runtime does
+    (``junctions_off``: a KV connector on vllm-ascend's paths).
+    """
+    import vllm
+
+    from vllm_hybrid_npu.patches import gdn_junction as J
+    from vllm_hybrid_npu.patches import registry
+    from vllm_hybrid_npu.support import Stack, base_version
+
+    kv = scheduler.kv_cache_manager
+    managers = tuple(m for m in kv.coordinator.single_type_managers
+                     if J.is_mamba_manager(m) and m.mamba_cache_mode == "align"
+                     and getattr(m, "has_prefill_checkpoint_blocks", False))
+    on = (base_version(vllm.__version__) in J.VERSIONS and managers
+          and getattr(scheduler, "mamba_has_prefill_checkpoint_blocks", False)
+          and not getattr(scheduler, "use_eagle_block_drop", False)
+          and not getattr(scheduler, "mamba_fine_grained_prefix_cache", False))
+    rule = J.JunctionRule(scheduler.cache_config.block_size, scheduler.hash_block_size,
+                          scheduler.mamba_prefill_checkpoint_alignment, False, managers) if on else None
+    setattr(scheduler, J.RULE, rule)
+    setattr(kv, J.RULE, rule)
+    if rule is None:
+        return False
+    vars(scheduler).pop("_mamba_block_aligned_split", None)  # the mid-block stop stands aside
+    if JUNCTION_ENTRIES[0] in registry.REPORT.applied:
+        return True  # the runtime's class-level entries read the rule set above
+    entries = {p.name: p for p in J.PATCHES}
+    stack = Stack(target="npu", vllm=base_version(vllm.__version__))
+
+    def bind(obj: Any, attr: str, name: str) -> None:
+        setattr(obj, attr, types.MethodType(entries[name].make(getattr(type(obj), attr), stack), obj))
+
+    bind(scheduler, "_mamba_block_aligned_split", "gdn-junction-split")
+    bind(kv, "allocate_slots", "gdn-junction-allocate")
+    for mgr in managers:
+        bind(mgr, "get_num_blocks_to_allocate", "gdn-junction-count")
+        bind(mgr, "allocate_new_blocks", "gdn-junction-blocks")
     return True
 
 

@@ -162,6 +162,10 @@ def _miss_tracker(setup: Any, host_tier: bool) -> Any:
     return MissTracker(setup.hash_block_size, host_tier=host_tier, block_size=setup.block_size)
 
 
+#: the exporter paths :func:`replay` models (its ``target``)
+TARGETS = ("cuda", "npu")
+
+
 def replay(
     requests: list[TraceRequest],
     setup: Any,
@@ -173,6 +177,7 @@ def replay(
     link: Any = None,
     progress: Callable[[int, int, float], None] | None = None,
     on_admit: Callable[[Any, Any], None] | None = None,
+    target: str = "cuda",
 ) -> ReplayResult:
     """Replay ``requests`` through ``scheduler_class`` built on ``setup`` and return the numbers.
 
@@ -188,11 +193,17 @@ def replay(
         link: a :class:`vllm_hybrid_npu_lab.host_tier.HostLink` (bandwidth/latency of the host
             tier); default ``HostLink()`` when the setup has a host tier.
         progress: called as ``progress(finished, total, sim_time_s)`` every few hundred steps.
+        target: the exporter path modelled (:data:`TARGETS`): ``cuda`` (the one-pass export:
+            vLLM's junction stop kept) or ``npu`` (vllm-ascend's paths as the runtime runs them
+            on vLLM 0.30: :func:`vllm_hybrid_npu_lab.exporter.apply_junction_entries`, off beside
+            a host tier's KV connector, as the runtime's ``junctions_off``). Settings without the
+            exporter replay the same on both.
         on_admit: called as ``on_admit(scheduler, request)`` when a request is first scheduled
             (after ``schedule()`` returned, before the step's output): an observer, e.g. of what
             the host tier holds for the request's prefix (:mod:`.host_breakdown`).
 
-    Raises ``RuntimeError`` if the scheduler stops making progress (a request that can never be
+    Raises ``ValueError`` for a ``target`` outside :data:`TARGETS`; ``RuntimeError`` if the
+    scheduler stops making progress (a request that can never be
     scheduled under the KV budget).
     """
     from vllm.sampling_params import SamplingParams
@@ -219,13 +230,19 @@ def replay(
         log_stats=False,
     )
     # the runtime's junction entries (vllm_hybrid_npu.patches.gdn_junction) export a shared-prefix
-    # junction's state on the CPU path and vllm-ascend's paths; the lab models the path without
-    # them (CUDA's one-pass export), also in a process where the runtime's registry is applied:
-    # vLLM's junction stop stays
+    # junction's state on the CPU path and vllm-ascend's paths: on for target "npu" without a KV
+    # connector (the runtime's junctions_off turns them off beside one there); else the path
+    # without them (CUDA's one-pass export), also in a process where the runtime's registry is
+    # applied: vLLM's junction stop stays
     from vllm_hybrid_npu.patches.gdn_junction import RULE
+    from vllm_hybrid_npu_lab.exporter import apply_junction_entries
 
-    setattr(sched, RULE, None)
-    setattr(sched.kv_cache_manager, RULE, None)
+    if target not in TARGETS:
+        raise ValueError(f"replay: target {target!r}: one of {', '.join(TARGETS)}")
+    if not (target == "npu" and getattr(sched, "connector", None) is None
+            and apply_junction_entries(sched)):
+        setattr(sched, RULE, None)
+        setattr(sched.kv_cache_manager, RULE, None)
     worker = None
     if getattr(sched, "connector", None) is not None:
         from vllm_hybrid_npu_lab.host_tier import HostLink, SimulatedOffloadWorker

@@ -46,7 +46,8 @@ stops at once: the first named here wins):
 * ``shared_budget``: the token budget left for the request in that step was below ``B`` (and
   below the threshold and what the request still had): other requests of the step (decodes,
   other prefills) took the rest: load. The chunk ends at that budget or, in align mode, at the
-  block boundary below it.
+  block boundary below it, or (the runtime's junction entries: ``--target npu``, the CPU path)
+  at the 64-token checkpoint alignment below it, the step exporting the states it crosses.
 * ``long_prefill``: ``--long-prefill-token-threshold`` capped the chunk below ``B``.
 * ``block_rounding``: the chunk had the whole budget ``B`` and vLLM's align-mode split rounded its
   end down to a block boundary (``B`` not a multiple of the block).
@@ -65,6 +66,8 @@ from __future__ import annotations
 import inspect
 from dataclasses import dataclass, field, replace
 from typing import Any
+
+from vllm_hybrid_npu.core.prefill_checkpoints import ALIGNMENT
 
 #: extra-step reasons, the order of reports (the module docstring gives the order they are tested)
 REASONS: tuple[str, ...] = (
@@ -176,6 +179,9 @@ def chunk_reason(start: int, end: int, num_tokens: int, num_prompt_tokens: int,
                 else "prompt_tail")
     if start % bs and upstream_end == (start // bs + 1) * bs:
         return "mid_block_start"
+    if start < upstream_end == requested // ALIGNMENT * ALIGNMENT and requested < prefill_end:
+        # the runtime's budget chunk end (core.budget_chunk_end): on the alignment, not the block
+        return _budget_reason(decision.asked, remaining, settings, rounded=True)
     return "unexplained"
 
 

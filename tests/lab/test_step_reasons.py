@@ -35,7 +35,8 @@ def cfg(tiny_model_dir):
     return resolve_model(str(tiny_model_dir))[1]
 
 
-def _replay(cfg, rows, policy="upstream", *, block_size=256, budget=8192, together=False):
+def _replay(cfg, rows, policy="upstream", *, block_size=256, budget=8192, together=False,
+            target="cuda"):
     """Replay ``rows`` = [(input_length, hash_ids)] (4 output tokens each), 10 s apart (each
     alone) or all at t = 0 (``together``), prompts as their hash ids say (no answer carried into
     a longer prompt); returns the result and the extra steps by reason (counts over all prompts,
@@ -45,7 +46,7 @@ def _replay(cfg, rows, policy="upstream", *, block_size=256, budget=8192, togeth
     pol = get_policy(policy)
     setup = build_setup(cfg, kv_cache_bytes=BIG, block_size=block_size,
                         max_num_batched_tokens=budget, max_model_len=4096, **setup_kwargs(pol))
-    res = replay(reqs, setup, pol.scheduler_class(), carry_outputs=False)
+    res = replay(reqs, setup, pol.scheduler_class(), carry_outputs=False, target=target)
     n = len(rows)
     by = {r: round(v * n, 9) for r, v in res.extra_prefill_steps_by_reason.items() if v}
     assert set(res.extra_prefill_steps_by_reason) == set(REASONS)
@@ -77,6 +78,30 @@ def test_prefix_shared_off_the_block_grid_costs_one_junction_step(cfg, rng):
     res, by = _replay(cfg, [(a, [1, 2, 3]), (b, [1, 2, 4])], block_size=384)
     assert res.cached_per_request == [0, 0]
     assert by == {"prompt_tail": 2, "junction": 1}
+
+
+@pytest.mark.skipif(VLLM != (0, 30), reason="the runtime's junction entries are written against "
+                    "vLLM 0.30's Mamba managers (on 0.32 / 0.33 vLLM's stop stays)")
+def test_target_npu_exports_the_junction_inside_the_step(cfg, rng):
+    # Block 384, the exporter declared; A, B and C share their first two trace blocks (1024
+    # tokens, off the 384 grid), lengths in (1152, 1536). A: one step (its checkpoint at 1152 is
+    # valid). B: attention hits to 1024 and no GDN state there: the junction, floored to 768.
+    # CUDA's path (default target) keeps vLLM's stop: [0, 768), then the rest (its checkpoint at
+    # 1152 valid from 768): one junction step. vllm-ascend's paths (target npu, the runtime's
+    # junction entries): one step, the state at 768 exported into the block vLLM caches there.
+    # Either way C hits 768 and takes one step.
+    rows = [(rng.randint(1153, 1535), [1, 2, k]) for k in (3, 4, 5)]
+    cuda, by = _replay(cfg, rows, "upstream:ckpt", block_size=384)
+    assert cuda.cached_per_request == [0, 0, 768] and by == {"junction": 1}, rows
+    assert cuda.prefill_steps_per_prompt == 4 / 3
+    npu, by = _replay(cfg, rows, "upstream:ckpt", block_size=384, target="npu")
+    assert npu.cached_per_request == [0, 0, 768] and by == {}, rows
+    assert npu.prefill_steps_per_prompt == 1
+    # vLLM's split without the exporter: the same on both targets (no checkpoint declared)
+    plain = [_replay(cfg, rows, block_size=384, target=t)[0] for t in ("cuda", "npu")]
+    assert plain[0].to_dict() | {"wall_s": 0} == plain[1].to_dict() | {"wall_s": 0}
+    with pytest.raises(ValueError, match="target 'gpu'"):
+        _replay(cfg, rows[:1], target="gpu")
 
 
 def test_prompts_arriving_together_under_a_small_budget_share_it(cfg, rng):
@@ -241,6 +266,10 @@ S = SplitSettings(block_size=384, hash_block_size=384, budget=1000)
     (768, 1152, 1536, SplitDecision(768, 768, 384, 384, 0, 1536, 1536, tails=(1152, 1152)), S,
      "prompt_tail"),
     (768, 1152, 1536, SplitDecision(768, 768, 384, 384, 0, 1536, 1536), S, "unexplained"),
+    # the runtime's budget chunk end (target npu): the shared 700 floored to the 64-token
+    # alignment (640), not the block; the whole budget 1000 floored to 960
+    (0, 640, 2000, SplitDecision(0, 700, 640, 640, 0, 2000, 2000), S, "shared_budget"),
+    (0, 960, 2000, SplitDecision(0, 1000, 960, 960, 0, 2000, 2000), S, "block_rounding"),
     # a start mid-block (448) stopped at the next boundary 768
     (448, 768, 2000, SplitDecision(448, 1000, 320, 320, 0, 2000, 2000), S, "mid_block_start"),
     # a lab policy shortened vLLM's 768 to 384
