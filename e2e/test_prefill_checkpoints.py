@@ -184,19 +184,27 @@ def _planned_blocks():
     and GDN KV-cache group; on vLLM 0.33 from vLLM's own plan), and of the metadata the V2 runner
     (CUDA) derives for the GDN groups other than the first (``ops.regather``; without it those
     groups' blocks went unseen on vLLM 0.33 on an H200, 2026-11-28)."""
+    seen: set[int] = set()
+    with _spy_slots(seen.update):
+        yield seen
+
+
+@contextlib.contextmanager
+def _spy_slots(record):
+    """While open, ``record(slots)`` with the block ids (a list) of every step metadata
+    ``ops.build_metadata`` and ``ops.regather`` build (what they return is theirs)."""
     from vllm_hybrid_npu.ops import gdn_checkpoint as ops
 
-    seen: set[int] = set()
     mp = pytest.MonkeyPatch()
     for name in ("build_metadata", "regather"):
         def spy(*args, _real=getattr(ops, name), **kwargs):
             md = _real(*args, **kwargs)
-            seen.update(md.slots.tolist())
+            record(md.slots.tolist())
             return md
 
         mp.setattr(ops, name, spy)
     try:
-        yield seen
+        yield
     finally:
         mp.undo()
 
@@ -780,21 +788,9 @@ def _planned_blocks_per_step(llm):
     """``_planned_blocks`` by engine step: ``{step: blocks}``, the step numbered by the steps
     ``llm`` has scheduled so far (``count_scheduled_steps``: the metadata is built after the
     step's ``schedule``)."""
-    from vllm_hybrid_npu.ops import gdn_checkpoint as ops
-
     seen: dict[int, set[int]] = {}
-    mp = pytest.MonkeyPatch()
-    for name in ("build_metadata", "regather"):
-        def spy(*args, _real=getattr(ops, name), **kwargs):
-            md = _real(*args, **kwargs)
-            seen.setdefault(len(llm._vhn_steps), set()).update(md.slots.tolist())
-            return md
-
-        mp.setattr(ops, name, spy)
-    try:
+    with _spy_slots(lambda slots: seen.setdefault(len(llm._vhn_steps), set()).update(slots)):
         yield seen
-    finally:
-        mp.undo()
 
 
 @contextlib.contextmanager
