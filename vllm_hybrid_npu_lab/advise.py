@@ -72,6 +72,7 @@ import re
 import sys
 from typing import Any, Callable
 
+from vllm_hybrid_npu_lab.replay import TARGET_HELP, TARGETS
 from vllm_hybrid_npu_lab.upstream_grid import UpstreamSetting
 
 #: option axes in search order
@@ -740,8 +741,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--offered-load", type=float, default=DEFAULT_UTILIZATION,
                         help="offered prompt tokens/s over the simulated throughput when "
                         f"--tokens-per-s is not given (default {DEFAULT_UTILIZATION:g})")
-    parser.add_argument("--target", choices=("cuda", "npu"), default="cuda",
-                        help="the GDN prefill-checkpoint exporter path modelled: cuda (the one-pass Triton/FLA export, default: vLLM's stop at a shared-prefix junction and its block-rounded chunk ends stay) or npu (vllm-ascend 0.30.0rc2's prefill paths as the plugin runs them on vLLM 0.30, replayed on CPU only: junction states and budget chunk ends exported inside the step; off beside a host tier, whose KV connector turns them off there)")
+    parser.add_argument("--target", choices=TARGETS, default="cuda", help=TARGET_HELP)
     parser.add_argument("--no-carry", action="store_true",
                         help="do not carry an earlier turn's answer into the next prompt")
     parser.add_argument("--host-link-gbps", type=float, default=50.0,

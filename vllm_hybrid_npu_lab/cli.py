@@ -19,6 +19,7 @@ import sys
 from typing import Any
 
 from vllm_hybrid_npu_lab.presets import DEFAULT_MODEL, DEFAULT_STEP_MS, DEFAULT_UTILIZATION  # noqa: E402,F401
+from vllm_hybrid_npu_lab.replay import TARGET_HELP, TARGETS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -91,10 +92,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         f"given (an input; default {DEFAULT_UTILIZATION:g}); the engine's measured busy share "
         "is reported as the utilization",
     )
-    parser.add_argument(
-        "--target", choices=("cuda", "npu"), default="cuda",
-        help="the GDN prefill-checkpoint exporter path modelled: cuda (the one-pass Triton/FLA export, default: vLLM's stop at a shared-prefix junction and its block-rounded chunk ends stay) or npu (vllm-ascend 0.30.0rc2's prefill paths as the plugin runs them on vLLM 0.30, replayed on CPU only: junction states and budget chunk ends exported inside the step; off beside a host tier, whose KV connector turns them off there)",
-    )
+    parser.add_argument("--target", choices=TARGETS, default="cuda", help=TARGET_HELP)
     parser.add_argument(
         "--no-carry", action="store_true",
         help="do not carry an earlier turn's generated tokens into the prompt that extends it",

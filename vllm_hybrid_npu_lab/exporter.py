@@ -126,12 +126,11 @@ def apply_junction_entries(scheduler: Any) -> bool:
 
     Binds the entries on this scheduler, its KV-cache manager and its align-mode Mamba managers
     (the classes stay untouched), unless the runtime applied them process-wide; then only the
-    rule is set. The rule (:class:`vllm_hybrid_npu.patches.gdn_junction.JunctionRule`) is the
-    runtime's ``_rule`` without its path check: only where Mamba managers declare prefill
-    checkpoint blocks (the exporter's setups), without EAGLE's block drop or vLLM's fine-grained
-    prefix cache. Returns True when the rule is on; False, with vLLM's junction stop kept, outside
-    vLLM 0.30 or without such managers. The caller leaves it off where the runtime does
-    (``junctions_off``: a KV connector on vllm-ascend's paths).
+    rule is set. The rule is the runtime's
+    (:func:`vllm_hybrid_npu.patches.gdn_junction.junction_rule`, without the exporter path's
+    check). Returns True when the rule is on; False, with vLLM's junction stop kept, outside
+    vLLM 0.30 or where that rule is None (a setting without the exporter). The caller leaves it
+    off where the runtime does (``junctions_off``: a KV connector on vllm-ascend's paths).
     """
     import vllm
 
@@ -140,15 +139,7 @@ def apply_junction_entries(scheduler: Any) -> bool:
     from vllm_hybrid_npu.support import Stack, base_version
 
     kv = scheduler.kv_cache_manager
-    managers = tuple(m for m in kv.coordinator.single_type_managers
-                     if J.is_mamba_manager(m) and m.mamba_cache_mode == "align"
-                     and getattr(m, "has_prefill_checkpoint_blocks", False))
-    on = (base_version(vllm.__version__) in J.VERSIONS and managers
-          and getattr(scheduler, "mamba_has_prefill_checkpoint_blocks", False)
-          and not getattr(scheduler, "use_eagle_block_drop", False)
-          and not getattr(scheduler, "mamba_fine_grained_prefix_cache", False))
-    rule = J.JunctionRule(scheduler.cache_config.block_size, scheduler.hash_block_size,
-                          scheduler.mamba_prefill_checkpoint_alignment, False, managers) if on else None
+    rule = J.junction_rule(scheduler) if base_version(vllm.__version__) in J.VERSIONS else None
     setattr(scheduler, J.RULE, rule)
     setattr(kv, J.RULE, rule)
     if rule is None:
@@ -164,7 +155,7 @@ def apply_junction_entries(scheduler: Any) -> bool:
 
     bind(scheduler, "_mamba_block_aligned_split", "gdn-junction-split")
     bind(kv, "allocate_slots", "gdn-junction-allocate")
-    for mgr in managers:
+    for mgr in rule.managers:
         bind(mgr, "get_num_blocks_to_allocate", "gdn-junction-count")
         bind(mgr, "allocate_new_blocks", "gdn-junction-blocks")
     return True

@@ -164,6 +164,13 @@ def _miss_tracker(setup: Any, host_tier: bool) -> Any:
 
 #: the exporter paths :func:`replay` models (its ``target``)
 TARGETS = ("cuda", "npu")
+#: ``--target``'s help in ``hitrate`` and ``advise``
+TARGET_HELP = ("the GDN prefill-checkpoint exporter path modelled: cuda (the one-pass Triton/FLA "
+               "export, default: vLLM's stop at a shared-prefix junction and its block-rounded "
+               "chunk ends stay) or npu (vllm-ascend 0.30.0rc2's prefill paths as the plugin runs "
+               "them on vLLM 0.30, replayed on CPU only: junction states and budget chunk ends "
+               "exported inside the step; off beside a host tier, whose KV connector turns them "
+               "off there)")
 
 
 def replay(

@@ -132,21 +132,32 @@ def is_mamba_manager(manager: Any) -> bool:
                for c in type(manager).__mro__)
 
 
+def junction_rule(scheduler: Any) -> JunctionRule | None:
+    """The :class:`JunctionRule` of vLLM 0.30's ``scheduler`` (``Scheduler``) as its align-mode
+    configuration allows it, whatever the exporter path: None without align-mode Mamba managers
+    that declare prefill checkpoint blocks, with EAGLE's block drop or with vLLM's fine-grained
+    prefix cache. :func:`_rule` adds the path's check; the lab's ``--target npu`` takes it as is
+    (``vllm_hybrid_npu_lab.exporter.apply_junction_entries``)."""
+    managers = tuple(m for m in scheduler.kv_cache_manager.coordinator.single_type_managers
+                     if is_mamba_manager(m) and m.mamba_cache_mode == "align"
+                     and getattr(m, "has_prefill_checkpoint_blocks", False))
+    if (not managers or not scheduler.mamba_has_prefill_checkpoint_blocks
+            or scheduler.use_eagle_block_drop or scheduler.mamba_fine_grained_prefix_cache):
+        return None
+    return JunctionRule(scheduler.cache_config.block_size, scheduler.hash_block_size,
+                        scheduler.mamba_prefill_checkpoint_alignment, False, managers)
+
+
 def _rule(scheduler: Any, stack: Stack) -> JunctionRule | None:
     """The scheduler's :class:`JunctionRule`, or None where junctions keep vLLM's stop; decided
     once per scheduler and handed to its KV-cache manager (:data:`RULE`)."""
     if hasattr(scheduler, RULE):
         return getattr(scheduler, RULE)
     rule = None
-    managers = tuple(m for m in scheduler.kv_cache_manager.coordinator.single_type_managers
-                     if is_mamba_manager(m) and m.mamba_cache_mode == "align"
-                     and getattr(m, "has_prefill_checkpoint_blocks", False))
-    if (managers and scheduler.mamba_has_prefill_checkpoint_blocks
-            and not scheduler.use_eagle_block_drop and not scheduler.mamba_fine_grained_prefix_cache
-            and gdn.junctions_off(scheduler.vllm_config,
-                                  gdn.exporter_path(scheduler.vllm_config, stack.target)[0]) is None):
-        rule = JunctionRule(scheduler.cache_config.block_size, scheduler.hash_block_size,
-                            scheduler.mamba_prefill_checkpoint_alignment, False, managers)
+    if gdn.junctions_off(scheduler.vllm_config,
+                         gdn.exporter_path(scheduler.vllm_config, stack.target)[0]) is None:
+        rule = junction_rule(scheduler)
+    if rule is not None:
         logger.info("vllm-hybrid-npu: shared-prefix junction states exported from inside the step "
                     "(block %d tokens): the scheduler does not stop at a junction it can export%s",
                     rule.block, "" if rule.hash_block != rule.block else
