@@ -208,15 +208,17 @@ def run(lengths, reps, first, block, seed, dev="cuda", also=(), inner=1, asm=Non
             bv, nw, ns = auto
             pos = (k, u, w, torch.empty_like(u), g, None, k.new_empty(1, nt, HEADS, DIM, DIM), h0,
                    k.new_empty(1, HEADS, DIM, DIM, dtype=torch.float32), cu, co, t)
-            theirs = vjit[(triton.cdiv(DIM, bv), HEADS)](
+            compiled = {label: jit[(triton.cdiv(DIM, bv), HEADS)](
                 *pos, H=HEADS, Hg=KEY_HEADS, K=DIM, V=DIM, BT=CHUNK, BV=bv, USE_G=True,
                 USE_GK=False, USE_INITIAL_STATE=True, STORE_FINAL_STATE=True, SAVE_NEW_VALUE=True,
                 IS_VARLEN=True, USE_EXP2=False, num_warps=nw, num_stages=ns)
+                for label, jit in {"vllm": vjit, **theirs}.items()}
             mine = _triton_gdn.chunk_states_kernel[(triton.cdiv(DIM, bv), HEADS)](
                 k, u, w, torch.empty_like(u), g, pos[6], h0, pos[8], cu, co, ckpt, slots, cache,
                 *cache.stride(), H=HEADS, Hg=KEY_HEADS, K=DIM, V=DIM, BT=CHUNK, BV=bv,
                 USE_INITIAL_STATE=True, STORE_FINAL_STATE=True, num_warps=nw, num_stages=ns)
-            for label, ck in (("vllm", theirs), ("ours", mine)):
+            os.makedirs(asm, exist_ok=True)
+            for label, ck in (*compiled.items(), ("ours", mine)):
                 print(f"asm {label}: config {auto} n_regs {getattr(ck, 'n_regs', '?')} "
                       f"n_spills {getattr(ck, 'n_spills', '?')} shared {getattr(ck, 'shared', '?')}")
                 for ext in ("ttgir", "ptx"):
