@@ -126,8 +126,13 @@ def chunk_states_kernel(k, v, w, v_new, g, h, h0, ht, cu_seqlens, chunk_offsets,
             b_h4 += _load_state(h0 + i_nh * V * K, o_v, m_v, 192, K)
 
     o_t = tl.arange(0, BT)  # a chunk's tokens, int32: tile offsets stay 32-bit (vLLM's do too)
+    # the checkpoint (or -1) of the row's first chunk; each iteration loads the next chunk's a
+    # whole iteration before its branch needs it: a load that feeds the branch directly stalls
+    # the program (one warp group per SM) for a global load's latency in every chunk
+    ck = tl.load(chunk_map + boh)
     for i_t in range(NT):
         c = tl.full([], 0, dtype=tl.int64) + i_t  # chunk index in the row, int64 in both modes
+        ck_next = tl.load(chunk_map + boh + tl.minimum(c + 1, NT - 1))
         # the chunk's bases (64-bit scalars); the tiles below add 32-bit offsets to them
         h_c = h + c * H * V * K
         w_c = w + c * BT * H * K
@@ -145,7 +150,6 @@ def chunk_states_kernel(k, v, w, v_new, g, h, h0, ht, cu_seqlens, chunk_offsets,
             _store_state(h_c, b_h3, o_v, m_v, 128, K, K, 1)
         if K > 192:
             _store_state(h_c, b_h4, o_v, m_v, 192, K, K, 1)
-        ck = tl.load(chunk_map + boh + c)
         if ck >= 0:
             dst = cache + tl.load(slots + ck) * s_cb
             _store_state(dst, b_h1, o_v, m_v, 0, K, s_cv, s_ck)
@@ -189,6 +193,7 @@ def chunk_states_kernel(k, v, w, v_new, g, h, h0, ht, cu_seqlens, chunk_offsets,
             b_h3 += _k_times_v(k_c, o_t, m_t, Hg * K, 128, b_v, K)
         if K > 192:
             b_h4 += _k_times_v(k_c, o_t, m_t, Hg * K, 192, b_v, K)
+        ck = ck_next
 
     if STORE_FINAL_STATE:
         ht += i_nh * V * K
