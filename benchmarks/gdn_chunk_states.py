@@ -1,7 +1,7 @@
 """Our chunk-state kernel against vLLM's FLA state kernel, launch configuration by configuration, on a GPU.
 
 ``python -m benchmarks.gdn_chunk_states [--lengths 8192 32768] [--reps 15] [--first ours|vllm]
-[--block 1088] [--call N] [--inner N] [--json FILE] [--device cuda|cpu] [--also [LABEL=]FILE ...] [--theirs [LABEL=]FILE ...] [--asm DIR]``;
+[--block 1088] [--call N] [--inner N] [--json FILE] [--device cuda|cpu] [--also [LABEL=]FILE ...] [--theirs [LABEL=]FILE ...] [--asm DIR] [--bits]``;
 ``python -m benchmarks.gdn_chunk_states --pool CALL.json ... [--json FILE]`` pools calls
 
 Why: in issue 37's H200 session (docs/notes/issue37-h200-2026-11-28c/) the exporter's step
@@ -234,6 +234,76 @@ def run(lengths, reps, first, block, seed, dev="cuda", also=(), inner=1, asm=Non
     return rows
 
 
+def bits(lengths, seed, block, dev="cuda") -> list[dict]:
+    """Whether the kernels' outputs depend on the launch configuration (``--bits``).
+
+    For every configuration of vLLM's autotuning space, vLLM's kernel and ours (with the
+    checkpoint) run on the same inputs as :func:`run`'s; each output, ``h`` [1, NT, H, V, K]
+    bf16, ``v_new`` [1, T, H, V] bf16 and the final state [1, H, V, K] float32 (ours: also the
+    checkpoint block), is compared with vLLM's kernel at the first configuration of the space
+    (the checkpoint, float32 where ``h`` is bf16: with ours at the first configuration).
+    Rows: ``tokens``, ``bv``, ``num_warps``, ``num_stages``, ``kernel``, and per output
+    ``equal`` (bit for bit) and ``max_abs`` (the largest absolute difference, float). If every row
+    is equal, the exporter may launch its kernel at a configuration other than vLLM's autotuned
+    pick and still leave caching off's outputs bit for bit. On ``--device cpu`` vLLM's kernel
+    does not run (the interpreter lacks its block pointers): ours only, against its own first
+    configuration."""
+    import torch
+    import triton
+
+    from vllm.third_party.flash_linear_attention.ops import chunk_delta_h as fla
+
+    from vllm_hybrid_npu.ops import _triton_gdn
+
+    vjit = _jit(fla.chunk_gated_delta_rule_fwd_kernel_h_blockdim64)
+    kernels = _triton_gdn.interpreted() if dev == "cpu" else None
+    space = [(c.kwargs["BV"], c.num_warps, c.num_stages)
+             for c in _jit_autotuner(fla.chunk_gated_delta_rule_fwd_kernel_h_blockdim64).configs]
+    rows = []
+    for t in lengths:
+        k, w, u, g, h0, cu, ci, co = _inputs(t, seed, dev)
+        nt = ci.shape[0]
+        ckpt = torch.full((nt,), -1, dtype=torch.int64, device=dev)
+        ckpt[((t - 1) // block * block) // CHUNK] = 0
+        slots = torch.tensor([1], dtype=torch.int64, device=dev)
+
+        def vllm_out(bv, nw, ns):
+            h = k.new_empty(1, nt, HEADS, DIM, DIM)
+            ht = k.new_empty(1, HEADS, DIM, DIM, dtype=torch.float32)
+            vn = torch.empty_like(u)
+            vjit[(triton.cdiv(DIM, bv), HEADS)](
+                k, u, w, vn, g, None, h, h0, ht, cu, co, t, H=HEADS, Hg=KEY_HEADS, K=DIM, V=DIM,
+                BT=CHUNK, BV=bv, USE_G=True, USE_GK=False, USE_INITIAL_STATE=True,
+                STORE_FINAL_STATE=True, SAVE_NEW_VALUE=True, IS_VARLEN=True, USE_EXP2=False,
+                num_warps=nw, num_stages=ns)
+            return {"h": h, "v_new": vn, "final": ht}
+
+        def ours_out(bv, nw, ns):
+            cache = torch.full((4, HEADS, DIM, DIM), float("nan"), device=dev)
+            h, vn, ht = _triton_gdn.chunk_states(k, w, u, g, h0, True, cu, co, nt, ckpt, slots,
+                                                 cache, bv=bv, num_warps=nw, num_stages=ns,
+                                                 kernels=kernels)
+            return {"h": h, "v_new": vn, "final": ht, "checkpoint": cache[1]}
+
+        runs = [("vllm", vllm_out)] if dev == "cuda" else []
+        runs.append(("ours", ours_out))
+        ref = None
+        for cfg in space:
+            for who, fn in runs:
+                out = fn(*cfg)
+                ref = ref or dict(out)
+                if ref.get("checkpoint") is None:  # ours' first (float32)
+                    ref["checkpoint"] = out.get("checkpoint")
+                row = {"tokens": t, "bv": cfg[0], "num_warps": cfg[1], "num_stages": cfg[2],
+                       "kernel": who}
+                for name, x in out.items():
+                    y = ref[name]
+                    row[f"{name}_equal"] = bool(torch.equal(x, y))
+                    row[f"{name}_max_abs"] = float((x.float() - y.float()).abs().max())
+                rows.append(row)
+    return rows
+
+
 def _jit_autotuner(kernel):
     import triton
 
@@ -298,6 +368,9 @@ def main(argv=None) -> int:
     ap.add_argument("--asm", default=None, metavar="DIR",
                     help="write both kernels' TTGIR and PTX at vLLM's autotuned configuration "
                          "(the first length) into DIR and print registers and spills")
+    ap.add_argument("--bits", action="store_true",
+                    help="no timing: whether each kernel's outputs at every configuration of "
+                         "vLLM's space equal vLLM's kernel's at the first one, bit for bit")
     ap.add_argument("--pool", nargs="*", default=None, metavar="JSON",
                     help="pool these calls' JSONs (no run): table and --json")
     a = ap.parse_args(argv)
@@ -322,6 +395,13 @@ def main(argv=None) -> int:
     if a.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("gdn_chunk_states: needs a CUDA device (--device cpu: a dry run)")
     t0 = time.time()
+    if a.bits:
+        rows = bits(a.lengths, a.seed, a.block, a.device)
+        for r in rows:
+            print(" ".join(f"{key}={val}" for key, val in r.items()))
+        _dump(a.json, {"device": torch.cuda.get_device_name(0) if a.device == "cuda" else "cpu",
+                       "call": a.call, "seed": a.seed, "command": " ".join(sys.argv), "bits": rows})
+        return 0
     rows = run(a.lengths, a.reps, a.first, a.block, a.seed, a.device, a.also, a.inner, a.asm,
                a.theirs)
     _table(rows)
