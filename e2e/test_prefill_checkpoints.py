@@ -997,7 +997,7 @@ def test_resumed_decoder_with_a_junction_inside_its_prompt(tiny_model_dir, engin
     S + tail`` (``3B < |H| <= 4B - d - 4``: its checkpoint at ``3B`` holds its own tokens),
     ``k = 5`` short decoders ``D`` of ``B - c`` tokens, and ``R = S + tail`` (``3B < P <= 4B -
     2c``, ``2c`` output tokens; EOS ignored everywhere), all prefilled in step 1 (a budget of
-    ``12B``); ``H``, ``D`` decode ``d = c + 4`` tokens. ``R``'s first lookup finds ``jf`` in
+    ``13B``); ``H``, ``D`` decode ``d = c + 4`` tokens. ``R``'s first lookup finds ``jf`` in
     ``H``'s blocks. No decode needs a page until step ``c + 2``, where each ``D`` crosses its
     first block boundary (one attention page and a state block per GDN group: 4 pages, its old
     state block freed the step after). Pages, counted for vLLM 0.30's align mode (3 GDN groups,
@@ -1021,7 +1021,7 @@ def test_resumed_decoder_with_a_junction_inside_its_prompt(tiny_model_dir, engin
     cached at ``jf`` and ``3B`` are blocks that step wrote (the exporter's plan,
     ``_planned_blocks_per_step``); the conv and SSM bytes cached there equal those vLLM's split
     caches there in the same batch; the batch's outputs equal the split's up to near-ties
-    (``greedy_compare``'s chunking bound: other kernel shapes); a third sharer afterwards hits
+    (``greedy_compare``'s chunking bound: other kernel shapes); a third sharer (``3B < |T| <= 4B``) afterwards hits
     what it hits after vLLM's split (``jf``), with the output it gets computed cold under a fresh
     ``cache_salt`` (exact on CPU)."""
     block = _block_of(tiny_model_dir, engine_args)  # an engine has run: the entries are decided
@@ -1035,7 +1035,7 @@ def test_resumed_decoder_with_a_junction_inside_its_prompt(tiny_model_dir, engin
     holder = shared + _prompt(rng, rng.randrange(3 * block + 1, 4 * block - d - 3) - len(shared))
     decoders = [_prompt(rng, block - c) for _ in range(k)]
     resumed = shared + _prompt(rng, rng.randrange(3 * block + 1, 4 * block - m + 1) - len(shared))
-    third = shared + _prompt(rng, rng.randrange(block, 2 * block))
+    third = shared + _prompt(rng, rng.randrange(3 * block + 1, 4 * block + 1) - len(shared))
     prompts = [holder, *decoders, resumed]
     where = (f"block {block}, prefix {len(shared)}, holder {len(holder)}, decoders {k} x {block - c}, "
              f"resumed {len(resumed)} (+{m}), {usable} pages")
@@ -1043,7 +1043,7 @@ def test_resumed_decoder_with_a_junction_inside_its_prompt(tiny_model_dir, engin
     assert len(shared) // block * block == jf and (len(resumed) - 1) // block == 3, where
     assert len(holder) + d < 4 * block and len(resumed) + m <= 4 * block, f"{where}: a decode needs a page"
     assert (len(holder) - 1) // block * block == 3 * block, f"{where}: the holder's checkpoint at jf"
-    assert sum(map(len, prompts)) <= 12 * block and 4 * k + 23 <= usable == 8 * k + 8, where
+    assert sum(map(len, prompts)) <= 13 * block and 4 * k + 23 <= usable == 8 * k + 8, where
     from vllm import SamplingParams
 
     sp = [SamplingParams(max_tokens=n, temperature=0.0, logprobs=20, ignore_eos=True)
@@ -1051,7 +1051,7 @@ def test_resumed_decoder_with_a_junction_inside_its_prompt(tiny_model_dir, engin
     runs = {}
     for mode in ("exporter", "split"):
         llm = _engine(tiny_model_dir("qwen3_next"), engine_args, mode, kv_cache_memory_bytes=kv,
-                      max_model_len=4 * block + 16, max_num_seqs=8, max_num_batched_tokens=12 * block,
+                      max_model_len=4 * block + 16, max_num_seqs=8, max_num_batched_tokens=13 * block,
                       enable_chunked_prefill=True, scheduler_reserve_full_isl=False,
                       disable_log_stats=False)
         try:
