@@ -38,7 +38,12 @@ on failure):
   counted so that its final chunk cannot be allocated beside a decoder's pages): vLLM preempts
   exactly that row; resumed, it hits the junction block its first chunk wrote, which no later
   step writes; no page stays held; the bytes cached at the junction, and at the junction the
-  resumed row itself exports, equal the split's; a third sharer afterwards hits the junction.
+  resumed row itself exports, equal the split's; a third sharer afterwards hits the junction;
+* a decoding request preempted and, resumed (prompt and output tokens recomputed), finding a
+  shared-prefix junction inside its prompt (its own blocks evicted, a running sharer's attention
+  blocks held; pages counted): one prefill step where vLLM's split takes more, the junction and
+  checkpoint blocks cached where that step wrote them, with the split's bytes; outputs and a
+  third sharer's hit as after the split.
 """
 
 from __future__ import annotations
@@ -956,6 +961,146 @@ def test_shared_prefix_junction_preempted_after_its_junction_step(tiny_model_dir
             at = f"{where}, {name}, state at {p}"
             assert name == name_s and torch_equal(conv, conv_s), f"{at}: conv, {_byte_diff(conv, conv_s)}"
             assert torch_equal(ssm, ssm_s), f"{at}: SSM state, {_byte_diff(ssm, ssm_s)}"
+
+
+@contextlib.contextmanager
+def _scheduled_tokens(llm):
+    """``[{prompt: tokens scheduled}]``, one dict per engine step ``llm`` schedules while open
+    (prompt: the request's prompt token ids as a tuple; from the step's ``SchedulerOutput``)."""
+    sched = _core(llm).scheduler
+    steps: list[dict[tuple, int]] = []
+    mp = pytest.MonkeyPatch()
+
+    def schedule(*args, _real=sched.schedule, **kwargs):
+        out = _real(*args, **kwargs)
+        if out.total_num_scheduled_tokens:
+            steps.append({tuple(sched.requests[r].prompt_token_ids): n
+                          for r, n in out.num_scheduled_tokens.items()})
+        return out
+
+    mp.setattr(sched, "schedule", schedule)
+    try:
+        yield steps
+    finally:
+        mp.undo()
+
+
+def test_resumed_decoder_with_a_junction_inside_its_prompt(tiny_model_dir, engine_args, rng,
+                                                           exact_across_schedules):
+    """A request ``R`` preempted while decoding and, resumed (its prompt and output tokens
+    recomputed as one prefill, ``request.num_tokens > request.num_prompt_tokens``), finding a
+    shared-prefix junction inside its prompt: attention blocks of a prefix ``S`` (``2B < |S| <
+    3B``, ``jf = 2B``) that a running sharer holds, no GDN state there. Own engines (exporter,
+    then vLLM's split, the same batch and KV cache in each), after the module's.
+
+    The batch, in this order (vLLM 0.30's FCFS policy preempts the last running request): ``H =
+    S + tail`` (``3B < |H| <= 4B - d - 4``: its checkpoint at ``3B`` holds its own tokens),
+    ``k = 5`` short decoders ``D`` of ``B - c`` tokens, and ``R = S + tail`` (``3B < P <= 4B -
+    2c``, ``2c`` output tokens; EOS ignored everywhere), all prefilled in step 1 (a budget of
+    ``13B``); ``H``, ``D`` decode ``d = c + 4`` tokens. ``R``'s first lookup finds ``jf`` in
+    ``H``'s blocks. No decode needs a page until step ``c + 2``, where each ``D`` crosses its
+    first block boundary (one attention page and a state block per GDN group: 4 pages, its old
+    state block freed the step after). Pages, counted for vLLM 0.30's align mode (3 GDN groups,
+    one attention group; the null block apart): step 1 takes at most ``4k + 23`` (``H`` 4
+    attention pages, state and checkpoint per group; each ``D`` 4; ``R`` 4 attention pages and
+    state, checkpoint and junction per group; the split's less); from step 2 (the split's step
+    4 for ``R``) ``H`` and ``R`` hold 7 each (4 attention pages, a state per group), each ``D``
+    4: ``4k + 14``. A cache of ``8k + 8`` (48) usable pages leaves ``F = 4k - 6`` free before the
+    crossing, which needs ``4k``: vLLM preempts ``R`` and the crossings take the ``F`` free pages
+    and 6 of the 7 ``R`` frees, in its free order (the GDN groups' state blocks, then attention
+    tail first): ``R``'s attention page past ``jf`` and every GDN state ``R`` cached (all freed
+    before) are evicted, so its resumed lookup hits nothing and finds the junction at ``jf``,
+    inside its prompt, whose attention blocks ``H`` holds. Resumed, ``R`` fits the budget
+    (``P + c + 1`` tokens): its prompt checkpoint ``3B`` lies a column past ``jf``'s.
+
+    Checked, premises first (each draw, both engines): vLLM preempted exactly ``R``, once, after
+    it decoded (tokens computed past its prompt), and counts it (``vllm:num_preemptions``);
+    ``R``'s lookups, first and resumed, hit nothing and found the junction ``jf``; every page is
+    back in the pool after the batch. Then: the resumed ``R``'s prefill takes caching off's one
+    step where the junction entries apply (vLLM's split: more, it stops at ``jf``), and the blocks
+    cached at ``jf`` and ``3B`` are blocks that step wrote (the exporter's plan,
+    ``_planned_blocks_per_step``); the conv and SSM bytes cached there equal those vLLM's split
+    caches there in the same batch; the batch's outputs equal the split's up to near-ties
+    (``greedy_compare``'s chunking bound: other kernel shapes); a third sharer (``3B < |T| <= 4B``) afterwards hits
+    what it hits after vLLM's split (``jf``), with the output it gets computed cold under a fresh
+    ``cache_salt`` (exact on CPU)."""
+    block = _block_of(tiny_model_dir, engine_args)  # an engine has run: the entries are decided
+    exported = _junction_exported()
+    k, usable = 5, 48
+    kv = KV_BYTES * (usable + 1) // _BLOCK["pages"]  # and vLLM's null block
+    c = rng.randrange(6, 11)
+    d, m = c + 4, 2 * c
+    jf = 2 * block
+    shared = _prompt(rng, 2 * block + rng.randrange(1, block))
+    holder = shared + _prompt(rng, rng.randrange(3 * block + 1, 4 * block - d - 3) - len(shared))
+    decoders = [_prompt(rng, block - c) for _ in range(k)]
+    resumed = shared + _prompt(rng, rng.randrange(3 * block + 1, 4 * block - m + 1) - len(shared))
+    third = shared + _prompt(rng, rng.randrange(3 * block + 1, 4 * block + 1) - len(shared))
+    prompts = [holder, *decoders, resumed]
+    where = (f"block {block}, prefix {len(shared)}, holder {len(holder)}, decoders {k} x {block - c}, "
+             f"resumed {len(resumed)} (+{m}), {usable} pages")
+    # premises of the page count, whatever the draws
+    assert len(shared) // block * block == jf and (len(resumed) - 1) // block == 3, where
+    assert len(holder) + d < 4 * block and len(resumed) + m <= 4 * block, f"{where}: a decode needs a page"
+    assert (len(holder) - 1) // block * block == 3 * block, f"{where}: the holder's checkpoint at jf"
+    assert sum(map(len, prompts)) <= 13 * block and 4 * k + 23 <= usable == 8 * k + 8, where
+    from vllm import SamplingParams
+
+    sp = [SamplingParams(max_tokens=n, temperature=0.0, logprobs=20, ignore_eos=True)
+          for n in (d,) * (k + 1) + (m,)]
+    runs = {}
+    for mode in ("exporter", "split"):
+        llm = _engine(tiny_model_dir("qwen3_next"), engine_args, mode, kv_cache_memory_bytes=kv,
+                      max_model_len=4 * block + 16, max_num_seqs=8, max_num_batched_tokens=13 * block,
+                      enable_chunked_prefill=True, scheduler_reserve_full_isl=False,
+                      disable_log_stats=False)
+        try:
+            pool = _core(llm).scheduler.kv_cache_manager.block_pool
+            at = f"{where}, {mode}"
+            assert _block(llm) == block and pool.num_gpu_blocks == usable + 1, (at, pool.num_gpu_blocks)
+            before = block_hashes(llm)
+            n0 = len(llm._vhn_steps)
+            with (_scheduler_record(llm) as (preempted, lookups), _scheduled_tokens(llm) as steps,
+                  _planned_blocks_per_step(llm) as planned):
+                batch = llm.generate([{"prompt_token_ids": p} for p in prompts], sp, use_tqdm=False)
+            seen = [("resumed" if p == tuple(resumed) else len(p), n) for p, n in preempted]
+            assert len(seen) == 1 and seen[0][0] == "resumed" and seen[0][1] > len(resumed), \
+                f"{at}: preempted {seen} (tokens computed)"
+            metric = [mt.value for mt in llm.get_metrics() if mt.name == "vllm:num_preemptions"]
+            assert metric == [1], f"{at}: vllm:num_preemptions {metric}"
+            mine = [(n, hit, junction) for p, n, hit, junction, _ in lookups if p == tuple(resumed)]
+            assert mine[0] == (0, 0, jf) and (1, 0, jf) in mine, f"{at}: the resumed request's lookups {mine}"
+            assert pool.get_num_free_blocks() == usable, f"{at}: {pool.get_num_free_blocks()} free"
+            # the resumed row's prefill steps: those after the first in which it was not scheduled
+            ran = [i for i, s in enumerate(steps) if tuple(resumed) in s]
+            back = next(i for i, j in zip(ran, ran[1:] + [None]) if j != i + 1) + 1
+            again = [i for i in ran if i > back and steps[i][tuple(resumed)] > 1]
+            states = {p: _checkpoint_states(llm, p, before) for p in (jf, 3 * block)}
+            if mode == "exporter":
+                for p in (jf, 3 * block):  # written by the resumed row's first step
+                    cached = set(cached_mamba_blocks(llm, p, before).values())
+                    assert cached <= planned.get(n0 + again[0] + 1, set()), \
+                        f"{at}: the blocks cached at {p} ({cached}) not written in the resumed step"
+            (hit,), hit_steps = _gen(llm, [third])
+            runs[mode] = dict(batch=batch, again=again, states=states, hit=hit, hit_steps=hit_steps)
+            if mode == "exporter":
+                (cold,), _ = _gen(llm, [third], salt=uuid.uuid4().hex)
+                _assert_same([Sequence.from_output(cold.outputs[0])], [Sequence.from_output(hit.outputs[0])],
+                             exact=exact_across_schedules)
+        finally:
+            _close(llm)
+    ours, split = runs["exporter"], runs["split"]
+    assert (len(ours["again"]) == 1) == exported and len(split["again"]) >= 2, \
+        f"{where}: the resumed prefill took {len(ours['again'])} steps, vLLM's split {len(split['again'])} (caching off: 1)"
+    assert ours["hit"].num_cached_tokens == split["hit"].num_cached_tokens == jf and ours["hit_steps"] == 1, \
+        (where, ours["hit"].num_cached_tokens, split["hit"].num_cached_tokens, ours["hit_steps"])
+    for p in (jf, 3 * block):
+        for (name, conv, ssm), (name_s, conv_s, ssm_s) in zip(ours["states"][p], split["states"][p], strict=True):
+            at = f"{where}, {name}, state at {p}"
+            assert name == name_s and torch_equal(conv, conv_s), f"{at}: conv, {_byte_diff(conv, conv_s)}"
+            assert torch_equal(ssm, ssm_s), f"{at}: SSM state, {_byte_diff(ssm, ssm_s)}"
+    _assert_same([Sequence.from_output(o.outputs[0]) for o in split["batch"]],
+                 [Sequence.from_output(o.outputs[0]) for o in ours["batch"]], exact=False)
 
 
 @pytest.mark.parametrize("ssm_dtype", ["auto", "float32"])
