@@ -129,7 +129,7 @@ def chunk_states_kernel(k, v, w, v_new, g, h, h0, ht, cu_seqlens, chunk_offsets,
     # the checkpoint (or -1) of the row's first chunk; each iteration loads the next chunk's a
     # whole iteration before its branch needs it: a load that feeds the branch directly stalls
     # the program (one warp group per SM) for a global load's latency in every chunk
-    ck = tl.load(chunk_map + boh)
+    ck = tl.load(chunk_map + boh, mask=NT > 0, other=-1)  # an empty row reads nothing
     for i_t in range(NT):
         c = tl.full([], 0, dtype=tl.int64) + i_t  # chunk index in the row, int64 in both modes
         ck_next = tl.load(chunk_map + boh + tl.minimum(c + 1, NT - 1))
