@@ -151,3 +151,28 @@ def test_float16_inputs_checkpoint_rounds_to_h(kernels, rng, torch_gen, seed):
     h, _, _ = _run(kernels, inputs, h0, cu, lens, [(c, 1)], cache)
     assert h.dtype == torch.float16 and torch.equal(cache[1].half(), h[0, c]), f"seed={seed} lens={lens} c={c}"
     assert torch.isnan(cache[[0, 2]]).all()
+
+
+def test_an_empty_row_changes_nothing(kernels, rng, torch_gen, seed):
+    """A row of no tokens (``cu_seqlens`` repeating a value; no chunk of its own, its chunk
+    offset the next row's first chunk, or the end) among the rows, with a checkpoint in another
+    row: every other row's ``h``, ``v_new``, final state and checkpoint are those of the run
+    without it, and the empty row's final state is its initial state (zeros without one)."""
+    lens, cu, inputs, h0 = _draw(rng, torch_gen, torch.float32, long_first=True)
+    at = rng.randint(0, len(lens))  # where the empty row goes: first, between rows, or last
+    lens_e = lens[:at] + [0] + lens[at:]
+    cu_e = cu[:at + 1] + cu[at:]
+    h0_e = None if h0 is None else torch.cat([h0[:at], torch.randn(1, *h0.shape[1:], generator=torch_gen),
+                                                h0[at:]])
+    where = f"seed={seed} lens={lens_e}"
+    cache, cache_e = (torch.full((3, *inputs[2].shape[-2:], inputs[0].shape[-1]), float("nan"))
+                      for _ in range(2))
+    chunk = 1  # the first row has at least two chunks: its second chunk's start state into slot 2
+    h, v_new, final = _run(kernels, inputs, h0, cu, lens, [(chunk, 2)], cache)
+    h_e, v_e, final_e = _run(kernels, inputs, h0_e, cu_e, lens_e, [(chunk, 2)], cache_e)
+    assert torch.equal(h_e, h) and torch.equal(v_e, v_new), where
+    keep = [i for i in range(len(lens_e)) if i != at]
+    assert torch.equal(final_e[keep], final), where
+    empty = torch.zeros_like(final[0]) if h0_e is None else h0_e[at]
+    assert torch.equal(final_e[at], empty), where
+    assert torch.equal(cache_e[2], cache[2]) and torch.isnan(cache_e[:2]).all(), where
