@@ -16,6 +16,7 @@ batches (seed printed on failure):
   padded (vLLM's page padding: a block stride larger than the state); every other block untouched;
 * the outputs with checkpoints are the outputs without, bit for bit;
 * float16 inputs with a float32 cache: the checkpoint rounded to float16 is ``h`` there.
+* an empty row among the rows changes nothing for the others and keeps its initial state.
 """
 
 from __future__ import annotations
