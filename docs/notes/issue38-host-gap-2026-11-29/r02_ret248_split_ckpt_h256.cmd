@@ -1,0 +1,2 @@
+python -m vllm_hybrid_npu_lab hitrate --trace /tmp/h15_check_part.jsonl --model qwen3.5-35b-a3b --tp 1 --kv-cache-gib 16 --tokens-per-s 104566 --host-cache-gib 256 --policy upstream:ret=2b upstream:ret=2b,ckpt upstream:ret=4b upstream:ret=8b upstream:ret=8b,ckpt upstream:ret=8b,lpt=1b upstream upstream:ckpt upstream:ret=1b upstream:ret=1b,ckpt
+wall 245 s
