@@ -366,8 +366,9 @@ def main(argv=None) -> int:
                     help="another vLLM version's chunk_delta_h.py (e.g. 0.32's pointer-arithmetic "
                          "kernel): rows LABEL (default 'vllm-other'), launched as vLLM's")
     ap.add_argument("--asm", default=None, metavar="DIR",
-                    help="write both kernels' TTGIR and PTX at vLLM's autotuned configuration "
-                         "(the first length) into DIR and print registers and spills")
+                    help="write the kernels' TTGIR and PTX (vLLM's, each --theirs, ours) at "
+                         "vLLM's autotuned configuration (the first length) into DIR and print "
+                         "registers and spills")
     ap.add_argument("--bits", action="store_true",
                     help="no timing: whether each kernel's outputs at every configuration of "
                          "vLLM's space equal vLLM's kernel's at the first one, bit for bit")
