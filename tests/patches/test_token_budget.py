@@ -123,8 +123,13 @@ def model():
 
 
 def _build(model, **kw):
+    """vLLM's configuration of the tiny Qwen3-Next with ``kw``, its SSM cache in float32 unless
+    ``kw`` says otherwise: the blocks hand-computed here (384) hold on every CPU kind (with
+    ``auto`` a CPU without AVX-512-BF16 resolves a bf16 SSM state: block 256, of which vLLM's
+    default budget 4,096 is a multiple, and nothing is raised)."""
     from vllm.engine.arg_utils import EngineArgs
     from vllm.usage.usage_lib import UsageContext
+    kw.setdefault("mamba_ssm_cache_dtype", "float32")
 
     args = EngineArgs(model=model, max_model_len=8192, **kw)
     return args.create_engine_config(usage_context=UsageContext.LLM_CLASS)
