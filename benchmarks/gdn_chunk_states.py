@@ -108,6 +108,28 @@ def _load(path: str, label: str, package: str = ""):
     return mod
 
 
+def _launch_vllm(vjit, inputs, t: int, nt: int, bv: int, nw: int, ns: int, dev: str = "cuda"):
+    """vLLM's state kernel (``vjit``, a ``JITFunction``) on ``inputs`` (:func:`_inputs`' tuple)
+    at ``(bv, nw, ns)``, with the heuristics' values its wrapper passes, into fresh outputs.
+    Returns ``(compiled kernel, {"h", "v_new", "final"})``; on ``dev == "cpu"`` the call is only
+    bound to the kernel's signature (vLLM 0.30's block pointers do not run in the interpreter):
+    ``(None, outputs unwritten)``."""
+    import torch
+    import triton
+
+    k, w, u, g, h0, cu, _, co = inputs
+    out = {"h": k.new_empty(1, nt, HEADS, DIM, DIM), "v_new": torch.empty_like(u),
+           "final": k.new_empty(1, HEADS, DIM, DIM, dtype=torch.float32)}
+    pos = (k, u, w, out["v_new"], g, None, out["h"], h0, out["final"], cu, co, t)
+    kw = dict(H=HEADS, Hg=KEY_HEADS, K=DIM, V=DIM, BT=CHUNK, BV=bv, USE_G=True, USE_GK=False,
+              USE_INITIAL_STATE=True, STORE_FINAL_STATE=True, SAVE_NEW_VALUE=True, IS_VARLEN=True,
+              USE_EXP2=False)
+    if dev == "cpu":
+        inspect.signature(vjit.fn).bind(*pos, **kw)
+        return None, out
+    return vjit[(triton.cdiv(DIM, bv), HEADS)](*pos, **kw, num_warps=nw, num_stages=ns), out
+
+
 def run(lengths, reps, first, block, seed, dev="cuda", also=(), inner=1, asm=None, their_files=()):
     import torch
     import triton
@@ -133,7 +155,8 @@ def run(lengths, reps, first, block, seed, dev="cuda", also=(), inner=1, asm=Non
     space = [(c.kwargs["BV"], c.num_warps, c.num_stages) for c in tuner.configs]
     rows = []
     for t in lengths:
-        k, w, u, g, h0, cu, ci, co = _inputs(t, seed, dev)
+        inputs = _inputs(t, seed, dev)
+        k, w, u, g, h0, cu, ci, co = inputs
         nt = ci.shape[0]
         cache = torch.zeros(4, HEADS, DIM, DIM, device=dev)
         none = torch.full((nt,), -1, dtype=torch.int64, device=dev)
@@ -142,17 +165,7 @@ def run(lengths, reps, first, block, seed, dev="cuda", also=(), inner=1, asm=Non
         slots = torch.tensor([1], dtype=torch.int64, device=dev)
 
         def vllm_cfg(bv, nw, ns, vjit=vjit):
-            h = k.new_empty(1, nt, HEADS, DIM, DIM)
-            ht = k.new_empty(1, HEADS, DIM, DIM, dtype=torch.float32)
-            vn = torch.empty_like(u)
-            pos = (k, u, w, vn, g, None, h, h0, ht, cu, co, t)
-            kw = dict(H=HEADS, Hg=KEY_HEADS, K=DIM, V=DIM, BT=CHUNK, BV=bv, USE_G=True,
-                      USE_GK=False, USE_INITIAL_STATE=True, STORE_FINAL_STATE=True,
-                      SAVE_NEW_VALUE=True, IS_VARLEN=True, USE_EXP2=False)
-            if dev == "cpu":  # vLLM 0.30's kernel does not run in the interpreter: bind only
-                inspect.signature(vjit.fn).bind(*pos, **kw)
-                return
-            vjit[(triton.cdiv(DIM, bv), HEADS)](*pos, **kw, num_warps=nw, num_stages=ns)
+            _launch_vllm(vjit, inputs, t, nt, bv, nw, ns, dev)
 
         def ours_cfg(bv, nw, ns, cmap):
             _triton_gdn.chunk_states(k, w, u, g, h0, True, cu, co, nt, cmap, slots, cache,
@@ -206,15 +219,11 @@ def run(lengths, reps, first, block, seed, dev="cuda", also=(), inner=1, asm=Non
                          "host_us": _median(host[n]), "reps": reps})
         if asm and dev == "cuda" and t == lengths[0]:  # both kernels' code at vLLM's pick
             bv, nw, ns = auto
-            pos = (k, u, w, torch.empty_like(u), g, None, k.new_empty(1, nt, HEADS, DIM, DIM), h0,
-                   k.new_empty(1, HEADS, DIM, DIM, dtype=torch.float32), cu, co, t)
-            compiled = {label: jit[(triton.cdiv(DIM, bv), HEADS)](
-                *pos, H=HEADS, Hg=KEY_HEADS, K=DIM, V=DIM, BT=CHUNK, BV=bv, USE_G=True,
-                USE_GK=False, USE_INITIAL_STATE=True, STORE_FINAL_STATE=True, SAVE_NEW_VALUE=True,
-                IS_VARLEN=True, USE_EXP2=False, num_warps=nw, num_stages=ns)
-                for label, jit in {"vllm": vjit, **theirs}.items()}
+            compiled = {label: _launch_vllm(jit, inputs, t, nt, bv, nw, ns)[0]
+                        for label, jit in {"vllm": vjit, **theirs}.items()}
             mine = _triton_gdn.chunk_states_kernel[(triton.cdiv(DIM, bv), HEADS)](
-                k, u, w, torch.empty_like(u), g, pos[6], h0, pos[8], cu, co, ckpt, slots, cache,
+                k, u, w, torch.empty_like(u), g, k.new_empty(1, nt, HEADS, DIM, DIM), h0,
+                k.new_empty(1, HEADS, DIM, DIM, dtype=torch.float32), cu, co, ckpt, slots, cache,
                 *cache.stride(), H=HEADS, Hg=KEY_HEADS, K=DIM, V=DIM, BT=CHUNK, BV=bv,
                 USE_INITIAL_STATE=True, STORE_FINAL_STATE=True, num_warps=nw, num_stages=ns)
             os.makedirs(asm, exist_ok=True)
@@ -249,7 +258,6 @@ def bits(lengths, seed, block, dev="cuda") -> list[dict]:
     does not run (the interpreter lacks its block pointers): ours only, against its own first
     configuration."""
     import torch
-    import triton
 
     from vllm.third_party.flash_linear_attention.ops import chunk_delta_h as fla
 
@@ -261,22 +269,15 @@ def bits(lengths, seed, block, dev="cuda") -> list[dict]:
              for c in _jit_autotuner(fla.chunk_gated_delta_rule_fwd_kernel_h_blockdim64).configs]
     rows = []
     for t in lengths:
-        k, w, u, g, h0, cu, ci, co = _inputs(t, seed, dev)
+        inputs = _inputs(t, seed, dev)
+        k, w, u, g, h0, cu, ci, co = inputs
         nt = ci.shape[0]
         ckpt = torch.full((nt,), -1, dtype=torch.int64, device=dev)
         ckpt[((t - 1) // block * block) // CHUNK] = 0
         slots = torch.tensor([1], dtype=torch.int64, device=dev)
 
         def vllm_out(bv, nw, ns):
-            h = k.new_empty(1, nt, HEADS, DIM, DIM)
-            ht = k.new_empty(1, HEADS, DIM, DIM, dtype=torch.float32)
-            vn = torch.empty_like(u)
-            vjit[(triton.cdiv(DIM, bv), HEADS)](
-                k, u, w, vn, g, None, h, h0, ht, cu, co, t, H=HEADS, Hg=KEY_HEADS, K=DIM, V=DIM,
-                BT=CHUNK, BV=bv, USE_G=True, USE_GK=False, USE_INITIAL_STATE=True,
-                STORE_FINAL_STATE=True, SAVE_NEW_VALUE=True, IS_VARLEN=True, USE_EXP2=False,
-                num_warps=nw, num_stages=ns)
-            return {"h": h, "v_new": vn, "final": ht}
+            return _launch_vllm(vjit, inputs, t, nt, bv, nw, ns)[1]
 
         def ours_out(bv, nw, ns):
             cache = torch.full((4, HEADS, DIM, DIM), float("nan"), device=dev)
