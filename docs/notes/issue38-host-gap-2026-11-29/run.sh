@@ -1,11 +1,22 @@
 #!/bin/bash
-# usage: run.sh NAME ARGS...  (replays the check part: requests 1501-3000 of the shared trace)
-# CHECK_PART = sed -n 1501,3000p /work/shared/data/mooncake_synthetic_trace.jsonl > /tmp/h15_check_part.jsonl
+# usage: run.sh NAME ARGS...            `hitrate` on the check part (requests 1,501-3,000)
+#        run.sh --cf NAME ARGS...       the same through cf_drop_chunk_checkpoints.py (ARGS may
+#                                       start with --keep-on-retention)
+# Writes NAME.cmd (the command, its wall time) and NAME.json here. The check part, outside the
+# project: sed -n 1501,3000p ../../../../shared/data/mooncake_synthetic_trace.jsonl > /tmp/h15_check_part.jsonl
+# (run on 2026-11-29 from a worktree at /work/wt-h15; the .cmd files hold what ran).
 set -e
+cf=; [ "$1" = --cf ] && { cf=1; shift; }
 name=$1; shift
-cd /work/wt-h15/docs/notes/issue38-host-gap-2026-11-29
-cmd="python -m vllm_hybrid_npu_lab hitrate --trace /tmp/h15_check_part.jsonl --model qwen3.5-35b-a3b --tp 1 --kv-cache-gib 16 --tokens-per-s 104566 $*"
-echo "$cmd" > $name.cmd
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../../.." && pwd)
+cd "$here"
+common="--trace /tmp/h15_check_part.jsonl --model qwen3.5-35b-a3b --tp 1 --kv-cache-gib 16 --tokens-per-s 104566"
+if [ -n "$cf" ]; then cmd="python cf_drop_chunk_checkpoints.py $* $common"
+else cmd="python -m vllm_hybrid_npu_lab hitrate $common $*"; fi
+echo "$cmd" > "$name.cmd"
 start=$(date +%s)
-PYTHONPATH=/work/wt-h15 timeout 1500 /work/main/.venv/bin/$cmd --json --quiet > $name.json 2> /tmp/h15_$name.err
-echo "wall $(( $(date +%s) - start )) s" >> $name.cmd
+PYTHONPATH="$root" timeout 1500 "$root/.venv/bin/"$cmd --json --quiet > "/tmp/h15_$name.out" 2> "/tmp/h15_$name.err"
+sed -n '/^{/,$p' "/tmp/h15_$name.out" > "$name.json"   # the counterfactual prints a line first
+[ -z "$cf" ] || grep cf_drop "/tmp/h15_$name.err" >> "$name.cmd" || true
+echo "wall $(( $(date +%s) - start )) s" >> "$name.cmd"
