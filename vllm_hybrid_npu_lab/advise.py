@@ -54,7 +54,10 @@ off (vLLM's split at its best, replayed on the check part beside the advice). Th
 the bound, every searched setting's extra steps beyond caching off's and whether it was eligible,
 and the search's cost in replays. ``--audit`` runs the same search on the check part and compares the advice with the
 best eligible setting found there (and prints the unconstrained best and vLLM's split at its
-best there). ``--jobs`` replays the
+best there). Where the installed vLLM has the runtime's ``VLLM_HYBRID_NPU_CHUNK_CHECKPOINTS``
+(vLLM 0.30), each search also replays ``ckpt=final`` beside the best exporter setting at 1, 2, 4
+and 8 blocks of retention (:func:`_final_scan`: 4 replays, more only while 8 blocks wins and is
+doubled). ``--jobs`` replays the
 settings of one step (the grid, one axis's values) in parallel processes. The same search without
 a bound is the ``upstream-best`` row of ``hitrate`` (its best by hits, on the replayed requests,
 the host tier fixed by ``--host-cache-gib``).
