@@ -97,6 +97,23 @@ register(EnvVar(
     "split everywhere",
 ))
 register(EnvVar(
+    name="VLLM_HYBRID_NPU_CHUNK_CHECKPOINTS",
+    values=("all", "final"),
+    kind="",
+    default="all",
+    read_by="registry entry `gdn-checkpoint-retention` (`patches.gdn_prefill_checkpoint`; at "
+    "load, then at each checkpoint the Mamba manager caches)",
+    effect="which prefill checkpoints of a chunked prompt the prefix cache keeps at a retention "
+    "interval above 0 (`--prefix-cache-retention-interval`), with the GDN prefill-checkpoint "
+    "exporter on vLLM 0.30: `all` = vLLM 0.30's rule (each chunk's checkpoint, one block below "
+    "the chunk's end, is kept); `final` = a non-final chunk's checkpoint is not kept (dropped as "
+    "vLLM drops it at retention 0), the prompt's own and a shared-prefix junction's are; the "
+    "retention grid's chunk-end states and the computation are unchanged. `final` keeps fewer "
+    "states: it helps where the host tier evicts (the lab's `ckpt=final` key, searched by "
+    "`advise`; [hitrate-guide.md](hitrate-guide.md)). Not read on vLLM 0.32 (whose own rule "
+    "keeps such a checkpoint only on the retention grid) nor 0.33",
+))
+register(EnvVar(
     name="VLLM_HYBRID_NPU_TOKEN_BUDGET",
     values=("auto", "off"),
     kind="",

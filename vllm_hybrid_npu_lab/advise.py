@@ -54,7 +54,10 @@ off (vLLM's split at its best, replayed on the check part beside the advice). Th
 the bound, every searched setting's extra steps beyond caching off's and whether it was eligible,
 and the search's cost in replays. ``--audit`` runs the same search on the check part and compares the advice with the
 best eligible setting found there (and prints the unconstrained best and vLLM's split at its
-best there). ``--jobs`` replays the
+best there). Where the installed vLLM has the runtime's ``VLLM_HYBRID_NPU_CHUNK_CHECKPOINTS``
+(vLLM 0.30), each search also replays ``ckpt=final`` beside the best exporter setting at 1, 2, 4
+and 8 blocks of retention (:func:`_final_scan`: 4 replays, more only while 8 blocks wins and is
+doubled). ``--jobs`` replays the
 settings of one step (the grid, one axis's values) in parallel processes. The same search without
 a bound is the ``upstream-best`` row of ``hitrate`` (its best by hits, on the replayed requests,
 the host tier fixed by ``--host-cache-gib``).
@@ -73,7 +76,7 @@ import sys
 from typing import Any, Callable
 
 from vllm_hybrid_npu_lab.replay import TARGET_HELP, TARGETS
-from vllm_hybrid_npu_lab.upstream_grid import UpstreamSetting
+from vllm_hybrid_npu_lab.upstream_grid import CKPT_FINAL, UpstreamSetting, final_available
 
 #: option axes in search order
 #: ``ret+lpt`` is one axis: the two options act together (a long-prefill threshold leaves states
@@ -299,10 +302,11 @@ class SearchResult:
     def cost(self) -> dict[str, Any]:
         """The search's cost and shape: ``replays``, ``invalid`` (settings vLLM rejected),
         ``grid`` (grid settings, invalid included), ``grid_axes``, ``starts`` and ``endpoints``
-        (labels), ``passes``."""
+        (labels), ``passes``, ``final`` (``ckpt=final`` settings replayed, :func:`_final_scan`)."""
         return {"replays": self.replays, "invalid": self.invalid, "grid": len(self.grid),
                 "grid_axes": list(self.grid_axes), "starts": [c.label for c in self.starts],
-                "endpoints": [c.label for c in self.endpoints], "passes": self.passes}
+                "endpoints": [c.label for c in self.endpoints], "passes": self.passes,
+                "final": sum(c.setting.ckpt == CKPT_FINAL for c in self.evaluated)}
 
     def merged(self, known: dict[Candidate, dict[str, Any] | None]) -> "SearchResult":
         """A copy whose :attr:`evaluated` also holds the ``known`` replays the search did not
@@ -342,9 +346,11 @@ def search(
     map_fn: Callable | None = None,
     known: dict[Candidate, dict[str, Any] | None] | None = None,
     bound: StepBound | None = None,
+    final: bool = False,
 ) -> SearchResult:
     """Grid over ``grid_axes``, then coordinate descent over ``axes`` from the best ``starts``
-    grid settings (see module docstring).
+    grid settings (see module docstring), then, with ``final``, the ``ckpt=final`` scan
+    (:func:`_final_scan`).
 
     With a step ``bound``, settings are ranked by (meets the bound, token hit rate): an eligible
     setting beats every ineligible one, hits decide within each class; the descents start from
@@ -371,6 +377,10 @@ def search(
         bound: the step bound (:class:`StepBound`, caching off's extra steps on the same
             requests); the replay dicts then need ``extra_prefill_steps_per_prompt``. ``None``:
             hits alone (``upstream-best``).
+        final: also scan ``ckpt=final`` (the runtime's ``VLLM_HYBRID_NPU_CHUNK_CHECKPOINTS=
+            final``, vLLM 0.30) beside the best exporter setting (:func:`_final_scan`; at most
+            :data:`RET_VALUES`' positive intervals, 4, plus doublings of the largest while it
+            wins); only where ``exporter``.
 
     Raises:
         ValueError: ``start`` is not valid, ``starts`` < 1 (names ``--starts``) or
@@ -438,9 +448,42 @@ def search(
         end, ran = _descend(scorer, seed, axes, host_gib, ckpt_allowed, max_passes)
         endpoints.append(end)
         passes = max(passes, ran)
+    if final and exporter:
+        _final_scan(score_all, [c for c in evaluated if evaluated[c] is not None], rank, evaluated)
     return SearchResult(best=_most_hits(evaluated, start), start=start, evaluated=evaluated,
                         passes=passes, grid=grid, starts=[seed for seed, _, _ in runs],
                         endpoints=endpoints, grid_axes=tuple(gaxes), bound=bound)
+
+
+def _final_scan(score_all: Callable[[list[Candidate]], list[Any]], valid: list[Candidate],
+                rank: Callable, evaluated: dict) -> Candidate | None:
+    """``ckpt=final`` beside the exporter's best: from the best evaluated exporter setting by
+    ``rank`` (the search's own: eligible first, then hits), the same setting with ``ckpt=final``
+    at each positive retention interval of :data:`RET_VALUES` (1, 2, 4, 8 blocks), and twice the
+    largest while it scores best (:func:`_extensions`). ``final`` changes nothing at retention 0
+    or dense (it only drops a non-final chunk's checkpoint at an interval above 0), so those are
+    not replayed. Coordinate descent alone would not find it: ``final`` gains at a smaller
+    interval than ``ckpt``'s best (issue 38: ``ret=2b,ckpt=final`` against ``ret=4b,ckpt`` at
+    16 + 256 GiB), each one axis away. Returns the scan's best (None without an exporter
+    setting); the replays land in ``evaluated``."""
+    exp = [c for c in valid if c.setting.ckpt is True]
+    if not exp:
+        return None
+    seed = max(exp, key=lambda c: rank(evaluated[c]))  # max() keeps the first of equals
+    cur = seed.with_("ckpt", CKPT_FINAL)
+    values = [r for r in RET_VALUES if r]
+    tried: set = set()
+    best, best_score = None, None
+    while values:
+        cands = [cur.with_("ret", v) for v in values]
+        tried.update(values)
+        for cand, sc in zip(cands, score_all(cands)):
+            if sc is not None and (best_score is None or sc > best_score):
+                best, best_score = cand, sc
+        if best is None:
+            break
+        values = [v for v in _extensions("ret", best.setting.ret, tried) if v not in tried]
+    return best
 
 
 def _descend(score_all: Callable[[list[Candidate]], list[Any]], cur: Candidate,
@@ -552,6 +595,8 @@ def serve_flags(cand: Candidate, block_size: int, kv_cache_gib: float, tp: int) 
     if cand.host_gib:
         flags += ["--kv-offloading-size", f"{tp * cand.host_gib:g}"]
     env = [f"VLLM_HYBRID_NPU_PREFILL_CHECKPOINTS={'auto' if s.ckpt else 'off'}"]
+    if s.chunk_checkpoints == CKPT_FINAL:
+        env.append(f"VLLM_HYBRID_NPU_CHUNK_CHECKPOINTS={CKPT_FINAL}")
     return flags, env
 
 
@@ -834,7 +879,7 @@ def advise(args: argparse.Namespace) -> dict[str, Any]:
     bound = StepBound(fit_off["extra_prefill_steps_per_prompt"], margin)
     result = run_search(fit_replayer, start, args.host_cache_gib, jobs=args.jobs,
                         exporter=not args.no_exporter, max_passes=args.max_passes,
-                        starts=args.starts, bound=bound)
+                        starts=args.starts, bound=bound, final=final_available())
     most = result.best  # the most fit-part hits, whatever the steps
     best = choose(result, args.hit_tolerance)  # the advice: most hits within the step bound
     check_replayer = Replayer(check, cfg, kv_cache_gib=args.kv_cache_gib, tp=args.tp,
@@ -1010,7 +1055,7 @@ def audit_check(check_replayer: "Replayer", start: Candidate, advised_cand: Cand
     known = dict(known or {})
     res = run_search(check_replayer, start, args.host_cache_gib, jobs=args.jobs,
                      exporter=not args.no_exporter, max_passes=args.max_passes,
-                     starts=args.starts, known=known, bound=bound)
+                     starts=args.starts, known=known, bound=bound, final=final_available())
     replays = res.replays
     new_replays = replays - sum(1 for c, r in known.items() if r is not None and c in res.evaluated)
     every = res.merged({advised_cand: advised, start: default, **known})
@@ -1105,7 +1150,9 @@ def format_report(rep: dict[str, Any]) -> str:
         f"{rep['model']} tp{rep['tp']}, {rep['kv_cache_gib']:g} GiB KV per worker{host}; "
         f"searched {fit['replays']} settings on requests {fit['requests'][0]}-{fit['requests'][1]} "
         f"(every {grid} combination: {sc['grid']}, then coordinate descent from "
-        f"{len(sc['starts'])} of them), checked on requests "
+        f"{len(sc['starts'])} of them"
+        + (f", then ckpt=final beside the exporter's best: {sc['final']}" if sc.get("final") else "")
+        + "), checked on requests "
         f"{check['requests'][0]}-{check['requests'][1]}",
         bound_line,
         f"fit part: advised ({how}) {adv['token_hit_rate']:.2%} at "

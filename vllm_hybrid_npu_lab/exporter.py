@@ -9,10 +9,12 @@ forward pass that writes the state is not replayed (the lab has none), only its 
 
 On vLLM 0.30 the runtime also carries vLLM 0.32's retention fix (registry entry
 ``gdn-checkpoint-retention``: ``MambaManager._cache_partial_tail_block`` keeps the prompt's
-checkpoint at retention interval 0). The lab takes that entry from the runtime's registry
+checkpoint at retention interval 0) and, with ``VLLM_HYBRID_NPU_CHUNK_CHECKPOINTS=final``, drops a
+non-final chunk's checkpoint at a retention interval above 0. The lab takes that entry from the runtime's registry
 (:data:`vllm_hybrid_npu.patches.gdn_prefill_checkpoint.PATCHES`) and applies its replacement to the
 replay scheduler's own Mamba managers only (bound on the instances), so other replays in the same
-process keep vLLM's unpatched class. The lab imports the runtime; the runtime never imports the lab.
+process keep vLLM's unpatched class; the option is set per replay on those managers (the entry's
+``CHUNK_RULE`` attribute, which the entry reads before the environment). The lab imports the runtime; the runtime never imports the lab.
 
 By default the lab models CUDA's exporter (:mod:`.replay` keeps vLLM's junction stop, which the
 runtime lifts on the CPU path and, since 2026-11-28, on vllm-ascend's paths, replayed on CPU only;
@@ -56,26 +58,39 @@ def retention_entry() -> Any:
     return _entry(RETENTION_ENTRY)
 
 
-def apply_retention_fix(scheduler: Any) -> int:
-    """Bind the runtime's retention replacement on ``scheduler``'s Mamba managers.
+def apply_retention_fix(scheduler: Any, chunk_checkpoints: str = "all") -> int:
+    """Bind the runtime's retention replacement on ``scheduler``'s Mamba managers, with the
+    runtime's ``VLLM_HYBRID_NPU_CHUNK_CHECKPOINTS`` value ``chunk_checkpoints`` (``all`` or
+    ``final``) set on each of them, whatever this process's environment says.
 
     Returns the number of managers patched (0 when the installed vLLM needs no fix or a manager
-    already runs the runtime's replacement).
+    already runs the runtime's replacement; the value is set on them all the same).
+
+    Raises:
+        ValueError: ``chunk_checkpoints`` is not one of the runtime's values, or is ``final``
+            where the entry does not apply (vLLM other than 0.30).
     """
     import vllm
     from vllm.v1.core.single_type_kv_cache_manager import MambaManager
 
+    from vllm_hybrid_npu.patches.gdn_prefill_checkpoint import CHUNK_MODES, CHUNK_RULE
     from vllm_hybrid_npu.patches.registry import MARK
     from vllm_hybrid_npu.support import Stack, base_version
 
+    if chunk_checkpoints not in CHUNK_MODES:
+        raise ValueError(f"chunk checkpoints {chunk_checkpoints!r} is not one of {', '.join(CHUNK_MODES)}")
     entry = retention_entry()
     if entry is None:
+        if chunk_checkpoints != "all":
+            raise ValueError(f"ckpt=final needs the runtime's {RETENTION_ENTRY} entry (vLLM 0.30), "
+                             f"not vLLM {vllm.__version__}")
         return 0
     stack = Stack(target="cpu", vllm=base_version(vllm.__version__))
     done = 0
     for mgr in scheduler.kv_cache_manager.coordinator.single_type_managers:
         if not isinstance(mgr, MambaManager):
             continue
+        setattr(mgr, CHUNK_RULE, chunk_checkpoints)
         upstream = type(mgr)._cache_partial_tail_block
         if getattr(upstream, MARK, False):
             continue  # the runtime's patch is applied process-wide already
@@ -161,16 +176,17 @@ def apply_junction_entries(scheduler: Any) -> bool:
     return True
 
 
-def exporter_scheduler(base: type) -> type:
+def exporter_scheduler(base: type, chunk_checkpoints: str = "all") -> type:
     """A subclass of ``base`` (vLLM's ``Scheduler``) with the runtime's retention fix on its
-    Mamba managers (see :func:`apply_retention_fix`) and the runtime's mid-block stop on its
-    split (:func:`apply_mid_block_stop`); pair it with a setup built with
+    Mamba managers, with ``VLLM_HYBRID_NPU_CHUNK_CHECKPOINTS`` = ``chunk_checkpoints`` for them
+    (see :func:`apply_retention_fix`), and the runtime's mid-block stop on its split
+    (:func:`apply_mid_block_stop`); pair it with a setup built with
     ``prefill_checkpoints=True``."""
 
     class ExporterScheduler(base):  # type: ignore[misc, valid-type]
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
-            apply_retention_fix(self)
+            apply_retention_fix(self, chunk_checkpoints)
             apply_mid_block_stop(self)
 
     ExporterScheduler.__name__ = ExporterScheduler.__qualname__ = f"Exporter{base.__name__}"

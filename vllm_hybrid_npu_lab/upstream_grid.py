@@ -20,7 +20,9 @@ can pass to ``vllm serve`` (vLLM 0.30, ``vllm/config/cache.py`` / ``vllm/config/
 * ``ckpt``: the runtime's GDN prefill-checkpoint exporter (``VLLM_HYBRID_NPU_PREFILL_CHECKPOINTS``
   ``auto``, the plugin's default on CPU and CUDA; off = ``off`` or plain vLLM): the GDN specs
   declare vLLM's own checkpoint block, the block is rounded up to the 64-token grid
-  (:mod:`.exporter`).
+  (:mod:`.exporter`). ``ckpt=final`` is the exporter with the runtime's
+  ``VLLM_HYBRID_NPU_CHUNK_CHECKPOINTS=final`` (vLLM 0.30): a non-final prefill chunk's checkpoint
+  is not kept at a retention interval above 0 (:data:`CKPT_FINAL`).
 * ``enable_mamba_fine_grained_prefix_cache`` (the junction checkpoint for EAGLE siblings) acts
   only with EAGLE/MTP and a finer prefix match unit; the lab replays no speculative decoding,
   so it is not in the grid.
@@ -35,22 +37,38 @@ named.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
 from vllm_hybrid_npu_lab.registry import POLICIES, Policy, register_policy
 
 
+#: ``UpstreamSetting.ckpt`` value: the exporter with ``VLLM_HYBRID_NPU_CHUNK_CHECKPOINTS=final``
+CKPT_FINAL = "final"
+
+
 @dataclass(frozen=True)
 class UpstreamSetting:
     """One upstream option setting. ``ret``: retention interval in blocks (``None`` = dense,
     0 = vLLM's default); ``lpt``: long-prefill threshold in blocks (0 = off); ``pmu``: prefix
-    match unit in tokens (``None`` = the block size)."""
+    match unit in tokens (``None`` = the block size); ``ckpt``: ``False`` (vLLM's split),
+    ``True`` (the exporter) or :data:`CKPT_FINAL` (the exporter keeping a non-final chunk's
+    checkpoint only where vLLM's retention-0 rule would: the runtime's
+    ``VLLM_HYBRID_NPU_CHUNK_CHECKPOINTS=final``)."""
 
     ret: int | None = 0
     lpt: int = 0
     pmu: int | None = None
-    ckpt: bool = False
+    ckpt: bool | str = False
+
+    @property
+    def chunk_checkpoints(self) -> str | None:
+        """The runtime's ``VLLM_HYBRID_NPU_CHUNK_CHECKPOINTS`` value of this setting (``all`` or
+        ``final``), ``None`` without the exporter."""
+        if not self.ckpt:
+            return None
+        return CKPT_FINAL if self.ckpt == CKPT_FINAL else "all"
 
     @property
     def name(self) -> str:
@@ -63,7 +81,7 @@ class UpstreamSetting:
         if self.pmu is not None:
             parts.append(f"pmu={self.pmu}")
         if self.ckpt:
-            parts.append("ckpt")
+            parts.append("ckpt=final" if self.ckpt == CKPT_FINAL else "ckpt")
         return "upstream:" + ",".join(parts) if parts else "upstream"
 
     def tune(self, vllm_config: Any, block_size: int) -> None:
@@ -90,12 +108,13 @@ UPSTREAM_GRID: tuple[UpstreamSetting, ...] = tuple(
 
 def parse_setting(name: str) -> UpstreamSetting:
     """The :class:`UpstreamSetting` of a policy name (``upstream``, ``upstream:ret=dense,lpt=1b``,
-    ``upstream:ret=2b,pmu=64,ckpt``). Raises ``ValueError`` naming ``--policy`` otherwise."""
+    ``upstream:ret=2b,pmu=64,ckpt``, ``upstream:ret=2b,ckpt=final``). Raises ``ValueError``
+    naming ``--policy`` otherwise."""
     if name == "upstream":
         return UpstreamSetting()
     bad = ValueError(
         f"--policy {name!r}: not an upstream setting (upstream:ret=dense|<k>b,lpt=<k>b,"
-        "pmu=<tokens>,ckpt)"
+        "pmu=<tokens>,ckpt|ckpt=final)"
     )
     if not name.startswith("upstream:") or not name[len("upstream:"):]:
         raise bad
@@ -105,6 +124,8 @@ def parse_setting(name: str) -> UpstreamSetting:
         try:
             if key == "ckpt" and not value:
                 kw["ckpt"] = True
+            elif key == "ckpt" and value == CKPT_FINAL:
+                kw["ckpt"] = CKPT_FINAL
             elif key == "ret" and value == "dense":
                 kw["ret"] = None
             elif key in ("ret", "lpt") and value.endswith("b") and int(value[:-1]) >= 0:
@@ -127,13 +148,18 @@ def policy_of(setting: UpstreamSetting) -> Policy:
         return POLICIES["upstream"]
     what = "vLLM's Scheduler with upstream options " + setting.name.split(":", 1)[1]
     if setting.ckpt:
-        what += " (ckpt: the plugin's GDN prefill-checkpoint exporter)"
+        what += " (ckpt: the plugin's GDN prefill-checkpoint exporter"
+        what += (", VLLM_HYBRID_NPU_CHUNK_CHECKPOINTS=final: a non-final chunk's checkpoint "
+                 "not kept at retention > 0)" if setting.ckpt == CKPT_FINAL else ")")
+    chunk = setting.chunk_checkpoints
     return Policy(
         name=setting.name,
         description=what,
-        scheduler_class=_exporter_scheduler if setting.ckpt else _upstream_scheduler,
+        scheduler_class=functools.partial(_exporter_scheduler, chunk) if chunk else _upstream_scheduler,
         tune=setting.tune,
-        prefill_checkpoints=setting.ckpt,
+        prefill_checkpoints=bool(setting.ckpt),
+        # the runtime option lives in a vLLM 0.30 registry entry (gdn-checkpoint-retention)
+        vllm=("0.30.0",) if chunk == CKPT_FINAL else None,
     )
 
 
@@ -164,12 +190,20 @@ def _upstream_scheduler() -> type:
     return Scheduler
 
 
-def _exporter_scheduler() -> type:
+def _exporter_scheduler(chunk_checkpoints: str = "all") -> type:
     from vllm.v1.core.sched.scheduler import Scheduler
 
     from vllm_hybrid_npu_lab.exporter import exporter_scheduler
 
-    return exporter_scheduler(Scheduler)
+    return exporter_scheduler(Scheduler, chunk_checkpoints)
+
+
+def final_available() -> bool:
+    """Whether ``ckpt=final`` can be replayed here: the installed vLLM is one the runtime's
+    ``gdn-checkpoint-retention`` entry (which carries the option) applies to (vLLM 0.30)."""
+    from vllm_hybrid_npu_lab.exporter import retention_entry
+
+    return retention_entry() is not None
 
 
 #: registered besides the grid: the exporter alone (the plugin's default on CPU and CUDA)

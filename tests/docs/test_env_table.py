@@ -81,12 +81,18 @@ def _readers():
 
         return copy_kernel_choice()
 
+    def chunk_checkpoints():
+        from vllm_hybrid_npu.patches.gdn_prefill_checkpoint import chunk_checkpoints
+
+        return chunk_checkpoints()
+
     # name -> (reader, whether it returns the setting itself, so the default can be checked;
     # COPY_IMPL's reader returns the resolved implementation, "auto" never comes back)
     # CHECKPOINTS is retired: unset gives None (no setting), not a value
     return {"VLLM_HYBRID_NPU_PATCHES": (patches, True), "VLLM_HYBRID_NPU_CHECKPOINTS": (checkpoints, False),
             "VLLM_HYBRID_NPU_PREFILL_CHECKPOINTS": (prefill_checkpoints, True),
             "VLLM_HYBRID_NPU_COPY_KERNEL": (copy_kernel, True),
+            "VLLM_HYBRID_NPU_CHUNK_CHECKPOINTS": (chunk_checkpoints, True),
             "VLLM_HYBRID_NPU_TOKEN_BUDGET": (token_budget, True),
             "VLLM_HYBRID_NPU_COPY_IMPL": (copy_impl, False), "VLLM_HYBRID_NPU_TARGET": (target, False)}
 

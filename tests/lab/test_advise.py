@@ -63,7 +63,7 @@ def test_exporter_replay_declares_the_checkpoint_and_keeps_it(cfg, monkeypatch):
     import vllm_hybrid_npu_lab.exporter as exporter
 
     if exporter.retention_entry() is not None:
-        monkeypatch.setattr(exporter, "apply_retention_fix", lambda sched: 0)
+        monkeypatch.setattr(exporter, "apply_retention_fix", lambda sched, chunk="all": 0)
         _, nofix = _run(cfg, _reqs(REPEAT), "upstream:ckpt", block_size=256)
         assert nofix.cached_per_request[1] == 0
 
@@ -91,10 +91,14 @@ def test_runtime_never_imports_the_lab():
 
 
 def test_setting_names_parse_back():
-    for ret, lpt, pmu, ckpt in itertools.product((0, None, 2), (0, 1), (None, 64), (False, True)):
+    for ret, lpt, pmu, ckpt in itertools.product((0, None, 2), (0, 1), (None, 64),
+                                                 (False, True, "final")):
         s = UpstreamSetting(ret, lpt, pmu, ckpt)
         assert parse_setting(s.name) == s
-        assert get_policy(s.name).prefill_checkpoints == ckpt
+        assert get_policy(s.name).prefill_checkpoints == bool(ckpt)
+    assert UpstreamSetting(2, ckpt="final").name == "upstream:ret=2b,ckpt=final"
+    with pytest.raises(ValueError, match="--policy"):
+        parse_setting("upstream:ret=2b,ckpt=drop")
     for bad in ("upstream:", "upstream:ret=x", "upstream:foo", "upstream:pmu=0", "lean:ret=1b"):
         with pytest.raises(ValueError, match="--policy"):
             parse_setting(bad)
@@ -113,6 +117,33 @@ def test_serve_flags_are_vllms_units():
     assert "--tensor-parallel-size 2" in line and env == ["VLLM_HYBRID_NPU_PREFILL_CHECKPOINTS=auto"]
     flags, env = serve_flags(Candidate(), 1056, 16, 1)
     assert "--prefix-cache-retention-interval" not in flags and env[0].endswith("=off")
+    _, env = serve_flags(Candidate(UpstreamSetting(ret=2, ckpt="final")), 1088, 16, 1)
+    assert env == ["VLLM_HYBRID_NPU_PREFILL_CHECKPOINTS=auto", "VLLM_HYBRID_NPU_CHUNK_CHECKPOINTS=final"]
+
+
+def test_final_scan_sits_beside_the_exporters_best_and_is_bounded():
+    # ckpt=final gains only at a smaller interval than the exporter's best (2 blocks against
+    # 4), one axis away from it each: the descent alone never reaches it; the scan replays
+    # final at 1, 2, 4, 8 blocks beside the exporter's best, nothing else
+    def evaluate(c: Candidate):
+        s = c.setting
+        if s.ckpt == "final":
+            return {"token_hit_rate": {1: 0.30, 2: 0.45, 4: 0.20, 8: 0.10}.get(s.ret, 0.0)}
+        base = {0: 0.1, None: 0.05, 1: 0.25, 2: 0.3, 4: 0.4, 8: 0.35}.get(s.ret, 0.0)
+        return {"token_hit_rate": base + (0.01 if s.ckpt else 0.0) - 0.01 * (s.lpt + (s.pmu or 0) / 64)}
+
+    plain = search(evaluate, Candidate(), 0.0)
+    assert (plain.best.setting.ret, plain.best.setting.ckpt) == (4, True)
+    assert not any(c.setting.ckpt == "final" for c in plain.evaluated)
+    res = search(evaluate, Candidate(), 0.0, final=True)
+    assert res.best.setting == UpstreamSetting(ret=2, ckpt="final")
+    added = [c for c in res.evaluated if c not in plain.evaluated]
+    assert sorted(c.setting.ret for c in added) == [1, 2, 4, 8]
+    assert all(c.setting == UpstreamSetting(ret=c.setting.ret, ckpt="final") for c in added)
+    assert res.cost()["final"] == 4
+    # no exporter: no scan
+    assert not any(c.setting.ckpt for c in search(evaluate, Candidate(), 0.0, exporter=False,
+                                                  final=True).evaluated)
 
 
 def test_search_is_a_local_optimum_on_every_axis(rng):

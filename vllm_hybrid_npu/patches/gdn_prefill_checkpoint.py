@@ -579,20 +579,63 @@ def _make_block_size(upstream: Any, stack: Stack) -> Any:
     return classmethod(_align_hybrid_block_size)
 
 
+#: Environment variable: which prefill checkpoints of a chunked prompt stay cached at a retention
+#: interval above 0 (``all``, vLLM 0.30's rule, or ``final``; :func:`chunk_checkpoints`).
+CHUNK_ENV = "VLLM_HYBRID_NPU_CHUNK_CHECKPOINTS"
+CHUNK_MODES = ("all", "final")
+#: A Mamba manager's attribute naming its :data:`CHUNK_MODES` value, set by whoever builds the
+#: manager for one engine only (the hit-rate lab, per replay); unset: :data:`CHUNK_ENV`.
+CHUNK_RULE = "_vhn_chunk_checkpoints"
+
+
+def chunk_checkpoints() -> str:
+    """``$VLLM_HYBRID_NPU_CHUNK_CHECKPOINTS`` (default ``all``); raises ValueError naming the
+    variable for a value other than ``all`` or ``final``."""
+    return envs.choice(CHUNK_ENV, CHUNK_MODES, "all")
+
+
 def _make_retention(upstream: Any, stack: Stack) -> Any:
+    """Wrap vLLM 0.30's ``MambaManager._cache_partial_tail_block(self, request, num_tokens,
+    retention_interval)`` (``retention_interval`` in tokens: ``None`` dense, ``0`` vLLM's
+    default, ``> 0`` a grid), which caches the block vLLM reserved for a prefill checkpoint
+    (``self._checkpoints[request_id] = (position in tokens, block column)``; the exporter
+    declares one, so every prefill chunk has one, one hash block below the chunk's end).
+
+    Only the ``retention_interval`` handed to upstream changes; upstream's branches do the rest:
+
+    * the prompt's own checkpoint (``get_mamba_prefill_checkpoint_position`` of the prompt) at
+      retention 0: ``None``, so it is cached as vLLM 0.32's ``is_prompt_checkpoint`` caches it;
+    * with :func:`chunk_checkpoints` ``final`` (or the manager's :data:`CHUNK_RULE`), any other
+      checkpoint at retention > 0: ``0``, so upstream's retention-0 branch decides: a non-final
+      chunk's checkpoint is dropped (``BlockPool._maybe_evict_cached_block``: no hash; the block
+      and the state written into it are untouched) and a shared-prefix junction's, or one a
+      chunk reaching the prompt's end leaves, is cached as before.
+
+    Raises ValueError (naming :data:`CHUNK_ENV`) at the first such checkpoint for a bad value.
+    """
     @functools.wraps(upstream)
     def _cache_partial_tail_block(self, request, num_tokens, retention_interval):
-        from vllm.v1.kv_cache_interface import get_mamba_prefill_checkpoint_position
-
         checkpoint = self._checkpoints.get(request.request_id)
-        if checkpoint is not None and retention_interval == 0 and checkpoint[0] == \
-                get_mamba_prefill_checkpoint_position(request.num_prompt_tokens,
-                                                      self.block_pool.hash_block_size,
-                                                      self.drop_eagle_checkpoint_block):
-            retention_interval = None  # vLLM 0.32's is_prompt_checkpoint: cache it as the split would
+        if checkpoint is not None and retention_interval is not None:
+            from vllm.v1.kv_cache_interface import get_mamba_prefill_checkpoint_position
+
+            is_prompt = checkpoint[0] == get_mamba_prefill_checkpoint_position(
+                request.num_prompt_tokens, self.block_pool.hash_block_size,
+                self.drop_eagle_checkpoint_block)
+            if retention_interval == 0 and is_prompt:
+                retention_interval = None  # vLLM 0.32's is_prompt_checkpoint: cache it as the split would
+            elif retention_interval > 0 and not is_prompt and \
+                    (vars(self).get(CHUNK_RULE) or chunk_checkpoints()) == "final":
+                retention_interval = 0  # upstream's retention-0 rule: kept only at a junction
         return upstream(self, request, num_tokens, retention_interval)
 
     return _cache_partial_tail_block
+
+
+def _retention_wanted(stack: Stack) -> str | None:
+    """:func:`wanted`, after reading :data:`CHUNK_ENV` (a bad value raises ValueError at load)."""
+    chunk_checkpoints()
+    return wanted(stack)
 
 
 #: A scheduler's flag: its engine's exporter path writes the state at the block boundary a chunk
@@ -632,8 +675,10 @@ def wanted(stack: Stack) -> str | None:
 
 def entry(name: str, module: str, qualname: str, make: Callable, targets: tuple, why: str,
           **kw: Any) -> Patch:
-    """A behaviour-changing ``gdn-checkpoint-*`` entry (off with :data:`ENV_VAR`)."""
-    return Patch(name=name, module=module, qualname=qualname, targets=targets, wanted=wanted,
+    """A behaviour-changing ``gdn-checkpoint-*`` entry (off with :data:`ENV_VAR`; ``wanted`` in
+    ``kw`` replaces :func:`wanted`)."""
+    return Patch(name=name, module=module, qualname=qualname, targets=targets,
+                 wanted=kw.pop("wanted", wanted),
                  make=make, behaviour_changing=True, why=why,
                  **{"vllm": VLLM_VERSIONS, "until": "vLLM's or vllm-ascend's GDN path exports "
                     "prefill checkpoints itself (vLLM 0.33: FlashInfer only)", **kw})
@@ -694,7 +739,10 @@ PATCHES = [
           until="the one-pass kernel writes several checkpoints per row (issue 38 item 2)"),
     entry("gdn-checkpoint-retention", "vllm.v1.core.single_type_kv_cache_manager",
           "MambaManager._cache_partial_tail_block", _make_retention, ("cpu", "cuda", "npu"),
-          "vLLM 0.32's fix carried: the prompt's checkpoint is cached at retention interval 0",
+          "vLLM 0.32's fix carried: the prompt's checkpoint is cached at retention interval 0; "
+          "with VLLM_HYBRID_NPU_CHUNK_CHECKPOINTS=final a non-final chunk's checkpoint is not "
+          "kept at retention > 0 (fewer states where a host tier evicts)",
           vllm=("0.30.0",), signature=("self", "request", "num_tokens", "retention_interval"),
+          wanted=_retention_wanted,
           until="vLLM 0.30 leaves the support matrix (vLLM 0.32 has the rule)"),
 ]
