@@ -12,6 +12,9 @@ initial states, lengths and checkpoint offsets; seed printed on failure):
   and each checkpoint block holds what vLLM's block-aligned split stores there (the final state
   of a pass over the row's head alone, cast to the cache dtype: float32 and bf16 caches); no
   other block changes;
+* several checkpoints in a row (shared-prefix junctions before the prompt's own, planned with
+  ``plan_step(..., junctions=...)``): each block holds vLLM's own pass's final state over the
+  row's tokens up to it, in the cache dtype; outputs unchanged;
 * the conv checkpoints written by our Triton kernel equal the torch write's;
 * the split (kept for ``FLA_USE_FAST_OPS=1``) equals vLLM's split in float32.
 
@@ -133,6 +136,52 @@ def test_fused_forward_is_vllms_and_stores_the_splits_state(seed, cache_dtype, r
     assert torch.equal(got, split_state.to(cache_dtype)), (
         f"{where}: largest difference to the split's state {(got.float() - split_state).abs().max().item():.3g}")
     assert torch.isnan(cache[0].float()).all() and torch.isnan(cache[len(lens) + 1:].float()).all(), where
+
+
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
+def test_fused_forward_stores_every_checkpoint_of_a_row(seed, cache_dtype):
+    """Several checkpoints per row (shared-prefix junctions before the prompt's own, issue 38
+    item 2), planned as the builder plans them (``plan_step`` with ``junctions``) and written in
+    the one pass: vLLM's whole FLA forward with the export equals it without, bit for bit; each
+    checkpoint block holds the final state of vLLM's own pass over the row's tokens up to it, cast
+    to the cache dtype (for the first checkpoint of a row the bytes vLLM's split stores; for a
+    later one caching off's running state there: vLLM's split would start that segment from the
+    earlier state read back in the cache dtype, which in a bf16 cache rounds once more); no other
+    block changes."""
+    lens, _, inputs, h0 = _batch(seed, _rows("many", seed))
+    gen = torch.Generator().manual_seed(seed)
+    cuts = [sorted(torch.randperm(n // 64 - 1, generator=gen)[:1 + int(torch.randint(0, 3, (1,), generator=gen))]
+                   .add(1).mul(64).tolist()) for n in lens]
+    qsl = [0, *torch.tensor(lens).cumsum(0).tolist()]
+    junctions = {r: [(o, i) for i, o in enumerate(c[:-1])] for r, c in enumerate(cuts) if len(c) > 1}
+    plan = plan_step(qsl, [c[-1] for c in cuts], [len(c) - 1 for c in cuts], num_decodes=0,
+                     junctions=junctions)
+    n = len(plan.rows)
+    table = torch.zeros(len(lens), 4, dtype=torch.int32)
+    for i, (row, col) in enumerate(zip(plan.rows, plan.cols)):
+        table[row, col] = i + 1
+    to_device = lambda v, d: torch.tensor(v, dtype=d).to("cuda")  # noqa: E731
+    md = ops.build_metadata(plan, table.cuda(), to_device, "fused")
+    o_ref, final_ref = _pass(inputs, h0.clone(), lens)
+    cache = torch.full((n + 3, *h0.shape[1:]), float("nan"), device="cuda", dtype=cache_dtype)
+    upstream = fla.chunk_gated_delta_rule_fwd_h
+    fla.chunk_gated_delta_rule_fwd_h = mod._make_fla_h(upstream, None)
+    try:
+        with ops.exporting(md, cache, "fused") as scope:
+            o, final = _pass(inputs, h0.clone(), lens)
+    finally:
+        fla.chunk_gated_delta_rule_fwd_h = upstream
+    where = f"seed {seed}: lens {lens} checkpoints {cuts} cache {cache_dtype}"
+    assert scope.exports == 1 and plan.several_per_row == bool(junctions), where
+    assert torch.equal(o, o_ref) and torch.equal(final, final_ref), f"{where}: outputs changed"
+    for i, (row, off) in enumerate(zip(plan.rows, plan.offsets)):
+        s = qsl[row]
+        _, state = _pass(tuple(x[:, s:s + off] for x in inputs), h0[row:row + 1].clone(), [off])
+        got = cache[i + 1]
+        assert torch.equal(got, state[0].to(cache_dtype)), (
+            f"{where}: checkpoint {i} (row {row}, {off} tokens): largest difference "
+            f"{(got.float() - state[0]).abs().max().item():.3g}")
+    assert torch.isnan(cache[0].float()).all() and torch.isnan(cache[n + 1:].float()).all(), where
 
 
 @pytest.mark.parametrize("dim_first", [True, False])

@@ -16,7 +16,12 @@ batches (seed printed on failure):
   padded (vLLM's page padding: a block stride larger than the state); every other block untouched;
 * the outputs with checkpoints are the outputs without, bit for bit;
 * float16 inputs with a float32 cache: the checkpoint rounded to float16 is ``h`` there.
-* an empty row among the rows changes nothing for the others and keeps its initial state.
+* an empty row among the rows changes nothing for the others and keeps its initial state;
+* a step's plan with several checkpoints per row (shared-prefix junctions before the prompt's
+  own, decode rows first: ``core.plan_step`` -> ``ops.build_metadata`` fused ->
+  ``ExportScope.chunk_states`` and ``ops.write_conv``): each SSM block is the final state of the
+  row's head run alone, in the cache dtype, each conv block the input rows before it (issue 38
+  item 2, the CUDA path's junctions).
 """
 
 from __future__ import annotations
@@ -177,3 +182,68 @@ def test_an_empty_row_changes_nothing(kernels, rng, torch_gen, seed):
     empty = torch.zeros_like(final[0]) if h0_e is None else h0_e[at]
     assert torch.equal(final_e[at], empty), where
     assert torch.equal(cache_e[2], cache[2]) and torch.isnan(cache_e[:2]).all(), where
+
+
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.float16])
+def test_plan_with_several_checkpoints_per_row(kernels, rng, torch_gen, seed, cache_dtype):
+    """The fused export as the CUDA path runs it for a step with shared-prefix junctions (issue 38
+    item 2): ``core.plan_step`` with junctions (decode rows first, then prefill rows with up to
+    three checkpoints each: junctions and the prompt's own), ``ops.build_metadata`` (method
+    ``fused``: ``chunk_map`` one checkpoint per chunk start, the blocks gathered from a block
+    table), ``ExportScope.chunk_states`` and ``ops.write_conv`` through the interpreter. Each
+    checkpoint's SSM block holds the final state of a run of the row's tokens up to it alone (what
+    a pass that stops there stores, cast to the cache dtype; exact by construction: the same
+    recurrence), every conv block the ``width - 1`` input rows before it; the outputs are the run
+    without checkpoints; every other block is untouched; one export counted."""
+    from vllm_hybrid_npu.core.prefill_checkpoints import plan_step
+    from vllm_hybrid_npu.ops import gdn_checkpoint as ops
+
+    lens = [0]
+    while _chunks(lens)[0] < 3:  # room for a junction and the prompt's own in the first row
+        lens, cu, inputs, h0 = _draw(rng, torch_gen, torch.float32, long_first=True)
+    decodes = rng.randint(0, 2)
+    qsl = [*range(decodes + 1), *(decodes + c for c in cu[1:])]
+    # per prefill row 0-3 checkpoints at chunk starts after its first chunk (the first row >= 2
+    # where it has room): the last the prompt's own (offsets, cols), the others junctions
+    picks = {r: sorted(rng.sample(range(1, n), min(n - 1, rng.randint(2 if r == 0 else 0, 3))))
+             for r, n in enumerate(_chunks(lens))}
+    offsets, cols, junctions, width = [0] * decodes, [-1] * decodes, {}, rng.choice([2, 4])
+    for r, chunks in picks.items():
+        offsets.append(chunks[-1] * CHUNK if chunks else 0)
+        cols.append(len(chunks) - 1 if chunks else -1)
+        if len(chunks) > 1:
+            junctions[decodes + r] = [(c * CHUNK, i) for i, c in enumerate(chunks[:-1])]
+    plan = plan_step(qsl, offsets, cols, decodes, junctions=junctions)
+    n = len(plan.rows)
+    blocks = n + rng.randint(2, 6)
+    table = torch.zeros(decodes + len(lens), 3, dtype=torch.int32)
+    slots = rng.sample(range(blocks), n)
+    for i, (row, col) in enumerate(zip(plan.rows, plan.cols)):
+        table[row, col] = slots[i]
+    md = ops.build_metadata(plan, table, lambda v, d: torch.tensor(v, dtype=d), "fused")
+    where = f"seed={seed} decodes={decodes} lens={lens} checkpoints(row, chunk)={picks} slots={slots}"
+    assert md.slots.tolist() == slots and plan.several_per_row, where
+    heads, vd, kd = inputs[2].shape[-2], inputs[2].shape[-1], inputs[0].shape[-1]
+    ssm = torch.full((blocks, heads, vd, kd), float("nan"), dtype=cache_dtype)
+    with ops.exporting(md, ssm, "fused") as scope:
+        got = scope.chunk_states(*inputs, h0, True, torch.tensor(cu, dtype=torch.int32), {"bv": 32})
+    assert scope.exports == 1, where
+    plain = _run(kernels, inputs, h0, cu, lens)
+    assert all(torch.equal(a, b) for a, b in zip(got, plain)), f"{where}: outputs changed"
+    for i, (row, off) in enumerate(zip(plan.ckpt_seq, plan.offsets)):
+        s = cu[row]
+        head = tuple(x[:, s:s + off] for x in inputs)
+        _, _, alone = _run(kernels, head, None if h0 is None else h0[row:row + 1], [0, off], [off])
+        assert torch.equal(ssm[slots[i]], alone[0].to(cache_dtype)), f"{where}: checkpoint {i} at {off} of row {row}"
+    untouched = sorted(set(range(blocks)) - set(slots))
+    assert torch.isnan(ssm[untouched]).all(), f"{where}: a block outside the checkpoints changed"
+    dim = rng.choice([8, 24, 40])
+    mixed = torch.randn(qsl[-1], dim, generator=torch_gen).half()
+    for dim_first in (True, False):
+        shape = (blocks, dim, width - 1) if dim_first else (blocks, width - 1, dim)
+        conv = torch.full(shape, float("nan"))
+        ops.write_conv(conv, mixed, md, width, dim_first)
+        for i, end in enumerate(plan.conv_end):
+            want = mixed[end - width + 1:end].float()
+            assert torch.equal(conv[slots[i]], want.T if dim_first else want), f"{where}: conv {i}"
+        assert torch.isnan(conv[untouched]).all(), where

@@ -313,25 +313,43 @@ def test_worker_reads_the_host_copy_of_a_device_block_table():
                           [1000, 1152], [1, 152], [-1, -1], 0, B) == {}
 
 
-def test_junction_paths_by_configuration():
+def test_junction_paths_by_configuration(monkeypatch):
     """Which exporter paths export junction states (``junctions_off``): the CPU path and
     vllm-ascend's (``ascend`` in the engine core); on vllm-ascend's not with its V2 model runner,
-    decode context parallel or a KV transfer connector; never CUDA's."""
+    decode context parallel or a KV transfer connector; CUDA's one pass (``triton``) only on vLLM
+    0.30.0's V2 runner (its block tables mirrored on the host), not with ``FLA_USE_FAST_OPS=1``,
+    decode or prefill context parallel or micro-batching, and with a KV connector as on CPU."""
     from vllm_hybrid_npu.patches import gdn_prefill_checkpoint as gpc
+    from vllm_hybrid_npu.patches import registry
+    from vllm_hybrid_npu.support import Stack
 
-    def config(v2=False, dcp=1, kv=None):
+    def config(v2=False, dcp=1, kv=None, pcp=1, ubatch=False):
         return types.SimpleNamespace(use_v2_model_runner=v2, kv_transfer_config=kv,
-                                     parallel_config=types.SimpleNamespace(decode_context_parallel_size=dcp))
+                                     parallel_config=types.SimpleNamespace(
+                                         decode_context_parallel_size=dcp,
+                                         prefill_context_parallel_size=pcp, use_ubatching=ubatch))
 
+    monkeypatch.delenv("FLA_USE_FAST_OPS", raising=False)
     for path in ("cpu", "ascend", "ascend-fla-npu", "ascend-fused", "ascend-chunk"):
         assert gpc.junctions_off(config(), path) is None, path
-    for path in ("triton", None):
-        assert "one checkpoint per row" in gpc.junctions_off(config(), path)
+    assert "one checkpoint per row" in gpc.junctions_off(config(), None)
     for path in ("ascend", "ascend-chunk"):
         assert "V2 model runner" in gpc.junctions_off(config(v2=True), path)
         assert "decode context parallel" in gpc.junctions_off(config(dcp=2), path)
         assert "KV transfer" in gpc.junctions_off(config(kv=object()), path)
     assert gpc.junctions_off(config(v2=True, dcp=2, kv=object()), "cpu") is None  # CPU: unchanged
+    for version, reason in (("0.30.0", None), ("0.32.0", "CUDA on vLLM 0.32.0"), ("0.33.0", "CUDA on vLLM 0.33.0")):
+        monkeypatch.setattr(registry.REPORT, "stack", Stack("cuda", version))
+        got = gpc.junctions_off(config(v2=True), "triton")
+        assert got is None if reason is None else reason in got, (version, got)
+    monkeypatch.setattr(registry.REPORT, "stack", Stack("cuda", "0.30.0"))
+    assert "V1 GPU model runner" in gpc.junctions_off(config(), "triton")
+    assert "decode context parallel" in gpc.junctions_off(config(v2=True, dcp=2), "triton")
+    assert "prefill context parallel" in gpc.junctions_off(config(v2=True, pcp=2), "triton")
+    assert "micro-batching" in gpc.junctions_off(config(v2=True, ubatch=True), "triton")
+    assert gpc.junctions_off(config(v2=True, kv=object()), "triton") is None
+    monkeypatch.setenv("FLA_USE_FAST_OPS", "1")
+    assert "FLA_USE_FAST_OPS" in gpc.junctions_off(config(v2=True), "triton")
 
 
 def test_rule_takes_mamba_manager_subclasses(monkeypatch):

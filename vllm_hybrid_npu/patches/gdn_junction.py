@@ -24,9 +24,11 @@ block hash, retention rule and host-tier offer as the split's step end. One rule
   ``gdn-junction-blocks``): one block more, put in the junction's column (vLLM leaves it null);
   vLLM's own ``cache_blocks`` then caches it (the junction is one of its reachable boundaries);
 * the worker's GDN metadata builder finds that block in the host block table (on vllm-ascend the
-  host copy of its device table, ``gdn_prefill_checkpoint.host_block_table``) and plans a second
-  checkpoint in the row (``core.junction_columns``); vLLM's CPU GDN function, or vllm-ascend's
-  prefill kernel (``ops.run_split``), runs in one more round.
+  host copy of its device table, on CUDA the mirror of the V2 runner's,
+  ``gdn_prefill_checkpoint.host_block_table``) and plans a second checkpoint in the row
+  (``core.junction_columns``); vLLM's CPU GDN function, or vllm-ascend's prefill kernel
+  (``ops.run_split``), runs in one more round; CUDA's one-pass chunk-state kernel stores it at
+  its chunk start in the same pass.
 
 The same entries end a prefill chunk where the token budget ends (issue 38 item 4), where vLLM
 floors a non-final chunk to the block and stops a chunk started mid-block at its next boundary
@@ -40,10 +42,13 @@ hands the managers the prompt checkpoint or the chunk's last boundary past it
 (:meth:`JunctionRule.crossed`). Only with the prefix-match unit at the block.
 
 The Mamba managers are vLLM's ``MambaManager`` or a subclass (vllm-ascend's
-``AscendMambaManager``, :func:`is_mamba_manager`). Elsewhere (CUDA: one checkpoint per row in the
-one-pass kernel; vllm-ascend's V2 runner, DCP, a KV connector; vLLM 0.32 / 0.33, whose managers
-reserve checkpoints by other rules; speculative decoding) nothing applies and vLLM stops at the
-junction, as before. A junction the manager cannot place (its column not null) keeps nothing
+``AscendMambaManager``, :func:`is_mamba_manager`). On CUDA the one pass writes every checkpoint of
+a row (a junction, the crossed boundary, the prompt's own) where the builder finds the columns in
+the host mirror of vLLM 0.30's V2 runner's block tables
+(:class:`~.gdn_prefill_checkpoint.RunnerHostTable`). Elsewhere (CUDA's V1 runner, FlashInfer,
+``FLA_USE_FAST_OPS=1``, DCP / PCP / micro-batching; vllm-ascend's V2 runner, DCP, a KV connector;
+vLLM 0.32 / 0.33, whose managers reserve checkpoints by other rules; speculative decoding) nothing
+applies and vLLM stops at the junction, as before (:func:`~.gdn_prefill_checkpoint.junctions_off`). A junction the manager cannot place (its column not null) keeps nothing
 there: the chunk already ran past it, so a later sharer hits less, but no block is cached
 unwritten. Until: vLLM exports junction states inside the step itself (RFC #52959).
 """
@@ -66,9 +71,10 @@ RULE = "_vhn_junction_rule"
 #: A Mamba manager's ``{request id: junction position}`` for the allocation in progress.
 HINT = "_vhn_junction"
 VERSIONS = ("0.30.0",)
-#: Where the junction entries apply: vLLM's CPU GDN function and vllm-ascend's GDN paths
-#: (:data:`.gdn_prefill_checkpoint.JUNCTION_PATHS`; each engine decides by :func:`_rule`).
-TARGETS = ("cpu", "npu")
+#: Where the junction entries apply: vLLM's CPU GDN function, CUDA's one pass on vLLM 0.30's V2
+#: runner and vllm-ascend's GDN paths (:data:`.gdn_prefill_checkpoint.JUNCTION_PATHS`; each
+#: engine decides by :func:`_rule`).
+TARGETS = ("cpu", "cuda", "npu")
 SINGLE_TYPE = "vllm.v1.core.single_type_kv_cache_manager"
 
 

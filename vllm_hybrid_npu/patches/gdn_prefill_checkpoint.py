@@ -185,7 +185,7 @@ def build_checkpoints(builder: Any, common: Any, metadata: Any, stack: Stack,
     qsl = common.query_start_loc_cpu[: n + 1].tolist()
     if stack.vllm in VLLM_PLAN:  # request rows 0..n-1; each row's block (gathered) as a column
         planned, path = metadata.checkpoint, exporter_path(config, stack.target)[0]
-        crossing = junctions_off(config, path) is None and common.seq_lens_cpu_upper_bound is not None
+        crossing = _junctions_on(builder, path) and common.seq_lens_cpu_upper_bound is not None
         if path is None or (planned is None and not crossing):
             return None
         offsets, cols = (planned.offsets, [0] * n) if planned else ([0] * n, [0] * n)
@@ -217,7 +217,7 @@ def build_checkpoints(builder: Any, common: Any, metadata: Any, stack: Stack,
             drop_eagle_block=bool(spec_config is not None and spec_config.use_eagle_block_drop()),
             position_fn=kv.get_mamba_prefill_checkpoint_position,
             valid_fn=kv.is_mamba_prefill_checkpoint_valid)
-        if junctions_off(config, path := exporter_path(config, stack.target)[0]) is None:
+        if _junctions_on(builder, path := exporter_path(config, stack.target)[0]):
             junctions = _junctions(table, seq_lens, qlens, cols, metadata.num_decodes, spec.block_size)
     if (plan := core.plan_step(qsl, offsets, cols, metadata.num_decodes, junctions=junctions)) is None:
         return None
@@ -226,13 +226,29 @@ def build_checkpoints(builder: Any, common: Any, metadata: Any, stack: Stack,
                               kernel_meta(builder, table.device) if method == "split" else None)
 
 
+def _junctions_on(builder: Any, path: str | None) -> bool:
+    """``junctions_off(builder.vllm_config, path) is None``, decided once per GDN metadata
+    builder and path (the V2 runner's flag, ``VllmConfig.use_v2_model_runner``, reads entry
+    points: not per step)."""
+    memo = vars(builder).setdefault("_vhn_junctions_on", {})
+    if path not in memo:
+        memo[path] = junctions_off(builder.vllm_config, path) is None
+    return memo[path]
+
+
 #: Exporter paths that export shared-prefix junction states and crossed block boundaries
 #: (:mod:`.gdn_junction`, several checkpoints in a row): vLLM's CPU GDN function (one call per
-#: round, the block table host memory) and vllm-ascend 0.30.0rc2's three prefill paths
+#: round, the block table host memory), vllm-ascend 0.30.0rc2's three prefill paths
 #: (``ops.run_split`` in rounds; the builder reads the host copy of the device block table,
-#: :func:`host_block_table`); ``ascend`` is their name before the worker knows which (the
-#: engine-core process). :func:`junctions_off` lists the configurations they leave out.
-JUNCTION_PATHS = ("cpu", "ascend", "ascend-fla-npu", "ascend-fused", "ascend-chunk")
+#: :func:`host_block_table`) and, on vLLM 0.30.0's V2 GPU model runner, the Triton/FLA path's
+#: one pass (``triton``: the chunk-state kernel stores every checkpoint of a row, one per chunk
+#: start; the builder reads the host mirror of the V2 block tables, :class:`RunnerHostTable`);
+#: ``ascend`` is the NPU paths' name before the worker knows which (the engine-core process).
+#: :func:`junctions_off` lists the configurations they leave out.
+JUNCTION_PATHS = ("cpu", "triton", "ascend", "ascend-fla-npu", "ascend-fused", "ascend-chunk")
+#: vLLM versions whose V2 GPU model runner's block tables :class:`RunnerHostTable` mirrors (read
+#: against 0.30.0's ``vllm/v1/worker/gpu/block_table.py`` and ``model_runner.py``).
+RUNNER_V2_VERSIONS = ("0.30.0",)
 
 
 def junctions_off(vllm_config: Any, path: str | None) -> str | None:
@@ -247,9 +263,17 @@ def junctions_off(vllm_config: Any, path: str | None) -> str | None:
     DCP table holds rows per rank and draft token; ``AscendMambaManager`` looks hits up at rank
     size 1: not read here) and a KV transfer connector (``AscendMambaManager`` counts a block more
     for a synchronous external hit and vllm-ascend keeps a KV consumer's chunk whole,
-    ``patch_mamba_block_aligned_split``: neither composed with the junction block here)."""
+    ``patch_mamba_block_aligned_split``: neither composed with the junction block here). On
+    CUDA's Triton/FLA path (``triton``): only vLLM 0.30.0's V2 GPU model runner (its block tables
+    mirrored on the host, :class:`RunnerHostTable`; the V1 runner's ``BlockTable`` is not
+    recorded here) with the one-pass export (``FLA_USE_FAST_OPS=1``'s split in rounds is not run
+    on CUDA), without decode or prefill context parallel (other tables: the DCP one per rank, the
+    PCP manager's own) and without micro-batching (the ubatch runner gathers into tables of its
+    own)."""
     if path not in JUNCTION_PATHS:
         return f"exporter path {path}: one checkpoint per row"
+    if path == "triton":
+        return _triton_junctions_off(vllm_config)
     if not path.startswith("ascend"):
         return None
     if getattr(vllm_config, "use_v2_model_runner", False):
@@ -262,9 +286,29 @@ def junctions_off(vllm_config: Any, path: str | None) -> str | None:
     return None
 
 
+def _triton_junctions_off(vllm_config: Any) -> str | None:
+    """:func:`junctions_off` for the ``triton`` path (CUDA)."""
+    version = getattr(registry.REPORT.stack, "vllm", None)
+    if version not in RUNNER_V2_VERSIONS:
+        return f"CUDA on vLLM {version} (the V2 runner's block tables are mirrored for {RUNNER_V2_VERSIONS})"
+    if export_method("triton") != "fused":
+        return "FLA_USE_FAST_OPS=1 (the split of the FLA call: its rounds are not run on CUDA)"
+    if not getattr(vllm_config, "use_v2_model_runner", False):
+        return "vLLM's V1 GPU model runner (its BlockTable's host copy is not recorded here)"
+    parallel = getattr(vllm_config, "parallel_config", None)
+    if (getattr(parallel, "decode_context_parallel_size", 1) or 1) > 1:
+        return "decode context parallel (the DCP block table is not read here)"
+    if (getattr(parallel, "prefill_context_parallel_size", 1) or 1) > 1:
+        return "prefill context parallel (the PCP manager's block tables are not mirrored)"
+    if getattr(parallel, "use_ubatching", False):
+        return "micro-batching (the ubatch runner's block tables are not mirrored)"
+    return None
+
+
 #: The host copies of device block tables: the device storage (address, bytes) -> vLLM's
 #: ``CpuGpuBuffer`` (``vllm/v1/utils.py``: ``.cpu`` host, ``.gpu`` device, one shape and dtype),
-#: recorded by :func:`remember_host_table` (vllm-ascend's ``BlockTable.__init__`` entry).
+#: recorded by :func:`remember_host_table` (vllm-ascend's ``BlockTable.__init__`` entry), or a
+#: :class:`RunnerHostTable` (vLLM 0.30's V2 runner, :func:`runner_host_tables`).
 _HOST_TABLES: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
 
@@ -291,7 +335,11 @@ def host_block_table(table: Any) -> Any:
     ``gdn-checkpoint-ascend-host-table`` entry not applied)."""
     key = _storage_key(table)
     buf = _HOST_TABLES.get(key)
-    if (buf is not None and _storage_key(buf.gpu) == key and buf.cpu.dtype == table.dtype and buf.cpu.shape == buf.gpu.shape
+    if isinstance(buf, RunnerHostTable):  # vLLM 0.30's V2 runner: rows by batch row, from 0
+        if (table.storage_offset() == 0 and table.stride() == buf.gpu.stride()
+                and table.dtype == buf.gpu.dtype and _storage_key(buf.gpu) == key):
+            return buf
+    elif (buf is not None and _storage_key(buf.gpu) == key and buf.cpu.dtype == table.dtype and buf.cpu.shape == buf.gpu.shape
             and buf.cpu.stride() == buf.gpu.stride()):
         return buf.cpu.as_strided(table.size(), table.stride(), table.storage_offset())
     if table.device.type == "cpu":
@@ -300,7 +348,106 @@ def host_block_table(table: Any) -> Any:
         f"vllm-hybrid-npu GDN prefill checkpoints: no host copy recorded for the {table.device} "
         f"block table (shape {tuple(table.shape)}): the shared-prefix junction columns cannot be "
         f"found without a device read (the gdn-checkpoint-ascend-host-table entry records "
-        f"vllm-ascend's V1 BlockTable); set {ENV_VAR}=off")
+        f"vllm-ascend's V1 BlockTable, gdn-checkpoint-v2-host-table vLLM 0.30's V2 runner's "
+        f"BlockTables); set {ENV_VAR}=off")
+
+
+class RunnerHostTable:
+    """The host mirror of one KV-cache group's block table in vLLM 0.30.0's V2 GPU model runner
+    (CUDA; ``vllm/v1/worker/gpu/block_table.py``, ``BlockTables``), where the block ids live on
+    the device only: ``append_block_ids`` stages each request's new ids (a ``StagedWriteTensor``
+    per group, rows by request index, the staged lists cleared when ``apply_staged_writes``
+    writes them to the device), ``gather_block_tables`` copies the step's rows in batch order into
+    ``input_block_tables[g]`` (the first ``num_blocks`` entries of each), and the GDN builder gets
+    a view of that (``CommonAttentionMetadata.block_table_tensor``, rows ``[:num_reqs_padded]``).
+
+    ``mirror`` (int32 [max_num_reqs, columns], host) takes the same writes as the staged tensor
+    (``gdn-checkpoint-v2-host-table``, around ``append_block_ids``); ``num_blocks`` is the
+    runner's own host count per request (``BlockTables.num_blocks.np[g]``); ``rows`` the step's
+    batch order, ``input_batch.idx_mapping_np`` (``gdn-checkpoint-v2-host-rows``, before
+    ``GPUModelRunner.prepare_attn`` gathers), or None after ``prepare_dummy_attn`` (a dummy
+    batch: every entry reads null). Indexed as the device table: ``host[r, cols]`` (a batch row,
+    a slice) is that row's block ids as an int32 numpy array, null (0) past the request's blocks
+    and for rows outside the batch. No device read, no host sync: the builder runs after this
+    step's writes were staged, on the same host thread."""
+
+    def __init__(self, device_table: torch.Tensor, num_blocks: Any):
+        import numpy as np
+
+        self.gpu = device_table
+        self.mirror = np.zeros(tuple(device_table.shape), dtype=np.int32)
+        self.num_blocks = num_blocks
+        self.rows: Any = None
+
+    def write(self, req_index: int, block_ids: list[int]) -> None:
+        """``block_ids`` (already expanded to kernel blocks) as the request's last entries, where
+        the runner's ``append_block_ids`` has just staged them (its ``num_blocks`` updated)."""
+        end = int(self.num_blocks[req_index])
+        self.mirror[req_index, end - len(block_ids):end] = block_ids
+
+    def __getitem__(self, key: tuple[int, slice]) -> Any:
+        r, cols = key
+        out = self.mirror[0, cols] * 0
+        if self.rows is None or not 0 <= r < len(self.rows):
+            return out
+        req = int(self.rows[r])
+        out[:] = self.mirror[req, cols]
+        first = cols.start or 0
+        out[max(0, int(self.num_blocks[req]) - first):] = 0  # past the request's blocks: stale
+        return out
+
+
+def runner_host_tables(block_tables: Any) -> list[RunnerHostTable | None]:
+    """Per KV-cache group of vLLM 0.30's V2 ``BlockTables`` its :class:`RunnerHostTable` (made
+    and recorded by the device storage of ``input_block_tables[g]`` on first use), or None for a
+    group whose kernel blocks split the block (``blocks_per_kv_block > 1``: attention groups; a
+    GDN group's kernel block is its block)."""
+    hosts = vars(block_tables).get("_vhn_host_tables")
+    if hosts is None:
+        hosts = []
+        for g, table in enumerate(block_tables.input_block_tables):
+            host = None
+            if block_tables.blocks_per_kv_block[g] == 1:
+                host = RunnerHostTable(table, block_tables.num_blocks.np[g])
+                _HOST_TABLES[_storage_key(table)] = host
+            hosts.append(host)
+        vars(block_tables)["_vhn_host_tables"] = hosts  # the registry's values are weak
+    return hosts
+
+
+def _make_v2_append(upstream: Any, stack: Stack) -> Any:
+    @functools.wraps(upstream)
+    def append_block_ids(self, req_index, new_block_ids, overwrite):
+        out = upstream(self, req_index, new_block_ids, overwrite)
+        for host, ids in zip(runner_host_tables(self), new_block_ids):
+            if host is not None:
+                host.write(req_index, list(ids))
+        return out
+
+    return append_block_ids
+
+
+def _make_v2_rows(upstream: Any, stack: Stack) -> Any:
+    @functools.wraps(upstream)
+    def prepare_attn(self, input_batch):
+        rows = input_batch.idx_mapping_np if self.pcp_manager is None else None
+        for host in runner_host_tables(self.block_tables):
+            if host is not None:
+                host.rows = rows
+        return upstream(self, input_batch)
+
+    return prepare_attn
+
+
+def _make_v2_dummy(upstream: Any, stack: Stack) -> Any:
+    @functools.wraps(upstream)
+    def prepare_dummy_attn(self, input_batch, *args, **kwargs):
+        for host in runner_host_tables(self.block_tables):
+            if host is not None:
+                host.rows = None  # zeroed rows (or vLLM's dummy state slots): no junction there
+        return upstream(self, input_batch, *args, **kwargs)
+
+    return prepare_dummy_attn
 
 
 def _junctions(table: Any, seq_lens: list, qlens: list, cols: list, num_decodes: int,
@@ -655,11 +802,14 @@ def _make_mid_block_stop(upstream: Any, stack: Stack) -> Any:
         if not getattr(self, "mamba_has_prefill_checkpoint_blocks", False):
             return n
         if (writes := vars(self).get(CROSSING_WRITTEN)) is None:  # decided once per scheduler
-            writes = vars(self)[CROSSING_WRITTEN] = stack.target == "npu" and junctions_off(
-                self.vllm_config, exporter_path(self.vllm_config, "npu")[0]) is None
-        if writes:
-            return n  # the step writes the crossed boundary's state (_junctions), as on CPU
+            writes = vars(self)[CROSSING_WRITTEN] = stack.target in ("npu", "cuda") and junctions_off(
+                self.vllm_config, exporter_path(self.vllm_config, stack.target)[0]) is None
         start = request.num_computed_tokens + num_new_local_computed_tokens + num_external_computed_tokens
+        # the step writes the crossed boundary's state (_junctions), as on CPU; the one pass
+        # (CUDA) only at a 64-token chunk start: a start off that grid (a prefix-match unit
+        # below 64) keeps the stop
+        if writes and (stack.target != "cuda" or start % core.ALIGNMENT == 0):
+            return n
         kv = getattr(self.vllm_config, "kv_transfer_config", None)
         if stack.target == "npu" and start > 0 and kv is not None and kv.is_kv_consumer:
             return n  # vllm-ascend keeps a KV consumer's window whole (patch_mamba_block_aligned_split)
@@ -705,6 +855,20 @@ PATCHES = [
           "per-step checkpoint plan (core.plan_step; vLLM 0.33: of vLLM's plan) in the GDN "
           "metadata, with (CUDA) the FLA chunk metadata of the split's two calls",
           signature=BUILD_SIGNATURE),
+    entry("gdn-checkpoint-v2-host-table", "vllm.v1.worker.gpu.block_table",
+          "BlockTables.append_block_ids", _make_v2_append, ("cuda",),
+          "a host mirror of the V2 runner's block tables (device memory only), written where the "
+          "runner stages its writes, so the GDN builder finds the shared-prefix junction columns "
+          "without a device read (RunnerHostTable)", vllm=RUNNER_V2_VERSIONS,
+          signature=("self", "req_index", "new_block_ids", "overwrite")),
+    entry("gdn-checkpoint-v2-host-rows", "vllm.v1.worker.gpu.model_runner",
+          "GPUModelRunner.prepare_attn", _make_v2_rows, ("cuda",),
+          "the step's batch order (idx_mapping_np) for the mirror, before the V2 runner gathers "
+          "its block tables", vllm=RUNNER_V2_VERSIONS, signature=("self", "input_batch")),
+    entry("gdn-checkpoint-v2-host-dummy", "vllm.v1.worker.gpu.model_runner",
+          "GPUModelRunner.prepare_dummy_attn", _make_v2_dummy, ("cuda",),
+          "a dummy batch's rows read as null in the mirror (no junction planned there)",
+          vllm=RUNNER_V2_VERSIONS, signature=("self", "input_batch", "valid_state_slots")),
     entry("gdn-checkpoint-regather", "vllm.v1.attention.backends.gdn_attn",
           "GDNAttentionMetadataBuilder.update_block_table", _make_regather, ("cuda",),
           "the V2 runner reuses group 0's GDN metadata for the other groups (update_block_table, "
@@ -731,12 +895,13 @@ PATCHES = [
           "a chunk started mid-block (e.g. a hit inside a block, --prefix-match-unit) ends at its "
           "next block boundary where a prefill checkpoint is declared (core.mid_block_chunk): "
           "vLLM lifts that stop under an internal checkpoint and caches the initial state's "
-          "block at the boundary with the state at the chunk's start; the exporters here write "
-          "one checkpoint per row (it stands aside on vllm-ascend's paths where they write the "
-          "crossed boundary's state: junctions_off)",
+          "block at the boundary with the state at the chunk's start; it stands aside where the "
+          "path writes the crossed boundary's state (junctions_off: vllm-ascend's paths, CUDA's "
+          "one pass on vLLM 0.30's V2 runner from a start on the 64-token grid)",
           signature=("self", "request", "num_new_tokens", "num_new_local_computed_tokens",
                      "num_external_computed_tokens"),
-          until="the one-pass kernel writes several checkpoints per row (issue 38 item 2)"),
+          until="the one-pass kernel's several checkpoints per row (issue 38 item 2) run on every "
+                "CUDA runner and vLLM version (vLLM 0.30's V2 runner only so far)"),
     entry("gdn-checkpoint-retention", "vllm.v1.core.single_type_kv_cache_manager",
           "MambaManager._cache_partial_tail_block", _make_retention, ("cpu", "cuda", "npu"),
           "vLLM 0.32's fix carried: the prompt's checkpoint is cached at retention interval 0; "
