@@ -86,6 +86,11 @@ def _readers():
 
         return chunk_checkpoints()
 
+    def cuda_junctions():
+        from vllm_hybrid_npu.patches.gdn_prefill_checkpoint import cuda_junctions_off
+
+        return "off" if cuda_junctions_off() else "on"
+
     # name -> (reader, whether it returns the setting itself, so the default can be checked;
     # COPY_IMPL's reader returns the resolved implementation, "auto" never comes back)
     # CHECKPOINTS is retired: unset gives None (no setting), not a value
@@ -93,6 +98,7 @@ def _readers():
             "VLLM_HYBRID_NPU_PREFILL_CHECKPOINTS": (prefill_checkpoints, True),
             "VLLM_HYBRID_NPU_COPY_KERNEL": (copy_kernel, True),
             "VLLM_HYBRID_NPU_CHUNK_CHECKPOINTS": (chunk_checkpoints, True),
+            "VLLM_HYBRID_NPU_CUDA_JUNCTIONS": (cuda_junctions, True),
             "VLLM_HYBRID_NPU_TOKEN_BUDGET": (token_budget, True),
             "VLLM_HYBRID_NPU_COPY_IMPL": (copy_impl, False), "VLLM_HYBRID_NPU_TARGET": (target, False)}
 

@@ -330,6 +330,13 @@ def test_junction_paths_by_configuration(monkeypatch):
                                          prefill_context_parallel_size=pcp, use_ubatching=ubatch))
 
     monkeypatch.delenv("FLA_USE_FAST_OPS", raising=False)
+    monkeypatch.setattr(registry.REPORT, "stack", Stack("cuda", "0.30.0"))
+    monkeypatch.delenv(gpc.CUDA_JUNCTIONS_ENV, raising=False)  # default: off until run on a GPU
+    assert f"{gpc.CUDA_JUNCTIONS_ENV}=off" in gpc.junctions_off(config(v2=True), "triton")
+    monkeypatch.setenv(gpc.CUDA_JUNCTIONS_ENV, "yes")
+    with pytest.raises(ValueError, match=gpc.CUDA_JUNCTIONS_ENV):
+        gpc.junctions_off(config(v2=True), "triton")
+    monkeypatch.setenv(gpc.CUDA_JUNCTIONS_ENV, "on")
     for path in ("cpu", "ascend", "ascend-fla-npu", "ascend-fused", "ascend-chunk"):
         assert gpc.junctions_off(config(), path) is None, path
     assert "one checkpoint per row" in gpc.junctions_off(config(), None)
@@ -400,6 +407,7 @@ def test_mid_block_stop_stands_aside_where_the_step_writes_the_boundary(monkeypa
 
     path = {"npu": "ascend-chunk", "cuda": "triton"}
     monkeypatch.setattr(gpc, "exporter_path", lambda config, target: (path[target], ""))
+    monkeypatch.delenv(gpc.CUDA_JUNCTIONS_ENV, raising=False)  # CUDA's: off by default
 
     def scheduler(kv=None):
         return types.SimpleNamespace(cache_config=types.SimpleNamespace(block_size=B),

@@ -38,6 +38,13 @@ from vllm_hybrid_npu.patches import gdn_prefill_checkpoint as gpc  # noqa: E402
 from vllm_hybrid_npu.support import Stack  # noqa: E402
 
 B = 384
+
+
+@pytest.fixture(autouse=True)
+def _cuda_junctions_on(monkeypatch):
+    """CUDA's junction export is opt-in until its e2e tests pass on a GPU
+    (``VLLM_HYBRID_NPU_CUDA_JUNCTIONS``, default off): every test here turns it on."""
+    monkeypatch.setenv(gpc.CUDA_JUNCTIONS_ENV, "on")
 CUDA = Stack("cuda", "0.30.0")
 
 

@@ -286,8 +286,31 @@ def junctions_off(vllm_config: Any, path: str | None) -> str | None:
     return None
 
 
+#: Environment variable: CUDA's junction export (``off`` until its e2e tests pass on a GPU).
+CUDA_JUNCTIONS_ENV = "VLLM_HYBRID_NPU_CUDA_JUNCTIONS"
+CUDA_JUNCTIONS_MODES = ("off", "on")
+
+
+def cuda_junctions_off() -> str | None:
+    """The reason CUDA's junction export is off by :data:`CUDA_JUNCTIONS_ENV` (default ``off``:
+    implemented, not yet run on a GPU), or None with ``on``. Raises ValueError naming the
+    variable for a value other than ``off`` or ``on``."""
+    if envs.choice(CUDA_JUNCTIONS_ENV, CUDA_JUNCTIONS_MODES, "off") == "on":
+        return None
+    return (f"{CUDA_JUNCTIONS_ENV}=off (CUDA's junction export is not yet verified on a GPU; "
+            f"{CUDA_JUNCTIONS_ENV}=on tries it)")
+
+
+def _v2_host_wanted(stack: Stack) -> str | None:
+    """:func:`wanted`, and the mirror only where CUDA's junction export is on
+    (:func:`cuda_junctions_off`: nothing reads it otherwise)."""
+    return wanted(stack) or cuda_junctions_off()
+
+
 def _triton_junctions_off(vllm_config: Any) -> str | None:
     """:func:`junctions_off` for the ``triton`` path (CUDA)."""
+    if (reason := cuda_junctions_off()) is not None:
+        return reason
     version = getattr(registry.REPORT.stack, "vllm", None)
     if version not in RUNNER_V2_VERSIONS:
         return f"CUDA on vLLM {version} (the V2 runner's block tables are mirrored for {RUNNER_V2_VERSIONS})"
@@ -860,15 +883,15 @@ PATCHES = [
           "a host mirror of the V2 runner's block tables (device memory only), written where the "
           "runner stages its writes, so the GDN builder finds the shared-prefix junction columns "
           "without a device read (RunnerHostTable)", vllm=RUNNER_V2_VERSIONS,
-          signature=("self", "req_index", "new_block_ids", "overwrite")),
+          wanted=_v2_host_wanted, signature=("self", "req_index", "new_block_ids", "overwrite")),
     entry("gdn-checkpoint-v2-host-rows", "vllm.v1.worker.gpu.model_runner",
           "GPUModelRunner.prepare_attn", _make_v2_rows, ("cuda",),
           "the step's batch order (idx_mapping_np) for the mirror, before the V2 runner gathers "
-          "its block tables", vllm=RUNNER_V2_VERSIONS, signature=("self", "input_batch")),
+          "its block tables", vllm=RUNNER_V2_VERSIONS, wanted=_v2_host_wanted, signature=("self", "input_batch")),
     entry("gdn-checkpoint-v2-host-dummy", "vllm.v1.worker.gpu.model_runner",
           "GPUModelRunner.prepare_dummy_attn", _make_v2_dummy, ("cuda",),
           "a dummy batch's rows read as null in the mirror (no junction planned there)",
-          vllm=RUNNER_V2_VERSIONS, signature=("self", "input_batch", "valid_state_slots")),
+          vllm=RUNNER_V2_VERSIONS, wanted=_v2_host_wanted, signature=("self", "input_batch", "valid_state_slots")),
     entry("gdn-checkpoint-regather", "vllm.v1.attention.backends.gdn_attn",
           "GDNAttentionMetadataBuilder.update_block_table", _make_regather, ("cuda",),
           "the V2 runner reuses group 0's GDN metadata for the other groups (update_block_table, "
