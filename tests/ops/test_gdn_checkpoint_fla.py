@@ -15,6 +15,9 @@ initial states, lengths and checkpoint offsets; seed printed on failure):
 * several checkpoints in a row (shared-prefix junctions before the prompt's own, planned with
   ``plan_step(..., junctions=...)``): each block holds vLLM's own pass's final state over the
   row's tokens up to it, in the cache dtype; outputs unchanged;
+* a row of 128 chunks or more: our kernel at the long-row configuration (``step_config``) against
+  vLLM's kernel at the pick its autotuner made on 64 tokens, bit for bit, and each checkpoint the
+  state of vLLM's pass over the row's head;
 * the conv checkpoints written by our Triton kernel equal the torch write's;
 * the split (kept for ``FLA_USE_FAST_OPS=1``) equals vLLM's split in float32.
 
@@ -111,6 +114,53 @@ def test_chunk_states_is_vllms_kernel(seed, h0_dtype, rows):
     where = f"seed {seed}: lens {lens} offsets {offsets} config {config}"
     for name, a, b in zip(("h", "v_new", "final"), got, ref):
         assert torch.equal(a, b), f"{where}: {name} differs by {(a.float() - b.float()).abs().max().item():.3g}"
+
+
+def test_long_row_configuration_gives_vllms_bits(seed):
+    """A step with a row of 128 chunks or more: the exporter launches our kernel with the
+    long-row configuration (``step_config``) while vLLM's kernel keeps the pick its autotuner
+    made on a 64-token prefill (as ``_warmup_prefill_kernels`` makes it in serving); ``h``,
+    ``v_new`` and the final state are still vLLM's bit for bit. Skips on a GPU without a long-row
+    configuration (vLLM's pick is used there)."""
+    from vllm.third_party.flash_linear_attention.ops import chunk_delta_h, index
+
+    cap = tuple(torch.cuda.get_device_capability())
+    if cap not in mod.LONG_ROW_CONFIGS:
+        pytest.skip(f"no long-row configuration for compute capability {cap}: vLLM's pick is used")
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    r = lambda lo, hi: int(torch.randint(lo, hi, (1,), generator=gen, device="cuda"))  # noqa: E731
+    lens = [64 * mod.LONG_ROW_CHUNKS + r(0, 64 * 16), 64 * r(1, 8) + r(1, 64)][: 1 + seed % 2]
+    offsets = [64 * r(1, ln // 64) for ln in lens]
+    t = sum(lens)
+    k = torch.nn.functional.normalize(torch.randn(1, t, HEADS, 64, generator=gen, device="cuda"), dim=-1)
+    k, v = k.to(torch.bfloat16), torch.randn(1, t, HEADS, 64, generator=gen, device="cuda").to(torch.bfloat16)
+    w = (torch.randn(1, t, HEADS, 64, generator=gen, device="cuda") * 0.1).to(torch.bfloat16)
+    g = torch.rand(1, t, HEADS, generator=gen, device="cuda").mul(-0.05 / 64).cumsum(1)
+    h0 = torch.randn(len(lens), HEADS, 64, 64, generator=gen, device="cuda") * 0.1
+
+    def args(k, w, v, g, h0, lens):
+        host = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+        ci, co = (f(host, 64).to("cuda") for f in (index.prepare_chunk_indices, index.prepare_chunk_offsets))
+        return (k, w, v, g, None, h0, True, 64, True, host.to("cuda"), ci, co, False)
+
+    fn = chunk_delta_h.chunk_gated_delta_rule_fwd_h
+    fn(*args(k[:, :64], w[:, :64], v[:, :64], g[:, :64], h0[:1], [64]))  # vLLM's pick: 64 tokens
+    key = ("long-row", len(lens))
+    picked = mod.fla_h_config(fn, args(k[:, :64], w[:, :64], v[:, :64], g[:, :64], h0[:1], [64]), key)
+    ref = fn(*args(k, w, v, g, h0, lens))
+    md = _metadata(lens, offsets, "fused")
+    config = mod.step_config(picked, md.plan, k.device, key)
+    assert config == mod.LONG_ROW_CONFIGS[cap], f"seed {seed}: lens {lens}: {config} (vLLM's {picked})"
+    cache = torch.full((len(lens) + 1, HEADS, 64, 64), float("nan"), device="cuda")
+    with ops.exporting(md, cache, "fused") as scope:
+        got = scope.chunk_states(k, w, v, g, h0, True, args(k, w, v, g, h0, lens)[9], config)
+    where = f"seed {seed}: lens {lens} offsets {offsets} config {config}, vLLM's {picked}"
+    for name, a, b in zip(("h", "v_new", "final"), got, ref):
+        assert torch.equal(a, b), f"{where}: {name} differs by {(a.float() - b.float()).abs().max().item():.3g}"
+    starts = [0, *torch.tensor(lens).cumsum(0).tolist()]
+    idx = torch.cat([torch.arange(a, a + o, device="cuda") for a, o in zip(starts, offsets)])
+    heads = fn(*args(k[:, idx], w[:, idx], v[:, idx], g[:, idx], h0, offsets))[2]  # the split's states
+    assert torch.equal(cache[1:], heads), f"{where}: {(cache[1:] - heads).abs().max().item():.3g}"
 
 
 @pytest.mark.parametrize("rows", ["one", "many"])

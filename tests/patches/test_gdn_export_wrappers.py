@@ -172,6 +172,44 @@ def _kernel(q, k, v, g, beta, state, cu):
     return o, S
 
 
+def test_step_config_takes_the_long_row_configuration_where_measured(monkeypatch, rng, seed):
+    """``step_config``: vLLM's autotuned pick, except in a step whose longest prefill row has 128
+    or more 64-token chunks, on a GPU of compute capability 9.0, where vLLM's space holds BV 32,
+    4 warps, 3 stages: then that (logged once per key). Hand-made plans: rows of 10, 128 and 2
+    chunks (the long row not first), and 127; then fresh draws of row lengths, whose expected
+    choice is the rule itself (any row of 128 chunks or more)."""
+    vllm_pick = {"bv": 64, "num_warps": 2, "num_stages": 2}
+    long = {"bv": 32, "num_warps": 4, "num_stages": 3}
+    space = frozenset({(32, 2, 2), (64, 2, 2), (32, 4, 3), (64, 4, 3)})
+    monkeypatch.setattr(mod, "_FLA_H_SPACES", {"k": space, "no-long": space - {(32, 4, 3)}})
+    cap = {"cuda": (9, 0)}
+    monkeypatch.setattr(mod, "_capability", lambda device: cap.get(device.type))
+    logged = []
+    monkeypatch.setattr(mod, "_log_once", lambda key, msg, *args: logged.append(key))
+    gpu, cpu = types.SimpleNamespace(type="cuda"), torch.device("cpu")
+
+    def plan(chunks):
+        starts = [0]
+        for c in chunks[:-1]:
+            starts.append(starts[-1] + c)
+        return types.SimpleNamespace(chunk_starts=tuple(starts), num_chunks=sum(chunks))
+
+    assert mod.step_config(vllm_pick, plan([10, 128, 2]), gpu, "k") == long
+    assert mod.step_config(vllm_pick, plan([10, 127, 2]), gpu, "k") == vllm_pick
+    assert mod.step_config(vllm_pick, plan([128]), cpu, "k") == vllm_pick  # no capability
+    assert mod.step_config(vllm_pick, plan([128]), gpu, "no-long") == vllm_pick  # not in the space
+    assert mod.step_config(vllm_pick, plan([128]), gpu, "unread") == vllm_pick  # no space read
+    cap["cuda"] = (8, 0)
+    assert mod.step_config(vllm_pick, plan([500]), gpu, "k") == vllm_pick  # not measured there
+    cap["cuda"] = (9, 0)
+    assert mod.step_config(long, plan([500]), gpu, "k") == long
+    assert logged == ["fla-long-k"], f"seed={seed}: {logged}"  # once: only where it changed
+    for _ in range(20):
+        chunks = [rng.randint(1, 200) for _ in range(rng.randint(1, 5))]
+        want = long if max(chunks) >= 128 else vllm_pick
+        assert mod.step_config(vllm_pick, plan(chunks), gpu, "k") == want, f"seed={seed}: {chunks}"
+
+
 @pytest.mark.parametrize("rows", ["one", "several"])
 def test_fla_split_wrapper_equals_one_call(rng, seed, rows):
     # one row: the tail is a suffix, and FLA writes both calls' o into one buffer (core_attn_out)

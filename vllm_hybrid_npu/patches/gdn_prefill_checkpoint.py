@@ -582,6 +582,18 @@ FLA_H_SIGNATURE = ("k", "w", "u", "g", "gk", "initial_state", "output_final_stat
                    "save_new_value", "cu_seqlens", "chunk_indices", "chunk_offsets", "use_exp2")
 #: (H, V, Hg, K, input dtype, initial-state dtype, final state?) -> our kernel's launch config
 _FLA_H_CONFIGS: dict[tuple, dict] = {}
+#: the same key -> vLLM's autotuning space for its kernel, as ``(BV, num_warps, num_stages)``
+_FLA_H_SPACES: dict[tuple, frozenset] = {}
+#: A step whose longest prefill row has at least this many 64-token chunks (8,129 tokens and up)
+#: launches our chunk-state kernel with :data:`LONG_ROW_CONFIGS`' configuration for the GPU.
+LONG_ROW_CHUNKS = 128
+#: compute capability -> our kernel's launch configuration for long rows (:func:`step_config`),
+#: where measured: on an H200 (sm_90), one row of 8,192 / 32,768 tokens, four warm calls pooled
+#: (docs/notes/issue37-h200-2026-11-29k): BV 32, 4 warps, 3 stages took 197 / 723 us against
+#: 868 / 3,430 us at the BV 64, 2 warps, 2 stages vLLM's autotuner had picked on its one 64-token
+#: warm-up prefill (``_warmup_prefill_kernels``; its key has no length), and every configuration of
+#: vLLM's space gave the same bits (``benchmarks/gdn_chunk_states.py --bits``), ours and vLLM's.
+LONG_ROW_CONFIGS: dict[tuple[int, int], dict] = {(9, 0): {"bv": 32, "num_warps": 4, "num_stages": 3}}
 
 
 def fla_h_config(upstream: Callable, args: tuple, key: tuple) -> dict:
@@ -603,11 +615,42 @@ def fla_h_config(upstream: Callable, args: tuple, key: tuple) -> dict:
         else:
             config = {"bv": best.kwargs["BV"], "num_warps": best.num_warps,
                       "num_stages": best.num_stages}
+            _FLA_H_SPACES[key] = frozenset(
+                (c.kwargs.get("BV"), c.num_warps, c.num_stages)
+                for c in getattr(getattr(kernel, "fn", kernel), "configs", ()) or ())
             _log_once(f"fla-config-{key}", "export: our chunk-state kernel runs with vLLM's "
                       "autotuned configuration %s for (H, V, Hg, K, dtype, state dtype, final state) = %s",
                       config, key)
         _FLA_H_CONFIGS[key] = config
     return config
+
+
+@functools.lru_cache(maxsize=None)
+def _capability(device: Any) -> tuple[int, int] | None:
+    """``torch.cuda.get_device_capability`` of a CUDA device (a query, no sync); None elsewhere."""
+    return tuple(torch.cuda.get_device_capability(device)) if device.type == "cuda" else None
+
+
+def step_config(config: dict, plan: core.StepPlan, device: Any, key: tuple) -> dict:
+    """Our chunk-state kernel's launch configuration for one step: ``config`` (vLLM's autotuned
+    pick, :func:`fla_h_config`) unless the step's longest prefill row has :data:`LONG_ROW_CHUNKS`
+    64-token chunks or more (``plan.chunk_starts``, ``plan.num_chunks``: host values) on a GPU
+    whose compute capability :data:`LONG_ROW_CONFIGS` names and whose configuration is in vLLM's
+    autotuning space for ``key``; then that configuration (logged once per ``key``). Every
+    configuration of that space computes the same bits (measured: :data:`LONG_ROW_CONFIGS`), so
+    the choice changes time only; vLLM's pick is made on a 64-token prefill, where a row's loop
+    has one chunk and the long rows' pipelining does not show."""
+    bounds = (*plan.chunk_starts, plan.num_chunks)
+    longest = max((b - a for a, b in zip(bounds, bounds[1:])), default=0)
+    long = LONG_ROW_CONFIGS.get(_capability(device)) if longest >= LONG_ROW_CHUNKS else None
+    if long is None or long == config or \
+            (long["bv"], long["num_warps"], long["num_stages"]) not in _FLA_H_SPACES.get(key, ()):
+        return config
+    _log_once(f"fla-long-{key}", "export: our chunk-state kernel runs with %s (not vLLM's autotuned "
+              "%s) in steps with a prefill row of %d or more 64-token chunks on this GPU (compute "
+              "capability %s): the same bits, measured faster for long rows", long, config,
+              LONG_ROW_CHUNKS, _capability(device))
+    return long
 
 
 def _make_fla_h(upstream: Any, stack: Stack) -> Any:
@@ -625,8 +668,10 @@ def _make_fla_h(upstream: Any, stack: Stack) -> Any:
             return upstream(*args)  # not the step's GDN prefill call: no export (the layer raises)
         key = (*u.shape[-2:], *k.shape[-2:], k.dtype, getattr(initial_state, "dtype", None),
                bool(output_final_state))
+        config = fla_h_config(upstream, args, key)
+        md = scope.metadata
         return scope.chunk_states(k, w, u, g, initial_state, output_final_state, cu_seqlens,
-                                  fla_h_config(upstream, args, key))
+                                  md.memo(f"launch-{key}", lambda: step_config(config, md.plan, k.device, key)))
 
     return chunk_gated_delta_rule_fwd_h
 
