@@ -69,6 +69,19 @@ def _pass(inputs, h0, lens):
                                   use_qk_l2norm_in_kernel=False)  # chunk metadata: FLA's own
 
 
+def _exported_pass(md, cache, inputs, h0, lens):
+    """vLLM's FLA forward (:func:`_pass`) with the exporter's state-function wrapper in place of
+    ``chunk_gated_delta_rule_fwd_h`` inside a ``fused`` export scope of ``md`` and ``cache``;
+    returns the scope and the pass's ``(o, final_state)``."""
+    upstream = fla.chunk_gated_delta_rule_fwd_h
+    fla.chunk_gated_delta_rule_fwd_h = mod._make_fla_h(upstream, None)
+    try:
+        with ops.exporting(md, cache, "fused") as scope:
+            return scope, _pass(inputs, h0.clone(), lens)
+    finally:
+        fla.chunk_gated_delta_rule_fwd_h = upstream
+
+
 def _pieces(inputs, lens, offsets, head):
     starts = [0, *torch.tensor(lens).cumsum(0).tolist()]
     idx = torch.cat([torch.arange(s, s + o, device="cuda") if head else
@@ -172,13 +185,7 @@ def test_fused_forward_is_vllms_and_stores_the_splits_state(seed, cache_dtype, r
     _, split_state = _pass(heads, h0.clone(), head_lens)  # what vLLM's split stores (before the cast)
     md = _metadata(lens, offsets, "fused")
     cache = torch.full((len(lens) + 3, *h0.shape[1:]), float("nan"), device="cuda", dtype=cache_dtype)
-    upstream = fla.chunk_gated_delta_rule_fwd_h
-    fla.chunk_gated_delta_rule_fwd_h = mod._make_fla_h(upstream, None)
-    try:
-        with ops.exporting(md, cache, "fused") as scope:
-            o, final = _pass(inputs, h0.clone(), lens)
-    finally:
-        fla.chunk_gated_delta_rule_fwd_h = upstream
+    scope, (o, final) = _exported_pass(md, cache, inputs, h0, lens)
     where = f"seed {seed}: lens {lens} offsets {offsets} cache {cache_dtype}"
     assert scope.exports == 1, where
     assert torch.equal(o, o_ref) and torch.equal(final, final_ref), f"{where}: outputs changed"
@@ -214,13 +221,7 @@ def test_fused_forward_stores_every_checkpoint_of_a_row(seed, cache_dtype):
     md = ops.build_metadata(plan, table.cuda(), to_device, "fused")
     o_ref, final_ref = _pass(inputs, h0.clone(), lens)
     cache = torch.full((n + 3, *h0.shape[1:]), float("nan"), device="cuda", dtype=cache_dtype)
-    upstream = fla.chunk_gated_delta_rule_fwd_h
-    fla.chunk_gated_delta_rule_fwd_h = mod._make_fla_h(upstream, None)
-    try:
-        with ops.exporting(md, cache, "fused") as scope:
-            o, final = _pass(inputs, h0.clone(), lens)
-    finally:
-        fla.chunk_gated_delta_rule_fwd_h = upstream
+    scope, (o, final) = _exported_pass(md, cache, inputs, h0, lens)
     where = f"seed {seed}: lens {lens} checkpoints {cuts} cache {cache_dtype}"
     assert scope.exports == 1 and plan.several_per_row == bool(junctions), where
     assert torch.equal(o, o_ref) and torch.equal(final, final_ref), f"{where}: outputs changed"
