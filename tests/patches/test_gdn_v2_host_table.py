@@ -51,8 +51,16 @@ CUDA = Stack("cuda", "0.30.0")
 @pytest.fixture
 def tables(monkeypatch):
     """``make(device)``: vLLM 0.30's ``BlockTables`` (a GDN group of block 384, an attention group
-    of kernel block 16: 24 kernel blocks a block) with the plugin's ``append_block_ids`` entry."""
+    of kernel block 16: 24 kernel blocks a block) with the plugin's ``append_block_ids`` entry.
+    Skips on another vLLM (0.32's ``BlockTables`` has no kernel block sizes; the entries are for
+    ``RUNNER_V2_VERSIONS`` only)."""
+    import vllm
+
     from vllm.v1.worker.gpu import block_table, buffer_utils
+    from vllm_hybrid_npu.support import base_version
+
+    if base_version(vllm.__version__) not in gpc.RUNNER_V2_VERSIONS:
+        pytest.skip(f"vLLM {vllm.__version__}: the V2 runner's mirror is for {gpc.RUNNER_V2_VERSIONS}")
 
     monkeypatch.setattr(buffer_utils, "is_uva_available", lambda: False)  # NonUvaBuffer
     monkeypatch.setattr(block_table.BlockTables, "append_block_ids", gpc._make_v2_append(
