@@ -29,6 +29,8 @@ class Policy:
     #: runtime policies (``lean`` and its variants, ``tail``, ``adaptive``) hook vLLM 0.30's
     #: ``KVCacheCoordinator.get_replay_boundaries`` and its retention rules; 0.32 moved both.
     vllm: tuple[str, ...] | None = None
+    #: what :meth:`unavailable` adds on another vLLM (why the policy is tied to :attr:`vllm`)
+    vllm_why: str = "it is a retired lab row kept for comparison there"
 
     def unavailable(self) -> str | None:
         """Why this policy cannot be replayed on the installed vLLM, or None."""
@@ -42,7 +44,7 @@ class Policy:
         if installed in self.vllm:
             return None
         return (f"policy {self.name!r} was written against vLLM {', '.join(self.vllm)} "
-                f"(installed: {installed}); it is a retired lab row kept for comparison there")
+                f"(installed: {installed}); {self.vllm_why}")
 
 
 #: name -> Policy; iterate in registration order

@@ -160,6 +160,9 @@ def policy_of(setting: UpstreamSetting) -> Policy:
         prefill_checkpoints=bool(setting.ckpt),
         # the runtime option lives in a vLLM 0.30 registry entry (gdn-checkpoint-retention)
         vllm=("0.30.0",) if chunk == CKPT_FINAL else None,
+        vllm_why="ckpt=final is the runtime's VLLM_HYBRID_NPU_CHUNK_CHECKPOINTS=final, carried by "
+        "its vLLM 0.30 entry gdn-checkpoint-retention (vLLM 0.32 keeps a chunk's checkpoint on the "
+        "retention grid itself)",
     )
 
 

@@ -17,7 +17,7 @@ from vllm_hybrid_npu_lab.policies import get_policy, setup_kwargs
 from vllm_hybrid_npu_lab.presets import resolve_model
 from vllm_hybrid_npu_lab.replay import replay
 from vllm_hybrid_npu_lab.trace import TraceRequest
-from vllm_hybrid_npu_lab.upstream_grid import UpstreamSetting, parse_setting
+from vllm_hybrid_npu_lab.upstream_grid import UpstreamSetting, final_available, parse_setting
 
 
 @pytest.fixture(scope="module")
@@ -95,6 +95,10 @@ def test_setting_names_parse_back():
                                                  (False, True, "final")):
         s = UpstreamSetting(ret, lpt, pmu, ckpt)
         assert parse_setting(s.name) == s
+        if ckpt == "final" and not final_available():  # the runtime's option: vLLM 0.30 only
+            with pytest.raises(ValueError, match="--policy .*VLLM_HYBRID_NPU_CHUNK_CHECKPOINTS"):
+                get_policy(s.name)
+            continue
         assert get_policy(s.name).prefill_checkpoints == bool(ckpt)
     assert UpstreamSetting(2, ckpt="final").name == "upstream:ret=2b,ckpt=final"
     with pytest.raises(ValueError, match="--policy"):
