@@ -853,8 +853,10 @@ def _retention_wanted(stack: Stack) -> str | None:
     return wanted(stack)
 
 
-#: A scheduler's flag: its engine's exporter path writes the state at the block boundary a chunk
-#: started mid-block crosses (:func:`junctions_off`), so the mid-block stop stands aside.
+#: A scheduler's flags, by target (a dict): its engine's exporter path on that target writes the
+#: state at the block boundary a chunk started mid-block crosses (:func:`junctions_off`), so the
+#: mid-block stop stands aside. Per target, so that a second stop built for another target around
+#: the same scheduler (the e2e tests force the stop of a path without the write) decides its own.
 CROSSING_WRITTEN = "_vhn_crossing_written"
 
 
@@ -869,8 +871,9 @@ def _make_mid_block_stop(upstream: Any, stack: Stack) -> Any:
         # scheduler's own flag, not the GDN backend, which this process may not have resolved
         if not getattr(self, "mamba_has_prefill_checkpoint_blocks", False):
             return n
-        if (writes := vars(self).get(CROSSING_WRITTEN)) is None:  # decided once per scheduler
-            writes = vars(self)[CROSSING_WRITTEN] = stack.target in ("npu", "cuda") and junctions_off(
+        memo = vars(self).setdefault(CROSSING_WRITTEN, {})
+        if (writes := memo.get(stack.target)) is None:  # decided once per scheduler and target
+            writes = memo[stack.target] = stack.target in ("npu", "cuda") and junctions_off(
                 self.vllm_config, exporter_path(self.vllm_config, stack.target)[0]) is None
         start = request.num_computed_tokens + num_new_local_computed_tokens + num_external_computed_tokens
         # the step writes the crossed boundary's state (_junctions), as on CPU; the one pass
