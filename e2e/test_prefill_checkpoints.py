@@ -722,13 +722,14 @@ def _ssm_cache_dtype(llm):
     return ctx[next(iter(groups.values()))[0]].kv_cache[1].dtype
 
 
-def _within_one_rounding(a, b, dtype) -> bool:
+def _within_one_rounding(a, b, dtype, rounded=None) -> bool:
     """States ``a`` and ``b`` (bytes of ``dtype``) apart by no more than one extra rounding to
-    ``dtype`` carried through one block of tokens: finite, and every element within 2^-6 of the
-    state's largest magnitude in bf16 (``2 * eps``: 2 to 4 bf16 units in the last place there).
-    The gated delta rule's transition contracts (gates in (0, 1], (I - beta k k^T) with beta in
-    (0, 1)), so an error rounded in at a block boundary does not grow in norm by the checkpoint;
-    per element that is not proven, hence the margin over the measured 1 unit."""
+    ``rounded`` (default ``dtype``) carried through one block of tokens: finite, and every element
+    within ``2 * eps(rounded)`` of the state's largest magnitude (bf16: 2^-6, 2 to 4 bf16 units in
+    the last place there). The gated delta rule's transition contracts (gates in (0, 1],
+    (I - beta k k^T) with beta in (0, 1)), so an error rounded in at a block boundary (or a bf16
+    input rounded one unit apart) does not grow in norm by the checkpoint; per element that is not
+    proven, hence the margin over the measured 1 unit."""
     import torch
 
     if a.shape != b.shape:
@@ -736,7 +737,22 @@ def _within_one_rounding(a, b, dtype) -> bool:
     x, y = a.reshape(-1).view(dtype).float(), b.reshape(-1).view(dtype).float()
     if not (torch.isfinite(x).all() and torch.isfinite(y).all()):
         return False
-    return bool((x - y).abs().max() <= 2 * torch.finfo(dtype).eps * y.abs().max())
+    return bool((x - y).abs().max() <= 2 * torch.finfo(rounded or dtype).eps * y.abs().max())
+
+
+def _within_input_rounding(a, b, dtype) -> bool:
+    """Conv states ``a`` and ``b`` (bytes of ``dtype``: the input projection's outputs stored as
+    they are) apart by at most one unit in the last place of ``dtype`` per element (``eps`` times
+    the larger magnitude): what a GEMM run on another batch shape can change, and no more (a
+    token from another position differs by far more)."""
+    import torch
+
+    if a.shape != b.shape:
+        return False
+    x, y = a.reshape(-1).view(dtype).float(), b.reshape(-1).view(dtype).float()
+    if not (torch.isfinite(x).all() and torch.isfinite(y).all()):
+        return False
+    return bool(((x - y).abs() <= torch.finfo(dtype).eps * torch.maximum(x.abs(), y.abs())).all())
 
 
 def _byte_diff(a, b) -> str:
@@ -1219,6 +1235,19 @@ def test_prefix_match_unit_64_plans_where_the_scheduler_caches(tiny_model_dir, e
             for (name, conv, ssm), (name_s, conv_s, ssm_s) in zip(got[n], ref):
                 where = f"SSM cache {dtype}, prompt {n} ({len(p)} tokens, split {steps} steps), {name}"
                 assert name == name_s
+                if not exact_across_schedules:
+                    # CUDA: the split's steps run the input projection on other batch shapes
+                    # (M = its chunk, ours the whole prompt), whose GEMM may round a bf16 output
+                    # one unit apart: H200, 2026-11-29, seed 1166516797, a 384-token prompt at
+                    # block 192: 1,065 of 2,304 conv elements 1 bf16 unit apart (0.0312 at
+                    # magnitudes 4-8), in a float32 SSM cache 374 of 32,768 SSM elements by at most
+                    # 4e-8; the same with the junction export off
+                    # (the conv cache holds the model's bf16 activations: vLLM's mamba_cache_dtype auto)
+                    assert _within_input_rounding(conv, conv_s, torch.bfloat16), \
+                        f"{where}: conv, {_byte_diff(conv, conv_s)}"
+                    assert _within_one_rounding(ssm, ssm_s, dtype, torch.bfloat16), \
+                        f"{where}: SSM state, {_byte_diff(ssm, ssm_s)}"
+                    continue
                 if rounded:
                     assert _within_one_rounding(ssm, ssm_s, dtype), f"{where}: SSM state, {_byte_diff(ssm, ssm_s)}"
                 else:
