@@ -70,12 +70,15 @@ pytestmark = pytest.mark.skipif(_OUTSIDE is not None, reason=f"exporter not appl
 KV_BYTES = 256 << 20
 
 
-def _engine(model, engine_args, mode: str, **extra):
+def _engine(model, engine_args, mode: str, env: dict[str, str] | None = None, **extra):
     """An in-process engine: ``exporter`` (the plugin's default), ``split`` (vLLM's own split) or
-    ``off`` (prefix caching off)."""
+    ``off`` (prefix caching off). ``env``: more environment variables, set before the engine is
+    built and undone by ``_close`` (the engine core runs in this process and reads them here)."""
     mp = pytest.MonkeyPatch()
     mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     mp.setenv(ENV_VAR, "auto" if mode == "exporter" else "off")
+    for name, value in (env or {}).items():
+        mp.setenv(name, value)
     from vllm import LLM
 
     # eager on every target: what is tested is the GDN path, a splitting op that runs eager
