@@ -43,7 +43,12 @@ on failure):
   shared-prefix junction inside its prompt (its own blocks evicted, a running sharer's attention
   blocks held; pages counted): one prefill step where vLLM's split takes more, the junction and
   checkpoint blocks cached where that step wrote them, with the split's bytes; outputs and a
-  third sharer's hit as after the split.
+  third sharer's hit as after the split;
+* ``VLLM_HYBRID_NPU_CHUNK_CHECKPOINTS`` (vLLM 0.30) under chunked prefill and a retention
+  interval above 0: with ``all`` a non-final chunk's checkpoint is cached and a prompt sharing
+  exactly that prefix hits it; with ``final`` it is not (that prompt hits the highest chunk end
+  on the retention grid below it), the prompt's own checkpoint still is; the same prefill steps,
+  and outputs equal to caching off's, in both modes.
 """
 
 from __future__ import annotations
@@ -70,12 +75,15 @@ pytestmark = pytest.mark.skipif(_OUTSIDE is not None, reason=f"exporter not appl
 KV_BYTES = 256 << 20
 
 
-def _engine(model, engine_args, mode: str, **extra):
+def _engine(model, engine_args, mode: str, env: dict[str, str] | None = None, **extra):
     """An in-process engine: ``exporter`` (the plugin's default), ``split`` (vLLM's own split) or
-    ``off`` (prefix caching off)."""
+    ``off`` (prefix caching off). ``env``: more environment variables, set before the engine is
+    built and undone by ``_close`` (the engine core runs in this process and reads them here)."""
     mp = pytest.MonkeyPatch()
     mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     mp.setenv(ENV_VAR, "auto" if mode == "exporter" else "off")
+    for name, value in (env or {}).items():
+        mp.setenv(name, value)
     from vllm import LLM
 
     # eager on every target: what is tested is the GDN path, a splitting op that runs eager
@@ -1255,3 +1263,148 @@ def test_prefix_match_unit_64_plans_where_the_scheduler_caches(tiny_model_dir, e
                 assert torch_equal(conv, conv_s), f"{where}: conv, {_byte_diff(conv, conv_s)}"
     finally:
         _close(split)
+
+
+def _retention_entry_outside() -> str | None:
+    """Why the registry entry ``gdn-checkpoint-retention`` (which carries
+    ``VLLM_HYBRID_NPU_CHUNK_CHECKPOINTS``; vLLM 0.30 only) does not apply to the installed stack,
+    as the plugin's load decides, or None."""
+    from vllm_hybrid_npu.patches.gdn_prefill_checkpoint import PATCHES
+    from vllm_hybrid_npu.patches.registry import stack_skip_reason
+    from vllm_hybrid_npu.support import detect_stack
+
+    entry = next(p for p in PATCHES if p.name == "gdn-checkpoint-retention")
+    return stack_skip_reason(entry, detect_stack())
+
+
+_RETENTION_OUTSIDE = _retention_entry_outside()
+
+
+def _grid_ends_below(d: dict[str, int], block: int) -> list[int]:
+    """The chunk ends (tokens) below the non-final chunk ``j``'s checkpoint that lie on the
+    retention grid: ``i * bB`` for ``i < j`` with ``i * b`` a multiple of ``rb``."""
+    b, rb, j = d["b"], d["rb"], d["j"]
+    return [i * b * block for i in range(1, j) if (i * b) % rb == 0]
+
+
+def _chunk_checkpoint_draw(rng, block: int) -> dict[str, int]:
+    """A cold prompt cut into ``k`` (2-4) full chunks of ``b`` blocks (the token budget, 2-3
+    blocks) and a final chunk of ``B + 1`` to ``bB`` tokens (its checkpoint, ``(n - 1) // B``
+    blocks, lies past the final chunk's start, so vLLM's ``is_mamba_prefill_checkpoint_valid``
+    places it in that chunk); a retention interval of ``rb`` blocks (2-4; 1 would be dense: vLLM's
+    ``reachable_block_mask`` returns None at or below the block); the non-final chunk ``j``
+    (1-``k``) whose checkpoint a second prompt reaches, and that prompt's own tokens ``t``
+    (fewer than a block: no whole block past the shared prefix). ``b``, ``rb``, ``k`` and ``j`` are
+    drawn again until a chunk end below chunk ``j``'s checkpoint lies on the retention grid
+    (``_grid_ends_below``), so that what ``final`` leaves the second prompt is a cached state, not
+    a cold prefill."""
+    while True:
+        b, rb, k = rng.choice((2, 3)), rng.choice((2, 3, 4)), rng.choice((2, 3, 4))
+        d = {"b": b, "rb": rb, "k": k, "j": rng.randrange(1, k + 1)}
+        if _grid_ends_below(d, block):
+            break
+    return {**d, "n": k * b * block + rng.randrange(block + 1, b * block + 1), "t": rng.randrange(1, block)}
+
+
+def _chunk_checkpoints_by_hand(d: dict[str, int], block: int, mode: str) -> list[int]:
+    """Block boundaries (tokens) holding a cached GDN state after the cold prompt of ``d``, worked
+    out from the block grid and the retention rule (not read off the code under test).
+
+    Chunks end at ``i * bB`` (``i`` = 1..k: vLLM's align mode ends a non-final chunk on a block
+    boundary and the budget is whole blocks), then at ``n``. A non-final chunk leaves its running
+    state at ``i * bB``, cached where the retention grid has a boundary (a multiple of ``rb``
+    blocks), and, with the exporter, its prefill checkpoint one block below its end
+    (``get_mamba_prefill_checkpoint_position(i * bB)`` = ``(i * b - 1) B``), cached by vLLM 0.30 at
+    any retention but 0 (``all``) and dropped with ``final``. The final chunk leaves the prompt's
+    checkpoint ``(n - 1) // B * B`` (kept in both modes); its running state ends inside a block
+    (not cached)."""
+    b, rb, k, n = d["b"], d["rb"], d["k"], d["n"]
+    ends = {i * b * block for i in range(1, k + 1) if (i * b) % rb == 0}
+    chunk_checkpoints = {(i * b - 1) * block for i in range(1, k + 1)} if mode == "all" else set()
+    return sorted(ends | chunk_checkpoints | {(n - 1) // block * block})
+
+
+@pytest.mark.skipif(_RETENTION_OUTSIDE is not None,
+                    reason=f"VLLM_HYBRID_NPU_CHUNK_CHECKPOINTS is vLLM 0.30's option "
+                           f"(gdn-checkpoint-retention): {_RETENTION_OUTSIDE}")
+def test_chunk_checkpoints_final_drops_non_final_chunk_checkpoints(tiny_model_dir, engine_args, rng,
+                                                                   exact_across_schedules):
+    """``VLLM_HYBRID_NPU_CHUNK_CHECKPOINTS`` (``all``, the default, or ``final``; registry entry
+    ``gdn-checkpoint-retention``, which wraps vLLM 0.30's
+    ``MambaManager._cache_partial_tail_block``) on the real engine: chunked prefill (token budget
+    ``bB``) and a retention interval ``--prefix-cache-retention-interval rb * B > 0``, drawn with
+    the prompt by ``_chunk_checkpoint_draw``. Own engines: exporter with ``all``, exporter with
+    ``final``, caching off (same budget); the block from ``_block_of``.
+
+    Per mode, a cold prompt of ``k + 1`` chunks, then a second prompt sharing exactly its first
+    ``P = (j * b - 1) B`` tokens (the non-final chunk ``j``'s checkpoint) plus ``t`` tokens of its
+    own, then an exact repeat of the cold prompt:
+
+    * the GDN states vLLM's block pool caches for the cold prompt are those worked out by hand
+      (``_chunk_checkpoints_by_hand``): with ``all`` the non-final chunks' checkpoints among them,
+      with ``final`` not (vLLM's retention-0 branch: ``BlockPool._maybe_evict_cached_block``);
+    * the second prompt's hit (``MambaManager.find_longest_cache_hit``: the longest prefix with a
+      cached GDN state at its end): ``P`` with ``all``; with ``final`` the highest chunk end below
+      ``P`` on the retention grid (``i * bB`` with ``i * b`` a multiple of ``rb``,
+      ``MambaManager.reachable_block_mask``; the draw has one);
+    * the repeat hits the prompt's own checkpoint ``(n - 1) // B * B`` in both modes;
+    * the cold prompt takes ``k + 1`` prefill steps in both modes and with caching off, the repeat
+      one; the schedule, and so the computation, does not change with the option;
+    * greedy tokens (top 20 logprobs): the cold prompt's equal between ``all`` and ``final``
+      exactly (same schedule); every output of either mode equals caching off's for the same
+      prompt under the module's rule across schedules (``_assert_same``, exact on CPU: every
+      chunk and hit starts on the 64-token grid)."""
+    from vllm_hybrid_npu.patches import registry
+    from vllm_hybrid_npu.patches.gdn_prefill_checkpoint import CHUNK_ENV
+
+    block = _block_of(tiny_model_dir, engine_args)
+    d = _chunk_checkpoint_draw(rng, block)
+    b, rb, k, n, j = d["b"], d["rb"], d["k"], d["n"], d["j"]
+    budget, cp, shared = b * block, (n - 1) // block * block, (j * b - 1) * block
+    prompt = _prompt(rng, n)
+    sharer = prompt[:shared] + _prompt(rng, d["t"])
+    want_hit = {"all": shared, "final": max(_grid_ends_below(d, block))}
+    where = (f"block {block}, budget {budget} ({b} blocks), retention {rb * block} ({rb} blocks), "
+             f"prompt {n} tokens ({k} full chunks), checkpoint {cp}, sharer {shared} + {d['t']} tokens "
+             f"(chunk {j}'s checkpoint)")
+    chunked = {"max_num_batched_tokens": budget, "enable_chunked_prefill": True}
+    outs, steps, gen = {}, {}, 3
+    for mode in ("all", "final", "off"):
+        if mode == "off":
+            llm = _engine(tiny_model_dir("qwen3_next"), engine_args, "off", **chunked)
+        else:
+            llm = _engine(tiny_model_dir("qwen3_next"), engine_args, "exporter", env={CHUNK_ENV: mode},
+                          prefix_cache_retention_interval=rb * block, **chunked)
+        try:
+            assert _block(llm) == block or mode == "off", (where, mode, _block(llm))
+            before = block_hashes(llm) if mode != "off" else {}
+            (cold,), steps[mode] = _gen(llm, [prompt], max_tokens=gen, ignore_eos=True)
+            steps[mode] -= gen - 1  # one step per further token (a single request; EOS ignored)
+            assert steps[mode] == k + 1, f"{where}: {mode}: the cold prompt took {steps[mode]} prefill steps"
+            if mode != "off":  # before the sharer, whose own checkpoint may be cached at P
+                assert "gdn-checkpoint-retention" in registry.REPORT.applied, registry.REPORT.skipped
+                cached = list(_cached_boundaries(llm, before, n, block))
+                assert cached == _chunk_checkpoints_by_hand(d, block, mode), \
+                    f"{where}: {mode}: GDN states cached at {cached}"
+            (other,), _ = _gen(llm, [sharer], max_tokens=gen, ignore_eos=True)
+            outs[mode] = {"cold": cold, "sharer": other}
+            if mode == "off":
+                continue
+            assert other.num_cached_tokens == want_hit[mode], \
+                f"{where}: {mode}: the sharer hit {other.num_cached_tokens} tokens, not {want_hit[mode]}"
+            (rep,), rep_steps = _gen(llm, [prompt], max_tokens=gen, ignore_eos=True)
+            rep_steps -= gen - 1
+            assert rep.num_cached_tokens == cp and rep_steps == 1, \
+                f"{where}: {mode}: the repeat hit {rep.num_cached_tokens} tokens in {rep_steps} prefill steps"
+            outs[mode]["repeat"] = rep
+        finally:
+            _close(llm)
+    assert steps["all"] == steps["final"] == steps["off"], (where, steps)
+
+    def seqs(mode, *names):
+        return [Sequence.from_output(outs[mode][name].outputs[0]) for name in names]
+
+    _assert_same(seqs("all", "cold"), seqs("final", "cold"), exact=True, cross_schedule=False)
+    for mode in ("all", "final"):
+        _assert_same(seqs("off", "cold", "sharer", "cold"), seqs(mode, "cold", "sharer", "repeat"),
+                     exact=exact_across_schedules)
