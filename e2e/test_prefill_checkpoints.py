@@ -750,9 +750,11 @@ def _within_one_rounding(a, b, dtype, rounded=None) -> bool:
 
 def _within_input_rounding(a, b, dtype) -> bool:
     """Conv states ``a`` and ``b`` (bytes of ``dtype``: the input projection's outputs stored as
-    they are) apart by at most one unit in the last place of ``dtype`` per element (``eps`` times
-    the larger magnitude): what a GEMM run on another batch shape can change, and no more (a
-    token from another position differs by far more)."""
+    they are) apart by no more than a GEMM run on another batch shape rounds them: finite, and
+    every element within ``2 * eps(dtype)`` of the state's largest magnitude (a sum of bf16
+    products rounded in another order errs relative to its terms, not to an element they cancel
+    to: on an H200, seed 1166516797, some elements were more than one unit of their own apart,
+    none more than 0.0312). A token from another position differs by the activations' range."""
     import torch
 
     if a.shape != b.shape:
@@ -760,7 +762,7 @@ def _within_input_rounding(a, b, dtype) -> bool:
     x, y = a.reshape(-1).view(dtype).float(), b.reshape(-1).view(dtype).float()
     if not (torch.isfinite(x).all() and torch.isfinite(y).all()):
         return False
-    return bool(((x - y).abs() <= torch.finfo(dtype).eps * torch.maximum(x.abs(), y.abs())).all())
+    return bool((x - y).abs().max() <= 2 * torch.finfo(dtype).eps * y.abs().max())
 
 
 def _byte_diff(a, b) -> str:
@@ -1246,10 +1248,10 @@ def test_prefix_match_unit_64_plans_where_the_scheduler_caches(tiny_model_dir, e
                 if not exact_across_schedules:
                     # CUDA: the split's steps run the input projection on other batch shapes
                     # (M = its chunk, ours the whole prompt), whose GEMM may round a bf16 output
-                    # one unit apart: H200, 2026-11-29, seed 1166516797, a 384-token prompt at
-                    # block 192: 1,065 of 2,304 conv elements 1 bf16 unit apart (0.0312 at
-                    # magnitudes 4-8), in a float32 SSM cache 374 of 32,768 SSM elements by at most
-                    # 4e-8; the same with the junction export off
+                    # apart: H200, 2026-11-29, seed 1166516797, a 384-token prompt at block 192:
+                    # 1,065 of 2,304 conv elements apart, by at most 0.0312, in a float32 SSM
+                    # cache 374 of 32,768 SSM elements by at most 4e-8; the same with the junction
+                    # export off (the conv bound below not yet run on a GPU)
                     # (the conv cache holds the model's bf16 activations: vLLM's mamba_cache_dtype auto)
                     assert _within_input_rounding(conv, conv_s, torch.bfloat16), \
                         f"{where}: conv, {_byte_diff(conv, conv_s)}"
