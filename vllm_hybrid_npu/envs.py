@@ -117,15 +117,16 @@ register(EnvVar(
     name="VLLM_HYBRID_NPU_CUDA_JUNCTIONS",
     values=("off", "on"),
     kind="",
-    default="off",
+    default="on",
     read_by="`patches.gdn_prefill_checkpoint.junctions_off` (CUDA's Triton/FLA path) and the "
     "registry entries `gdn-checkpoint-v2-host-*` (at load)",
-    effect="`on`: on vLLM 0.30's V2 GPU model runner the one pass also writes the state at a "
-    "shared-prefix junction and at the block boundary a chunk started mid-block crosses, so "
-    "vLLM's stop there is lifted, as on CPU and vllm-ascend's paths (the builder reads a host "
-    "mirror of the runner's block tables); `off` (default until its e2e tests pass on a GPU: "
-    "implemented 2026-11-29, not yet run there): vLLM's junction and mid-block stops kept on "
-    "CUDA, the mirror not installed ([gdn-checkpoints.md](gdn-checkpoints.md))",
+    effect="`on` (default since 2026-11-29, when its e2e tests passed on an H200): on vLLM 0.30's "
+    "V2 GPU model runner the one pass also writes the state at a shared-prefix junction, at the "
+    "block boundary a chunk started mid-block crosses and where a chunk under a shared token "
+    "budget ends, so vLLM's stops there are lifted, as on CPU and vllm-ascend's paths (the "
+    "builder reads a host mirror of the runner's block tables); `off`: vLLM's junction, "
+    "mid-block and block-rounded stops kept on CUDA, the mirror not installed "
+    "([gdn-checkpoints.md](gdn-checkpoints.md))",
 ))
 register(EnvVar(
     name="VLLM_HYBRID_NPU_TOKEN_BUDGET",

@@ -331,7 +331,9 @@ def test_junction_paths_by_configuration(monkeypatch):
 
     monkeypatch.delenv("FLA_USE_FAST_OPS", raising=False)
     monkeypatch.setattr(registry.REPORT, "stack", Stack("cuda", "0.30.0"))
-    monkeypatch.delenv(gpc.CUDA_JUNCTIONS_ENV, raising=False)  # default: off until run on a GPU
+    monkeypatch.delenv(gpc.CUDA_JUNCTIONS_ENV, raising=False)  # default: on (run on an H200)
+    assert gpc.junctions_off(config(v2=True), "triton") is None
+    monkeypatch.setenv(gpc.CUDA_JUNCTIONS_ENV, "off")
     assert f"{gpc.CUDA_JUNCTIONS_ENV}=off" in gpc.junctions_off(config(v2=True), "triton")
     monkeypatch.setenv(gpc.CUDA_JUNCTIONS_ENV, "yes")
     with pytest.raises(ValueError, match=gpc.CUDA_JUNCTIONS_ENV):
@@ -401,13 +403,15 @@ def test_mid_block_stop_stands_aside_where_the_step_writes_the_boundary(monkeypa
     """On vllm-ascend's paths (``junctions_off`` None) the step writes the state at the boundary
     a mid-block chunk crosses (the initial state's block, ``_junctions``), so the stop returns
     upstream's chunk, as on the CPU path (which has no stop); decided once per scheduler. With a
-    KV connector (junctions off there) or on CUDA's path it stops at the boundary."""
+    KV connector (junctions off there) or on CUDA's path with its junction export off it stops at
+    the boundary; with it on (the default) CUDA's stop stands aside for a start on the 64-token
+    grid and stops one off it."""
     from vllm_hybrid_npu.patches import gdn_prefill_checkpoint as gpc
     from vllm_hybrid_npu.support import Stack
 
     path = {"npu": "ascend-chunk", "cuda": "triton"}
     monkeypatch.setattr(gpc, "exporter_path", lambda config, target: (path[target], ""))
-    monkeypatch.delenv(gpc.CUDA_JUNCTIONS_ENV, raising=False)  # CUDA's: off by default
+    monkeypatch.setenv(gpc.CUDA_JUNCTIONS_ENV, "off")
 
     def scheduler(kv=None):
         return types.SimpleNamespace(cache_config=types.SimpleNamespace(block_size=B),
@@ -428,3 +432,20 @@ def test_mid_block_stop_stands_aside_where_the_step_writes_the_boundary(monkeypa
     kv = types.SimpleNamespace(is_kv_consumer=False)
     assert stop("npu")(scheduler(kv), _request(prompt=2000, computed=1024), 976) == 128
     assert stop("cuda")(scheduler(), _request(prompt=2000, computed=1024), 976) == 128
+    # CUDA's junction export on (the default) on vLLM 0.30's V2 runner: the one pass writes the
+    # crossed boundary at a 64-token chunk start only
+    from vllm_hybrid_npu.patches import registry
+
+    monkeypatch.delenv(gpc.CUDA_JUNCTIONS_ENV)
+    monkeypatch.delenv("FLA_USE_FAST_OPS", raising=False)
+    monkeypatch.setattr(registry.REPORT, "stack", Stack("cuda", "0.30.0"))
+
+    def v2():
+        sched = scheduler()
+        sched.vllm_config.use_v2_model_runner = True
+        sched.vllm_config.parallel_config = types.SimpleNamespace(
+            decode_context_parallel_size=1, prefill_context_parallel_size=1, use_ubatching=False)
+        return sched
+
+    assert stop("cuda")(v2(), _request(prompt=2000, computed=1024), 976) == 976
+    assert stop("cuda")(v2(), _request(prompt=2000, computed=1056), 944) == 1152 - 1056

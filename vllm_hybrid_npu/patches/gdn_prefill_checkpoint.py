@@ -286,19 +286,19 @@ def junctions_off(vllm_config: Any, path: str | None) -> str | None:
     return None
 
 
-#: Environment variable: CUDA's junction export (``off`` until its e2e tests pass on a GPU).
+#: Environment variable: CUDA's junction export (default ``on`` since its e2e tests passed on an
+#: H200, 2026-11-29, docs/cuda.md section 0k; ``off`` keeps vLLM's stops on CUDA).
 CUDA_JUNCTIONS_ENV = "VLLM_HYBRID_NPU_CUDA_JUNCTIONS"
 CUDA_JUNCTIONS_MODES = ("off", "on")
 
 
 def cuda_junctions_off() -> str | None:
-    """The reason CUDA's junction export is off by :data:`CUDA_JUNCTIONS_ENV` (default ``off``:
-    implemented, not yet run on a GPU), or None with ``on``. Raises ValueError naming the
-    variable for a value other than ``off`` or ``on``."""
-    if envs.choice(CUDA_JUNCTIONS_ENV, CUDA_JUNCTIONS_MODES, "off") == "on":
+    """The reason CUDA's junction export is off by :data:`CUDA_JUNCTIONS_ENV` (``off``), or None
+    with ``on``, the default. Raises ValueError naming the variable for a value other than
+    ``off`` or ``on``."""
+    if envs.choice(CUDA_JUNCTIONS_ENV, CUDA_JUNCTIONS_MODES, "on") == "on":
         return None
-    return (f"{CUDA_JUNCTIONS_ENV}=off (CUDA's junction export is not yet verified on a GPU; "
-            f"{CUDA_JUNCTIONS_ENV}=on tries it)")
+    return f"{CUDA_JUNCTIONS_ENV}=off (vLLM's junction, mid-block and block-rounded stops kept on CUDA)"
 
 
 def _v2_host_wanted(stack: Stack) -> str | None:
