@@ -16,14 +16,14 @@ replay scheduler's own Mamba managers only (bound on the instances), so other re
 process keep vLLM's unpatched class; the option is set per replay on those managers (the entry's
 ``CHUNK_RULE`` attribute, which the entry reads before the environment). The lab imports the runtime; the runtime never imports the lab.
 
-By default the lab models CUDA's exporter (:mod:`.replay` keeps vLLM's junction stop, which the
-runtime lifts on the CPU path and, since 2026-11-28, on vllm-ascend's paths, replayed on CPU only;
-``--target npu`` models those: :func:`apply_junction_entries`), so it also takes the runtime's
-``gdn-checkpoint-mid-block-stop`` entry: a
-chunk started inside a block (after a hit finer than the block, ``--prefix-match-unit``) ends at
-the next block boundary, as vLLM's own split does without a prefill checkpoint, because CUDA's
-one-pass export writes one checkpoint per row. Bound on the replay scheduler instance, like the
-retention fix.
+By default the lab models CUDA's exporter, so it takes the runtime's ``gdn-checkpoint-mid-block-stop``
+entry: a chunk started inside a block (after a hit finer than the block, ``--prefix-match-unit``)
+ends at the next block boundary, as vLLM's own split does without a prefill checkpoint, where the
+step does not write the crossed boundary. Bound on the replay scheduler instance, like the
+retention fix. Since 2026-11-29 the runtime lifts vLLM's junction stop on CUDA too (vLLM 0.30's V2
+runner, ``VLLM_HYBRID_NPU_CUDA_JUNCTIONS=on``, the default), as on the CPU path and vllm-ascend's
+paths (replayed on CPU only): :mod:`.replay` binds the junction entries for both targets
+(:func:`apply_junction_entries`); on CUDA the stop stays for chunks started off the 64-token grid.
 """
 
 from __future__ import annotations
@@ -130,14 +130,18 @@ JUNCTION_ENTRIES = ("gdn-junction-split", "gdn-junction-allocate", "gdn-junction
                     "gdn-junction-blocks")
 
 
-def apply_junction_entries(scheduler: Any) -> bool:
-    """Model vllm-ascend's GDN prefill paths (``--target npu``): the runtime's junction entries
+def apply_junction_entries(scheduler: Any, target: str = "npu") -> bool:
+    """Model a path that exports junction states inside the step: the runtime's junction entries
     (:data:`JUNCTION_ENTRIES`, vLLM 0.30) on ``scheduler``, as the runtime applies them on the NPU
-    (vllm-ascend 0.30.0rc2's three prefill paths, replayed on CPU only). A chunk no longer stops
-    at a shared-prefix junction whose state the step exports, nor below the token budget's end at
-    a block boundary, and a chunk started mid-block runs on (the step writes the crossed boundary,
-    so the runtime's mid-block stop stands aside and is unbound here). The blocks they reserve are
-    cached by vLLM's own manager.
+    (``target`` ``npu``: vllm-ascend 0.30.0rc2's three prefill paths, replayed on CPU only) or on
+    CUDA (``cuda``: the one pass on vLLM 0.30's V2 runner, ``VLLM_HYBRID_NPU_CUDA_JUNCTIONS=on``).
+    A chunk no longer stops at a shared-prefix junction whose state the step exports, nor below
+    the token budget's end at a block boundary, and a chunk started mid-block runs on (the step
+    writes the crossed boundary): on the NPU the runtime's mid-block stop stands aside and is
+    unbound here; on CUDA it stays bound (inside the junction split, the registry's order), told
+    that the path writes the crossing, so it stands aside for a start on the 64-token grid and
+    stops one off it (a prefix-match unit below 64). The blocks they reserve are cached by vLLM's
+    own manager.
 
     Binds the entries on this scheduler, its KV-cache manager and its align-mode Mamba managers
     (the classes stay untouched), unless the runtime applied them process-wide; then only the
@@ -153,22 +157,31 @@ def apply_junction_entries(scheduler: Any) -> bool:
     from vllm_hybrid_npu.patches import registry
     from vllm_hybrid_npu.support import Stack, base_version
 
+    from vllm_hybrid_npu.patches.gdn_prefill_checkpoint import CROSSING_WRITTEN
+
     kv = scheduler.kv_cache_manager
     rule = J.junction_rule(scheduler) if base_version(vllm.__version__) in J.VERSIONS else None
     setattr(scheduler, J.RULE, rule)
     setattr(kv, J.RULE, rule)
     if rule is None:
         return False
-    vars(scheduler).pop("_mamba_block_aligned_split", None)  # the mid-block stop stands aside
+    inner = None
+    if target == "cuda":  # the CUDA stop's own decision, as the runtime takes it on the V2 runner
+        vars(scheduler).setdefault(CROSSING_WRITTEN, {})["cuda"] = True
+        bound = vars(scheduler).get("_mamba_block_aligned_split")
+        inner = getattr(bound, "__func__", None)
+    else:
+        vars(scheduler).pop("_mamba_block_aligned_split", None)  # the mid-block stop stands aside
     if JUNCTION_ENTRIES[0] in registry.REPORT.applied:
         return True  # the runtime's class-level entries read the rule set above
     entries = {p.name: p for p in J.PATCHES}
-    stack = Stack(target="npu", vllm=base_version(vllm.__version__))
+    stack = Stack(target=target, vllm=base_version(vllm.__version__))
 
-    def bind(obj: Any, attr: str, name: str) -> None:
-        setattr(obj, attr, types.MethodType(entries[name].make(getattr(type(obj), attr), stack), obj))
+    def bind(obj: Any, attr: str, name: str, upstream: Any = None) -> None:
+        upstream = upstream or getattr(type(obj), attr)
+        setattr(obj, attr, types.MethodType(entries[name].make(upstream, stack), obj))
 
-    bind(scheduler, "_mamba_block_aligned_split", "gdn-junction-split")
+    bind(scheduler, "_mamba_block_aligned_split", "gdn-junction-split", inner)
     bind(kv, "allocate_slots", "gdn-junction-allocate")
     for mgr in rule.managers:
         bind(mgr, "get_num_blocks_to_allocate", "gdn-junction-count")

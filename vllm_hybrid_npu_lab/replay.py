@@ -164,13 +164,29 @@ def _miss_tracker(setup: Any, host_tier: bool) -> Any:
 
 #: the exporter paths :func:`replay` models (its ``target``)
 TARGETS = ("cuda", "npu")
+
+
+def junctions_modelled(target: str, connector: bool) -> bool:
+    """Whether :func:`replay` binds the runtime's junction entries for ``target`` (a replay with
+    a KV connector, ``connector``, or without), as the runtime's ``junctions_off`` decides on
+    vLLM 0.30: ``npu`` without a KV connector (vllm-ascend's paths turn them off beside one);
+    ``cuda`` where ``VLLM_HYBRID_NPU_CUDA_JUNCTIONS`` is on (the default; read from this
+    process's environment, so ``off`` replays CUDA with vLLM's stops), beside a KV connector too,
+    as the runtime on the V2 runner. Raises ValueError for a bad value of that variable."""
+    if target == "npu":
+        return not connector
+    from vllm_hybrid_npu.patches.gdn_prefill_checkpoint import cuda_junctions_off
+
+    return cuda_junctions_off() is None
 #: ``--target``'s help in ``hitrate`` and ``advise``
 TARGET_HELP = ("the GDN prefill-checkpoint exporter path modelled: cuda (the one-pass Triton/FLA "
-               "export, default: vLLM's stop at a shared-prefix junction and its block-rounded "
-               "chunk ends stay) or npu (vllm-ascend 0.30.0rc2's prefill paths as the plugin runs "
-               "them on vLLM 0.30, replayed on CPU only: junction states and budget chunk ends "
-               "exported inside the step; off beside a host tier, whose KV connector turns them "
-               "off there)")
+               "export on vLLM 0.30's V2 runner, default: junction states and budget chunk ends "
+               "exported inside the step, also beside a host tier; a chunk started off the "
+               "64-token grid still stops at the next block boundary; with "
+               "VLLM_HYBRID_NPU_CUDA_JUNCTIONS=off in the environment, vLLM's stops) or npu "
+               "(vllm-ascend 0.30.0rc2's prefill paths as the plugin runs them on vLLM 0.30, "
+               "replayed on CPU only: the same exports; off beside a host tier, whose KV connector "
+               "turns them off there)")
 
 
 def replay(
@@ -200,11 +216,11 @@ def replay(
         link: a :class:`vllm_hybrid_npu_lab.host_tier.HostLink` (bandwidth/latency of the host
             tier); default ``HostLink()`` when the setup has a host tier.
         progress: called as ``progress(finished, total, sim_time_s)`` every few hundred steps.
-        target: the exporter path modelled (:data:`TARGETS`): ``cuda`` (the one-pass export:
-            vLLM's junction stop kept) or ``npu`` (vllm-ascend's paths as the runtime runs them
-            on vLLM 0.30: :func:`vllm_hybrid_npu_lab.exporter.apply_junction_entries`, off beside
-            a host tier's KV connector, as the runtime's ``junctions_off``). Settings without the
-            exporter replay the same on both.
+        target: the exporter path modelled (:data:`TARGETS`): ``cuda`` (the one-pass export on
+            vLLM 0.30's V2 runner) or ``npu`` (vllm-ascend's paths as the runtime runs them on
+            vLLM 0.30), the runtime's junction entries bound where :func:`junctions_modelled`
+            says (:func:`vllm_hybrid_npu_lab.exporter.apply_junction_entries`). Settings without
+            the exporter replay the same on both.
         on_admit: called as ``on_admit(scheduler, request)`` when a request is first scheduled
             (after ``schedule()`` returned, before the step's output): an observer, e.g. of what
             the host tier holds for the request's prefix (:mod:`.host_breakdown`).
@@ -237,17 +253,15 @@ def replay(
         log_stats=False,
     )
     # the runtime's junction entries (vllm_hybrid_npu.patches.gdn_junction) export a shared-prefix
-    # junction's state on the CPU path and vllm-ascend's paths: on for target "npu" without a KV
-    # connector (the runtime's junctions_off turns them off beside one there); else the path
-    # without them (CUDA's one-pass export), also in a process where the runtime's registry is
-    # applied: vLLM's junction stop stays
+    # junction's state inside the step where junctions_modelled says the runtime does; elsewhere,
+    # also in a process where the runtime's registry is applied, vLLM's junction stop stays
     from vllm_hybrid_npu.patches.gdn_junction import RULE
     from vllm_hybrid_npu_lab.exporter import apply_junction_entries
 
     if target not in TARGETS:
         raise ValueError(f"replay: target {target!r}: one of {', '.join(TARGETS)}")
-    if not (target == "npu" and getattr(sched, "connector", None) is None
-            and apply_junction_entries(sched)):
+    if not (junctions_modelled(target, getattr(sched, "connector", None) is not None)
+            and apply_junction_entries(sched, target)):
         setattr(sched, RULE, None)
         setattr(sched.kv_cache_manager, RULE, None)
     worker = None

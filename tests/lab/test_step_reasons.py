@@ -82,21 +82,30 @@ def test_prefix_shared_off_the_block_grid_costs_one_junction_step(cfg, rng):
 
 @pytest.mark.skipif(VLLM != (0, 30), reason="the runtime's junction entries are written against "
                     "vLLM 0.30's Mamba managers (on 0.32 / 0.33 vLLM's stop stays)")
-def test_target_npu_exports_the_junction_inside_the_step(cfg, rng):
+def test_both_targets_export_the_junction_inside_the_step(cfg, rng, monkeypatch):
     # Block 384, the exporter declared; A, B and C share their first two trace blocks (1024
     # tokens, off the 384 grid), lengths in (1152, 1536). A: one step (its checkpoint at 1152 is
     # valid). B: attention hits to 1024 and no GDN state there: the junction, floored to 768.
-    # CUDA's path (default target) keeps vLLM's stop: [0, 768), then the rest (its checkpoint at
-    # 1152 valid from 768): one junction step. vllm-ascend's paths (target npu, the runtime's
-    # junction entries): one step, the state at 768 exported into the block vLLM caches there.
-    # Either way C hits 768 and takes one step.
+    # vllm-ascend's paths (target npu) and CUDA's one pass on the V2 runner (target cuda, the
+    # runtime's VLLM_HYBRID_NPU_CUDA_JUNCTIONS=on, the default): the runtime's junction entries,
+    # one step, the state at 768 exported into the block vLLM caches there. With
+    # VLLM_HYBRID_NPU_CUDA_JUNCTIONS=off CUDA keeps vLLM's stop: [0, 768), then the rest (its
+    # checkpoint at 1152 valid from 768): one junction step. Either way C hits 768 and takes one
+    # step.
+    from vllm_hybrid_npu.patches import gdn_prefill_checkpoint as gpc
+
     rows = [(rng.randint(1153, 1535), [1, 2, k]) for k in (3, 4, 5)]
+    monkeypatch.delenv(gpc.CUDA_JUNCTIONS_ENV, raising=False)
+    for target in ("cuda", "npu"):
+        res, by = _replay(cfg, rows, "upstream:ckpt", block_size=384, target=target)
+        assert res.cached_per_request == [0, 0, 768] and by == {}, (target, rows)
+        assert res.prefill_steps_per_prompt == 1, target
+    monkeypatch.setenv(gpc.CUDA_JUNCTIONS_ENV, "off")
     cuda, by = _replay(cfg, rows, "upstream:ckpt", block_size=384)
     assert cuda.cached_per_request == [0, 0, 768] and by == {"junction": 1}, rows
     assert cuda.prefill_steps_per_prompt == 4 / 3
     npu, by = _replay(cfg, rows, "upstream:ckpt", block_size=384, target="npu")
-    assert npu.cached_per_request == [0, 0, 768] and by == {}, rows
-    assert npu.prefill_steps_per_prompt == 1
+    assert by == {} and npu.prefill_steps_per_prompt == 1  # the NPU's paths: not that variable
     # vLLM's split without the exporter: the same on both targets (no checkpoint declared)
     plain = [_replay(cfg, rows, block_size=384, target=t)[0] for t in ("cuda", "npu")]
     assert plain[0].to_dict() | {"wall_s": 0} == plain[1].to_dict() | {"wall_s": 0}
@@ -162,14 +171,25 @@ def test_exporter_hit_inside_a_block_stops_at_the_next_boundary(cfg, rng, monkey
     # off the 64-token grid): one step, its checkpoint at m = (a - 1) // 64 * 64 (valid from
     # start 0). B (1,600 tokens, A's a followed by more: hash block 3 covers 1024..1535) hits m,
     # inside the block [1024, 1280) unless m = 1024. vLLM lifts its stop at the next boundary
-    # 1280 under the prefill checkpoint; the runtime's gdn-checkpoint-mid-block-stop (CUDA, the
-    # NPU: one checkpoint per row) puts it back: [m, 1280) (mid_block_start), then [1280, 1600)
-    # with its checkpoint at 1536 (valid from 1280): 2 steps where vLLM's own chunking takes 1.
+    # 1280 under the prefill checkpoint; the runtime's gdn-checkpoint-mid-block-stop (CUDA with
+    # its junction export off: one checkpoint per row) puts it back: [m, 1280)
+    # (mid_block_start), then [1280, 1600) with its checkpoint at 1536 (valid from 1280): 2 steps
+    # where vLLM's own chunking takes 1. With the export on (the default, vLLM 0.30) the one pass
+    # writes the crossed boundary from m, a 64-token start: one step.
+    from vllm_hybrid_npu.patches import gdn_prefill_checkpoint as gpc
     from vllm_hybrid_npu_lab import exporter
 
     a = rng.choice([n for n in range(1025, 1280) if n % 64 and (n - 1) // 64 * 64 > 1024])
     m = (a - 1) // 64 * 64
     rows = [(a, [1, 2, 3]), (1600, [1, 2, 3, 4])]
+    monkeypatch.delenv(gpc.CUDA_JUNCTIONS_ENV, raising=False)
+    res, by = _replay(cfg, rows, "upstream:pmu=64,ckpt")
+    assert res.cached_per_request == [0, m]
+    if VLLM == (0, 30):
+        assert res.prefill_steps_per_prompt == 1 and by == {}, a
+    else:  # the junction entries are 0.30's: the stop stays
+        assert res.prefill_steps_per_prompt == 3 / 2 and by == {"mid_block_start": 1}, a
+    monkeypatch.setenv(gpc.CUDA_JUNCTIONS_ENV, "off")
     res, by = _replay(cfg, rows, "upstream:pmu=64,ckpt")
     assert res.cached_per_request == [0, m]
     assert res.prefill_steps_per_prompt == 3 / 2 and by == {"mid_block_start": 1}, a
