@@ -1415,7 +1415,11 @@ def resumable_units(previous: dict, seed: int, args: dict, identity: dict) -> di
 
 def row_env(row: str) -> dict[str, str]:
     """Environment of one row's worker: plugin switch and exporter mode from :data:`ROWS`,
-    in-process engine core (token timing, step count, profiler)."""
+    in-process engine core (token timing, step count, profiler), and Triton's autotuning report
+    (``TRITON_PRINT_AUTOTUNING=1``: the configuration each autotuned kernel got, printed once per
+    key into the row's log, so a row without the plugin, ``off``, says which launch configuration
+    vLLM's FLA kernels ran, e.g. ``chunk_gated_delta_rule_fwd_kernel_h_blockdim64``'s; issue 37)
+    unless the caller's environment sets it."""
     spec = ROWS[row]
     drop = ("VLLM_PLUGINS", "VLLM_HYBRID_NPU_PATCHES", "VLLM_HYBRID_NPU_PREFILL_CHECKPOINTS")
     env = {k: v for k, v in os.environ.items() if k not in drop}
@@ -1424,6 +1428,7 @@ def row_env(row: str) -> dict[str, str]:
     env.update(spec["env"])
     env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     env["PYTHONUNBUFFERED"] = "1"
+    env.setdefault("TRITON_PRINT_AUTOTUNING", "1")
     return env
 
 

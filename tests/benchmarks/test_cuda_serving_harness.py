@@ -451,6 +451,11 @@ def test_decomposition_rows_differ_from_off_in_one_setting_each(monkeypatch):
     assert not off["caching"] and not plugin["caching"] and not block["caching"]
     assert cs.row_env("off")["VLLM_HYBRID_NPU_PATCHES"] == "none"
     assert "VLLM_HYBRID_NPU_PATCHES" not in cs.row_env("off-plugin")
+    # every row's log reports the autotuned launch configurations (caching off's included)
+    monkeypatch.delenv("TRITON_PRINT_AUTOTUNING", raising=False)
+    assert {cs.row_env(r)["TRITON_PRINT_AUTOTUNING"] for r in cs.ROWS} == {"1"}
+    monkeypatch.setenv("TRITON_PRINT_AUTOTUNING", "0")
+    assert cs.row_env("off")["TRITON_PRINT_AUTOTUNING"] == "0"
     assert block["block_size"] == "off_block_size" and "block_size" not in plugin
     p = __import__("argparse").ArgumentParser()
     cs.add_arguments(p)
