@@ -32,8 +32,9 @@ entry declares it on the NPU). Three requests share a prefix of whole blocks ``S
 junction): the first is cold, the second's attention hits ``S`` and its GDN state does not
 (``shared_prefix_boundary = S``), the third hits ``S``. Recorded: the junction rule's managers,
 which class carries the plugin's manager wrappers, the split's wrapper chain, each request's
-prefill chunks and the second request's Mamba block columns. ``--junctions off`` keeps the lab's
-default (the rule forced off: vLLM's junction stop), the control.
+prefill chunks and the second request's Mamba block columns. ``--junctions off`` replays the
+lab's default target with CUDA's junction export off (``VLLM_HYBRID_NPU_CUDA_JUNCTIONS=off``: the
+rule forced off, vLLM's junction stop), the control.
 """
 
 from __future__ import annotations
@@ -272,6 +273,10 @@ def run_junction(args, result) -> None:
                             if gdn_junction.is_mamba_manager(m)]
             return so
 
+    if args.junctions == "off":
+        # the lab's default target (cuda) replays CUDA's junction export, on by default since
+        # 2026-11-29: the control keeps vLLM's junction stop
+        os.environ["VLLM_HYBRID_NPU_CUDA_JUNCTIONS"] = "off"
     res = replay(reqs, setup, Recording, carry_outputs=False)
     result["cached_per_request"] = list(res.cached_per_request)
     result["chunks"], result["mamba_columns"] = chunks, columns
