@@ -42,8 +42,8 @@ B = 384
 
 @pytest.fixture(autouse=True)
 def _cuda_junctions_on(monkeypatch):
-    """CUDA's junction export is opt-in until its e2e tests pass on a GPU
-    (``VLLM_HYBRID_NPU_CUDA_JUNCTIONS``, default off): every test here turns it on."""
+    """CUDA's junction export (``VLLM_HYBRID_NPU_CUDA_JUNCTIONS``, default on since 2026-11-29):
+    on in every test here, whatever the caller's environment says."""
     monkeypatch.setenv(gpc.CUDA_JUNCTIONS_ENV, "on")
 CUDA = Stack("cuda", "0.30.0")
 
