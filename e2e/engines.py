@@ -89,6 +89,21 @@ def exporter_outside_stack() -> str | None:
     return unsupported_reason(stack) or stack_skip_reason(entry, stack)
 
 
+def host_tier_unsupported() -> str | None:
+    """Why vLLM's OffloadingConnector (``kv_offloading_size``, the host tier) cannot run on this
+    platform (a str, vLLM's own error), or None where it can (CUDA-alike and XPU GPUs)."""
+    from vllm.platforms import current_platform
+
+    if current_platform.is_cuda_alike() or current_platform.is_xpu():
+        return None
+    return ("vLLM's OffloadingConnector does not run on the CPU backend: on CPU (vLLM 0.30.0, "
+            "2026-11-27) every worker fails in register_kv_caches with \"Exception: CPU Offloading is "
+            "currently only supported on CUDA-alike and XPU GPUs\" (CPUOffloadingSpec.get_worker, "
+            "vllm/v1/kv_offload/cpu/spec.py; the same guard in 0.32.0), and the engine with "
+            "\"RuntimeError: Worker failed with error 'CPU Offloading is currently only supported on "
+            "CUDA-alike and XPU GPUs'\"")
+
+
 def tp_skip_reason(target: str, tp: int = 2) -> str | None:
     """Why tensor parallel ``tp`` cannot run on ``target`` here (None: it can). CPU: always runs
     (vLLM's CPU backend runs tp > 1 in worker processes). CUDA: fewer than ``tp`` GPUs."""

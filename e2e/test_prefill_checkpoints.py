@@ -59,8 +59,8 @@ import uuid
 
 import pytest
 from engines import (  # e2e/engines.py
-    block_hashes, cached_mamba_blocks, count_scheduled_steps, exporter_outside_stack, mamba_groups,
-    shutdown_engine,
+    block_hashes, cached_mamba_blocks, count_scheduled_steps, exporter_outside_stack,
+    host_tier_unsupported, mamba_groups, shutdown_engine,
 )
 from engines import engine_core as _core
 from greedy_compare import Sequence, assert_same  # e2e/greedy_compare.py
@@ -446,6 +446,59 @@ def test_shared_prefix_junction_exported_inside_the_step(tiny_model_dir, engine_
             assert hit.num_cached_tokens == hits[i], (i, hit.num_cached_tokens, hits[i])
     finally:
         _close(split)
+
+
+def test_shared_prefix_junction_through_the_host_tier(tiny_model_dir, engine_args, rng,
+                                                     exact_across_schedules):
+    """A shared-prefix junction beside vLLM's OffloadingConnector (``kv_offloading_size`` 1 GiB, a
+    device KV cache of 24 MiB; issue 38, "a junction beside the OffloadingConnector on a GPU"):
+    the junction export stays on there on CUDA (``junctions_off`` turns it off beside a KV
+    connector on vllm-ascend's paths only). Prompts share a prefix ``S`` off the block grid
+    (``2B < |S| < 3B``), each with a tail of its own of ``B`` to ``2B`` tokens. The second sharer
+    takes caching off's one prefill step (vLLM's split: two) and caches the GDN state at the
+    junction ``jf = |S| // B * B``; a flood of other prompts cycling the device block pool three
+    times evicts it from the device; the third sharer then hits ``jf`` through the host tier
+    (external prefix-cache hits), and its output equals a cold copy's under a fresh
+    ``cache_salt`` (exact on CPU; the tolerance rule on CUDA). Skips where the OffloadingConnector
+    does not run (vLLM's CPU backend), with vLLM's error."""
+    why = host_tier_unsupported()
+    if why:
+        pytest.skip(why)
+
+    def external_hits(llm) -> float:
+        return sum(m.value for m in llm.get_metrics()
+                   if m.name == "vllm:external_prefix_cache_hits" and hasattr(m, "value"))
+
+    llm = _engine(tiny_model_dir("qwen3_next"), engine_args, "exporter", kv_offloading_size=1.0,
+                  disable_log_stats=False, kv_cache_memory_bytes=24 << 20)
+    try:
+        block, exported = _block(llm), _junction_exported()
+        shared = _prompt(rng, 2 * block + rng.randrange(1, block))
+        jf = len(shared) // block * block
+        tails = [_prompt(rng, rng.randrange(block, 2 * block)) for _ in range(3)]
+        where = f"prefix {len(shared)} tokens, tails {[len(t) for t in tails]}, block {block}"
+        _, steps = _gen(llm, [shared + tails[0]])
+        assert steps == 1, f"{where}: first sharer took {steps} steps"
+        before = block_hashes(llm)
+        (second,), steps = _gen(llm, [shared + tails[1]])
+        assert second.num_cached_tokens == 0, where
+        assert steps == (1 if exported else 2), f"{where}: second sharer took {steps} steps (caching off: 1)"
+        assert cached_mamba_blocks(llm, jf, before), f"{where}: no GDN state cached at the junction {jf}"
+        ext0 = external_hits(llm)
+        num_blocks = _core(llm).vllm_config.cache_config.num_gpu_blocks
+        flood = [_prompt(rng, 4 * block) for _ in range(-(-3 * num_blocks // 4))]
+        for i in range(0, len(flood), 8):
+            _gen(llm, flood[i:i + 8])
+        (third,), _ = _gen(llm, [shared + tails[2]])
+        ext = external_hits(llm) - ext0
+        diag = f"{where}: {num_blocks} device blocks, {len(flood)} flood prompts, external hits {ext}"
+        assert third.num_cached_tokens == jf, f"{diag}: third sharer cached {third.num_cached_tokens}, junction {jf}"
+        assert ext > 0, f"{diag}: the junction's hit did not come through the host tier"
+        (cold,), _ = _gen(llm, [shared + tails[2]], salt=uuid.uuid4().hex)
+        _assert_same([Sequence.from_output(cold.outputs[0])], [Sequence.from_output(third.outputs[0])],
+                     exact=exact_across_schedules)
+    finally:
+        _close(llm)
 
 
 def _budget_rule_applies() -> bool:

@@ -48,6 +48,7 @@ from engines import (  # e2e/engines.py
     cached_mamba_blocks,
     count_scheduled_steps,
     exporter_outside_stack,
+    host_tier_unsupported,
     mamba_groups,
     shutdown_engine,
     threads_bind,
@@ -387,19 +388,6 @@ def test_lab_setup_equals_the_engine_at_tp2_and_tp1(runs, tiny_model_dir, engine
           f"state {state2} B per rank ({KV_BYTES} B of KV cache per rank)")
 
 
-def _host_tier_unsupported() -> str | None:
-    from vllm.platforms import current_platform
-
-    if current_platform.is_cuda_alike() or current_platform.is_xpu():
-        return None
-    return ("vLLM's OffloadingConnector does not run on the CPU backend: at tp 2 on CPU (vLLM 0.30.0, "
-            "2026-11-27) every worker fails in register_kv_caches with \"Exception: CPU Offloading is "
-            "currently only supported on CUDA-alike and XPU GPUs\" (CPUOffloadingSpec.get_worker, "
-            "vllm/v1/kv_offload/cpu/spec.py; the same guard in 0.32.0), and the engine with "
-            "\"RuntimeError: Worker failed with error 'CPU Offloading is currently only supported on "
-            "CUDA-alike and XPU GPUs'\"")
-
-
 def _counter(llm, name: str) -> float:
     return sum(m.value for m in llm.get_metrics() if m.name == name and hasattr(m, "value"))
 
@@ -411,7 +399,7 @@ def test_host_tier_at_tp2(runs, tiny_model_dir, engine_args, e2e_target_name, re
     the state each rank exported went to host memory and back), and its output equals caching
     off's under the tolerance rule (as ``e2e/test_cuda_engine.py``: another block pool, another
     schedule). Not run yet (no two-GPU machine here); on CPU it skips with vLLM's error."""
-    why = _host_tier_unsupported()
+    why = host_tier_unsupported()
     if why:
         pytest.skip(why)
     prompts, out = runs
