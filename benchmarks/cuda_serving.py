@@ -479,12 +479,67 @@ def _draw(seed: int, length: int, stream: str):
     return lambda n, vocab: [rng.randrange(100, vocab) for _ in range(n)]
 
 
+#: the CUDA caching allocator's counters :class:`HostEvents` reads (``torch.cuda.memory_stats``):
+#: a retry frees every cached block and syncs the device; the others count ``cudaMalloc`` /
+#: ``cudaFree`` calls and the allocator's device-wide syncs
+ALLOC_COUNTERS = ("num_alloc_retries", "num_device_alloc", "num_device_free", "num_sync_all_streams")
+
+
+class HostEvents:
+    """Host events of one span (a :meth:`Driver.run`) that can stall an engine step: Python's
+    garbage collections (``gc.callbacks``: ``gc_collections``, ``gc_pause_ms``, the wall time
+    between each collection's start and stop) and, where ``memory_stats`` is given
+    (``torch.cuda.memory_stats``), the change of each of :data:`ALLOC_COUNTERS` (counts). Read
+    outside the timed requests (before the first arrival, after the last token), on the host,
+    no device sync. Why: issue 37's session M (H200, 2026-11-29) saw the 8,192-token cold TTFTs
+    of both rows on two levels, about 34 and 45 ms of host time per step; these say which prompts
+    met a collection or a device allocation. ``result`` (a dict) is set on exit."""
+
+    def __init__(self, memory_stats=None, clock=time.perf_counter):
+        self.memory_stats, self.clock = memory_stats, clock
+        self.result: dict = {}
+        self._t0: float | None = None
+
+    def _on_gc(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._t0 = self.clock()
+        elif self._t0 is not None:
+            self.result["gc_collections"] += 1
+            self.result["gc_pause_ms"] += 1e3 * (self.clock() - self._t0)
+            self._t0 = None
+
+    def __enter__(self) -> HostEvents:
+        import gc
+
+        self.result = {"gc_collections": 0, "gc_pause_ms": 0.0}
+        self._before = self._counters()
+        gc.callbacks.append(self._on_gc)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        import gc
+
+        with contextlib.suppress(ValueError):
+            gc.callbacks.remove(self._on_gc)
+        self.result["gc_pause_ms"] = round(self.result["gc_pause_ms"], 3)
+        after = self._counters()
+        for k in after:
+            self.result[k] = after[k] - self._before.get(k, 0)
+
+    def _counters(self) -> dict:
+        if self.memory_stats is None:
+            return {}
+        stats = self.memory_stats()
+        return {k: int(stats.get(k, 0)) for k in ALLOC_COUNTERS}
+
+
 class Driver:
     """Drives vLLM's in-process ``LLMEngine`` one step at a time: each request's arrival, token
     arrival times and engine steps to its first token."""
 
-    def __init__(self, llm):
+    def __init__(self, llm, memory_stats=None):
         self.llm = llm
+        self.memory_stats = memory_stats  # torch.cuda.memory_stats on CUDA (HostEvents)
         self.engine = llm.llm_engine
         core = self.engine.engine_core.engine_core
         self.steps = 0
@@ -507,7 +562,16 @@ class Driver:
 
         sp = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True, detokenize=False)
         recs, todo, by_id = [], list(prompts), {}
+        with HostEvents(self.memory_stats) as events:
+            self._run(sp, recs, todo, by_id, stagger_steps)
+        for rec in recs:  # the run's, shared by its requests (a cold prompt runs alone)
+            rec["ttft_ms"] = 1e3 * (rec["times"][0] - rec["arrival"]) if rec["times"] else float("nan")
+            rec["host_events"] = events.result
+        return recs
 
+    def _run(self, sp, recs: list, todo: list, by_id: dict, stagger_steps: int) -> None:
+        """:meth:`run`'s submissions and engine steps: appends each request's record to ``recs``
+        (arrival, token times, steps to its first token, cached tokens)."""
         def submit():
             p = todo.pop(0)
             rid = f"b{self.n}"
@@ -547,9 +611,6 @@ class Driver:
                     rec["tokens"] = toks
                 if o.finished:
                     rec["cached"] = o.num_cached_tokens
-        for rec in recs:
-            rec["ttft_ms"] = 1e3 * (rec["times"][0] - rec["arrival"]) if rec["times"] else float("nan")
-        return recs
 
 
 def in_process_runner(executor):
@@ -604,7 +665,7 @@ def _worker(args) -> int:
               enforce_eager=args.eager or not cuda, seed=0,
               tensor_parallel_size=args.tp, **kw)
     load_s = time.perf_counter() - t0
-    drv = Driver(llm)
+    drv = Driver(llm, memory_stats=torch.cuda.memory_stats if cuda else None)
     cfg = llm.llm_engine.vllm_config
     block = cfg.cache_config.block_size
     vocab = min(200000, cfg.model_config.get_vocab_size())
@@ -732,6 +793,8 @@ def _measure_length(args, drv: Driver, length: int, block: int, vocab: int, cuda
             "token_times": [[round(x - r["arrival"], 6) for x in r["times"]] for r in recs]
             if phase in ("turn1", "turn2", "conc1", "conc2") else None,
             "tokens": [r["tokens"] for r in recs] if phase in ("turn1", "turn2") else None,
+            # per request: HostEvents of its run (collections, allocator counters)
+            "host_events": [r.get("host_events") for r in recs] if phase in ("cold", "repeat", "floor") else None,
         }
     if args.step_profile:
         res["step_profile"] = step_profile(drv, draw_prompts=_draw(args.seed, length, "stepprof"),

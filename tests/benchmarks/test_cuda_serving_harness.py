@@ -790,3 +790,47 @@ def test_a_row_at_layers_n_serves_n_layers_and_pool_keeps_depths_apart(tmp_path,
     with pytest.raises(ValueError, match=f"{min(8, n)}, {max(8, n)} decoder layers"):
         pool.pool(pool.read_units([tmp_path / "deep.json", tmp_path / "eight.json"]))
     assert pool.pool(pool.read_units([tmp_path / "deep.json"]), min_calls=0)["layers"] == n
+
+
+# ---------------------------------------------------------------- host events (issue 37, session M)
+
+
+def test_host_events_count_collections_and_allocator_deltas(rng):
+    """A span's garbage collections (each forced one counted, its pause timed by the clock) and
+    the change of each allocator counter (a fake ``memory_stats`` whose counters move by drawn
+    amounts between the span's two reads); no callback left behind."""
+    import gc
+
+    base = {k: rng.randrange(0, 1000) for k in cs.ALLOC_COUNTERS}
+    moved = {k: rng.randrange(0, 50) for k in cs.ALLOC_COUNTERS}
+    reads = iter([base, {k: base[k] + moved[k] for k in base}])
+    ticks = iter(range(1000))
+    n = rng.randrange(1, 4)
+    callbacks = list(gc.callbacks)
+    with cs.HostEvents(lambda: next(reads), clock=lambda: float(next(ticks)) / 1000) as ev:
+        for _ in range(n):
+            gc.collect()
+    assert gc.callbacks == callbacks
+    assert ev.result["gc_collections"] >= n  # a collection may also start on its own
+    assert ev.result["gc_pause_ms"] == pytest.approx(ev.result["gc_collections"] * 1.0)
+    assert {k: ev.result[k] for k in cs.ALLOC_COUNTERS} == moved
+    without = cs.HostEvents(None)
+    with without:
+        pass
+    assert set(without.result) == {"gc_collections", "gc_pause_ms"}
+
+
+def test_cold_samples_carry_each_runs_host_events(rng):
+    class _EventDriver(_FakeDriver):
+        def run(self, prompts, max_tokens, stagger_steps=0):
+            recs = super().run(prompts, max_tokens, stagger_steps)
+            for r in recs:
+                r["host_events"] = {"gc_collections": len(self.calls)}
+            return recs
+
+    args = SimpleNamespace(answer_len=4, user_len=8, seed=rng.randrange(1 << 30), cold=3, sessions=0, clients=2,
+                           step_profile=0, phases="cold,repeat,conc")
+    res = cs._measure_length(args, _EventDriver(), 1200, 384, 5000, cuda=False, torch=None)
+    cold = res["samples"]["cold"]["host_events"]
+    assert [e["gc_collections"] for e in cold] == sorted({e["gc_collections"] for e in cold}) and len(cold) == 3
+    assert res["samples"]["conc1"]["host_events"] is None
