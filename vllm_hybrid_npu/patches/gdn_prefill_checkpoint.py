@@ -409,8 +409,10 @@ class RunnerHostTable:
         self.mirror[req_index, end - len(block_ids):end] = block_ids
 
     def __getitem__(self, key: tuple[int, slice]) -> Any:
+        import numpy as np
+
         r, cols = key
-        out = self.mirror[0, cols] * 0
+        out = np.zeros_like(self.mirror[0, cols])  # the slice's length, null
         if self.rows is None or not 0 <= r < len(self.rows):
             return out
         req = int(self.rows[r])
