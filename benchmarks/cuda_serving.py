@@ -488,7 +488,8 @@ ALLOC_COUNTERS = ("num_alloc_retries", "num_device_alloc", "num_device_free", "n
 class HostEvents:
     """Host events of one span (a :meth:`Driver.run`) that can stall an engine step: Python's
     garbage collections (``gc.callbacks``: ``gc_collections``, ``gc_pause_ms``, the wall time
-    between each collection's start and stop) and, where ``memory_stats`` is given
+    between each collection's start and stop; ``gc_full_collections``, ``gc_full_pause_ms``, those
+    of the oldest generation, the ones that walk the whole heap) and, where ``memory_stats`` is given
     (``torch.cuda.memory_stats``), the change of each of :data:`ALLOC_COUNTERS` (counts). Read
     outside the timed requests (before the first arrival, after the last token), on the host,
     no device sync. Why: issue 37's session M (H200, 2026-11-29) saw the 8,192-token cold TTFTs
@@ -504,14 +505,19 @@ class HostEvents:
         if phase == "start":
             self._t0 = self.clock()
         elif self._t0 is not None:
+            pause = 1e3 * (self.clock() - self._t0)
             self.result["gc_collections"] += 1
-            self.result["gc_pause_ms"] += 1e3 * (self.clock() - self._t0)
+            self.result["gc_pause_ms"] += pause
+            if info.get("generation") == 2:
+                self.result["gc_full_collections"] += 1
+                self.result["gc_full_pause_ms"] += pause
             self._t0 = None
 
     def __enter__(self) -> HostEvents:
         import gc
 
-        self.result = {"gc_collections": 0, "gc_pause_ms": 0.0}
+        self.result = {"gc_collections": 0, "gc_pause_ms": 0.0, "gc_full_collections": 0,
+                       "gc_full_pause_ms": 0.0}
         self._before = self._counters()
         gc.callbacks.append(self._on_gc)
         return self
@@ -521,7 +527,8 @@ class HostEvents:
 
         with contextlib.suppress(ValueError):
             gc.callbacks.remove(self._on_gc)
-        self.result["gc_pause_ms"] = round(self.result["gc_pause_ms"], 3)
+        for k in ("gc_pause_ms", "gc_full_pause_ms"):
+            self.result[k] = round(self.result[k], 3)
         after = self._counters()
         for k in after:
             self.result[k] = after[k] - self._before.get(k, 0)
@@ -665,7 +672,11 @@ def _worker(args) -> int:
               enforce_eager=args.eager or not cuda, seed=0,
               tensor_parallel_size=args.tp, **kw)
     load_s = time.perf_counter() - t0
-    drv = Driver(llm, memory_stats=torch.cuda.memory_stats if cuda else None)
+    # the allocator's counters where the model runs in this process (not at tensor parallel > 1:
+    # the workers' allocators are elsewhere, this one's reads would be zeros)
+    drv = Driver(llm)
+    if cuda and in_process_runner(drv.core.model_executor) is not None:
+        drv.memory_stats = torch.cuda.memory_stats
     cfg = llm.llm_engine.vllm_config
     block = cfg.cache_config.block_size
     vocab = min(200000, cfg.model_config.get_vocab_size())

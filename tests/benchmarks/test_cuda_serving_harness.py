@@ -812,12 +812,23 @@ def test_host_events_count_collections_and_allocator_deltas(rng):
             gc.collect()
     assert gc.callbacks == callbacks
     assert ev.result["gc_collections"] >= n  # a collection may also start on its own
+    assert ev.result["gc_full_collections"] >= n  # gc.collect() walks the oldest generation
     assert ev.result["gc_pause_ms"] == pytest.approx(ev.result["gc_collections"] * 1.0)
+    assert ev.result["gc_full_pause_ms"] == pytest.approx(ev.result["gc_full_collections"] * 1.0)
     assert {k: ev.result[k] for k in cs.ALLOC_COUNTERS} == moved
     without = cs.HostEvents(None)
     with without:
         pass
-    assert set(without.result) == {"gc_collections", "gc_pause_ms"}
+    assert set(without.result) == {"gc_collections", "gc_pause_ms", "gc_full_collections", "gc_full_pause_ms"}
+
+
+def test_host_events_callback_removed_when_the_run_raises():
+    import gc
+
+    callbacks = list(gc.callbacks)
+    with pytest.raises(RuntimeError), cs.HostEvents(None):
+        raise RuntimeError("engine step failed")
+    assert gc.callbacks == callbacks
 
 
 def test_cold_samples_carry_each_runs_host_events(rng):
