@@ -674,9 +674,8 @@ def _worker(args) -> int:
     load_s = time.perf_counter() - t0
     # the allocator's counters where the model runs in this process (not at tensor parallel > 1:
     # the workers' allocators are elsewhere, this one's reads would be zeros)
-    drv = Driver(llm)
-    if cuda and in_process_runner(drv.core.model_executor) is not None:
-        drv.memory_stats = torch.cuda.memory_stats
+    in_process = in_process_runner(llm.llm_engine.engine_core.engine_core.model_executor) is not None
+    drv = Driver(llm, memory_stats=torch.cuda.memory_stats if cuda and in_process else None)
     cfg = llm.llm_engine.vllm_config
     block = cfg.cache_config.block_size
     vocab = min(200000, cfg.model_config.get_vocab_size())

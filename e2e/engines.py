@@ -104,6 +104,13 @@ def host_tier_unsupported() -> str | None:
             "CUDA-alike and XPU GPUs'\"")
 
 
+def metric_counter(llm, name: str) -> float:
+    """The value of vLLM's counter ``name`` (e.g. ``vllm:external_prefix_cache_hits``, tokens)
+    summed over its label sets, from ``LLM.get_metrics()`` (the engine built with
+    ``disable_log_stats=False``)."""
+    return sum(m.value for m in llm.get_metrics() if m.name == name and hasattr(m, "value"))
+
+
 def tp_skip_reason(target: str, tp: int = 2) -> str | None:
     """Why tensor parallel ``tp`` cannot run on ``target`` here (None: it can). CPU: always runs
     (vLLM's CPU backend runs tp > 1 in worker processes). CUDA: fewer than ``tp`` GPUs."""

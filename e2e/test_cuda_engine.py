@@ -28,7 +28,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from engines import count_scheduled_steps, shutdown_engine  # e2e/engines.py
+from engines import count_scheduled_steps, metric_counter, shutdown_engine  # e2e/engines.py
 from greedy_compare import CHUNKING_BOUND, Sequence, compare_greedy  # e2e/greedy_compare.py
 
 pytestmark = pytest.mark.cuda
@@ -42,10 +42,6 @@ def _gen(llm, prompts, max_tokens=6):
     sp = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True,
                         logprobs=TOP_LOGPROBS)
     return llm.generate([{"prompt_token_ids": list(p)} for p in prompts], sp, use_tqdm=False)
-
-
-def _counter(llm, name):
-    return sum(m.value for m in llm.get_metrics() if m.name == name and hasattr(m, "value"))
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +81,7 @@ def runs(tiny_model_dir, engine_args, request, seed_for):
         r["repeat"] = first + _gen(llm, prompts["repeat"][1:])
         r["again"] = _gen(llm, prompts["repeat"][:1])
         if name == "offload":
-            ext0 = _counter(llm, "vllm:external_prefix_cache_hits")
+            ext0 = metric_counter(llm, "vllm:external_prefix_cache_hits")
             # 4-block prompts cycling the GPU block pool three times evict the repeats from it
             n_flood = -(-3 * r["num_gpu_blocks"] // 4)
             r["flood_cached"] = []
@@ -93,8 +89,8 @@ def runs(tiny_model_dir, engine_args, request, seed_for):
                 res = _gen(llm, [draw(4 * bs) for _ in range(min(8, n_flood - i))], 1)
                 r["flood_cached"] += [o.num_cached_tokens for o in res]
             r["after_flood"] = _gen(llm, prompts["repeat"][:1])
-            r["external_hits"] = _counter(llm, "vllm:external_prefix_cache_hits") - ext0
-            r["external_queries"] = _counter(llm, "vllm:external_prefix_cache_queries")
+            r["external_hits"] = metric_counter(llm, "vllm:external_prefix_cache_hits") - ext0
+            r["external_queries"] = metric_counter(llm, "vllm:external_prefix_cache_queries")
         out[name] = r
         shutdown_engine(llm)
         del llm

@@ -53,7 +53,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from engines import shutdown_engine  # e2e/engines.py
+from engines import metric_counter, shutdown_engine  # e2e/engines.py
 from greedy_compare import CHUNKING_BOUND, Sequence, compare_outputs  # e2e/greedy_compare.py
 
 NUM_SPEC = 2  # draft tokens per step
@@ -67,10 +67,6 @@ def _gen(llm, prompts):
 
     sp = SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True, logprobs=20)
     return llm.generate([{"prompt_token_ids": list(p)} for p in prompts], sp, use_tqdm=False)
-
-
-def _counter(llm, name):
-    return sum(m.value for m in llm.get_metrics() if m.name == name and hasattr(m, "value"))
 
 
 def _out(mod, x):
@@ -223,10 +219,10 @@ def runs(request, tiny_model_dir, engine_args, e2e_target_name, seed_for):
                     prompts = [shared + draw(bs // 3) for _ in range(3)]
                 assert r["bs"] == out.get("align", r)["bs"], "block size differs between engines"
                 # deltas: the metrics registry is per process, not per engine
-                counts0 = {k: _counter(llm, f"vllm:spec_decode_num_{k}") for k in SPEC_COUNTERS}
+                counts0 = {k: metric_counter(llm, f"vllm:spec_decode_num_{k}") for k in SPEC_COUNTERS}
                 r["outs"] = _gen(llm, prompts[:1]) + _gen(llm, prompts[1:]) + _gen(llm, prompts[:1])
                 for k in SPEC_COUNTERS:
-                    r[k] = _counter(llm, f"vllm:spec_decode_num_{k}") - counts0[k]
+                    r[k] = metric_counter(llm, f"vllm:spec_decode_num_{k}") - counts0[k]
                 out[name] = r
             finally:
                 shutdown_engine(llm)

@@ -60,7 +60,7 @@ import uuid
 import pytest
 from engines import (  # e2e/engines.py
     block_hashes, cached_mamba_blocks, count_scheduled_steps, exporter_outside_stack,
-    host_tier_unsupported, mamba_groups, shutdown_engine,
+    host_tier_unsupported, mamba_groups, metric_counter, shutdown_engine,
 )
 from engines import engine_core as _core
 from greedy_compare import Sequence, assert_same  # e2e/greedy_compare.py
@@ -466,8 +466,7 @@ def test_shared_prefix_junction_through_the_host_tier(tiny_model_dir, engine_arg
         pytest.skip(why)
 
     def external_hits(llm) -> float:
-        return sum(m.value for m in llm.get_metrics()
-                   if m.name == "vllm:external_prefix_cache_hits" and hasattr(m, "value"))
+        return metric_counter(llm, "vllm:external_prefix_cache_hits")
 
     llm = _engine(tiny_model_dir("qwen3_next"), engine_args, "exporter", kv_offloading_size=1.0,
                   disable_log_stats=False, kv_cache_memory_bytes=24 << 20)

@@ -50,6 +50,7 @@ from engines import (  # e2e/engines.py
     exporter_outside_stack,
     host_tier_unsupported,
     mamba_groups,
+    metric_counter,
     shutdown_engine,
     threads_bind,
     tp_skip_reason,
@@ -388,10 +389,6 @@ def test_lab_setup_equals_the_engine_at_tp2_and_tp1(runs, tiny_model_dir, engine
           f"state {state2} B per rank ({KV_BYTES} B of KV cache per rank)")
 
 
-def _counter(llm, name: str) -> float:
-    return sum(m.value for m in llm.get_metrics() if m.name == name and hasattr(m, "value"))
-
-
 def test_host_tier_at_tp2(runs, tiny_model_dir, engine_args, e2e_target_name, request, seed_for):
     """vLLM's OffloadingConnector (``kv_offloading_size`` 1 GiB over both ranks) with a KV cache
     small enough that a flood of other prompts evicts the first from the device: its repeat
@@ -410,13 +407,13 @@ def test_host_tier_at_tp2(runs, tiny_model_dir, engine_args, e2e_target_name, re
         r = _facts(llm)
         bs = r["block"]
         first, _ = _gen(llm, prompts[0])
-        ext0 = _counter(llm, "vllm:external_prefix_cache_hits")
+        ext0 = metric_counter(llm, "vllm:external_prefix_cache_hits")
         # 4-block prompts cycling the device block pool three times evict the first prompt from it
         flood = [[rng.randrange(100, 900) for _ in range(4 * bs)] for _ in range(-(-3 * r["num_blocks"] // 4))]
         for p in flood:
             _gen(llm, p)
         again, _ = _gen(llm, prompts[0])
-        ext = _counter(llm, "vllm:external_prefix_cache_hits") - ext0
+        ext = metric_counter(llm, "vllm:external_prefix_cache_hits") - ext0
     finally:
         _close(llm)
         del llm
