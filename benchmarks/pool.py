@@ -7,11 +7,13 @@ writes
 
 * ``rows[]``: one object per (row, prompt length) with exactly ``row, prompt_tokens,
   cold_ttft_ms, cold_ttft_vs_off, hit_ttft_ms, floor_ttft_ms, itl_ms, steps_per_cold_prompt,
-  position, call`` and ``per_call`` (each pooled call's own medians). The ms columns are medians
+  block_size, tp, position, call`` and ``per_call`` (each pooled call's own medians). The ms columns are medians
   of all the calls' samples pooled (cold prompts, repeats, floor prompts; ITL over the single
   inter-token gaps of the concurrent clients' first turns); ``cold_ttft_vs_off`` is the pooled
   cold TTFT over the ``off`` row's at the same length; ``position`` and ``call`` list the pooled
-  calls' positions and numbers;
+  calls' positions and numbers; ``block_size`` is the block (tokens) vLLM chose for the row's
+  engine (``engine.block_size``), None where the pooled calls disagree (flagged) or did not
+  record it, ``tp`` the engine's tensor-parallel size;
 * ``calls[]``: every unit read, with its call, machine, position and whether it was pooled;
 * ``flags[]``: what breaks the protocol: a unit not first in its call (not pooled unless
   ``--allow-not-first``), a row with fewer than ``--min-calls`` pooled calls, two consecutive
@@ -38,7 +40,7 @@ from pathlib import Path
 
 #: the fields of a pooled row, in order (``per_call`` follows)
 ROW_FIELDS = ("row", "prompt_tokens", "cold_ttft_ms", "cold_ttft_vs_off", "hit_ttft_ms",
-              "floor_ttft_ms", "itl_ms", "steps_per_cold_prompt", "position", "call")
+              "floor_ttft_ms", "itl_ms", "steps_per_cold_prompt", "block_size", "tp", "position", "call")
 #: the per-call medians beside the pooled ones
 CALL_FIELDS = ("call", "position", "cold_ttft_ms", "hit_ttft_ms", "floor_ttft_ms", "itl_ms",
                "steps_per_cold_prompt")
@@ -183,8 +185,15 @@ def pool(units: list[dict], compile_calls: set[int] = frozenset(), allow_not_fir
              "cold_ttft_vs_off": None, "hit_ttft_ms": median(samples["hit_ttft_ms"]),
              "floor_ttft_ms": median(samples["floor_ttft_ms"]), "itl_ms": median(samples["itl_ms"]),
              "steps_per_cold_prompt": median(samples["steps_per_cold_prompt"]),
+             "block_size": None, "tp": us[0].get("tp", 1),
              "position": [u["position"] for u in us], "call": [u["call"] for u in us],
              "per_call": per_call}
+        blocks = sorted({(u["unit"].get("engine") or {}).get("block_size") for u in us}, key=str)
+        if len(blocks) == 1:
+            r["block_size"] = blocks[0]
+        else:
+            flags.append({"row": row, "prompt_tokens": length, "call": r["call"],
+                          "flag": f"block sizes {blocks} across the pooled calls"})
         rows.append(r)
         if len(us) < min_calls:
             flags.append({"row": row, "prompt_tokens": length, "call": r["call"],
@@ -213,9 +222,9 @@ def markdown(doc: dict) -> str:
         return _ms(x, fmt)
 
     off = {r["prompt_tokens"]: r for r in doc["rows"] if r["row"] == "off"}
-    lines = ["| row | prompt | cold TTFT ms, pooled (per call) | / off | steps | hit TTFT ms | "
+    lines = ["| row | prompt | cold TTFT ms, pooled (per call) | / off | steps | block | hit TTFT ms | "
              "floor ms | hit / floor | ITL ms (per call) | ITL / off | calls (positions) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in doc["rows"]:
         pc = ", ".join(f(c["cold_ttft_ms"]) for c in r["per_call"])
         pi = ", ".join(f(c["itl_ms"], "{:.2f}") for c in r["per_call"])
@@ -225,7 +234,7 @@ def markdown(doc: dict) -> str:
         calls = ", ".join(f"{c} ({p})" for c, p in zip(r["call"], r["position"]))
         lines.append(f"| {r['row']} | {r['prompt_tokens']:,} | {f(r['cold_ttft_ms'])} ({pc}) | "
                      f"{f(r['cold_ttft_vs_off'], '{:.3f}')} | {f(r['steps_per_cold_prompt'], '{:.0f}')} | "
-                     f"{f(r['hit_ttft_ms'])} | {f(r['floor_ttft_ms'])} | {f(hf, '{:.2f}')} | "
+                     f"{f(r.get('block_size'), '{:d}')} | {f(r['hit_ttft_ms'])} | {f(r['floor_ttft_ms'])} | {f(hf, '{:.2f}')} | "
                      f"{f(r['itl_ms'], '{:.2f}')} ({pi}) | {f(itl_off, '{:.3f}')} | {calls} |")
     for fl in doc["flags"]:
         at = f" @{fl['prompt_tokens']}" if fl["prompt_tokens"] else ""

@@ -267,3 +267,22 @@ def test_one_depth_per_pool(tmp_path, rng):
         u["engine"]["num_hidden_layers"] = 8  # the engine's record wins over the flag
     files[1].write_text(json.dumps(doc))
     assert pool.pool(pool.read_units(files))["layers"] == 8
+
+
+def test_rows_carry_the_block_and_the_tensor_parallel_size(tmp_path):
+    """Issue 39: each pooled row names the block vLLM chose for its engine and the engine's
+    tensor-parallel size; pooled calls that disagree on the block leave it None and are flagged.
+    Calls 1 and 2 compile (not pooled): off pools calls 3 and 5 (cold 33, 35: median 34)."""
+    files = []
+    for call, row, block in ((1, "off", 1056), (2, "exporter", 1088), (3, "off", 1056), (4, "exporter", 1088),
+                             (5, "off", 1056), (6, "exporter", 1120)):
+        u = _unit(row, call, 1, [30 + call], [30], [20], [2], [1])
+        u["engine"].update(block_size=block, tensor_parallel_size=2)
+        files.append(_write(tmp_path, [u], f"c{call}"))
+    doc = pool.pool(pool.read_units(files), min_calls=1)
+    rows = {r["row"]: r for r in doc["rows"]}
+    assert rows["off"]["block_size"] == 1056 and rows["off"]["tp"] == 2 == rows["exporter"]["tp"]
+    assert rows["exporter"]["block_size"] is None
+    assert [f["flag"] for f in doc["flags"] if f["row"] == "exporter"] == ["block sizes [1088, 1120] across the pooled calls"]
+    table = pool.markdown(doc)
+    assert "| off | 8,192 | 34.0 (33.0, 35.0) | 1.000 | 1 | 1056 |" in table, table
