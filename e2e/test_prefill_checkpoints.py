@@ -275,6 +275,94 @@ def test_mixed_batch_cold_hit_and_decodes(exporter, rng, exact_across_schedules)
         assert rep.num_cached_tokens == (len(prompt) - 1) // block * block
 
 
+def _aten_ops_by_site():
+    """A ``TorchDispatchMode`` whose ``sites`` lists, for every aten op dispatched while it is
+    open, the innermost Python frame outside torch that issued it (``path:line function``): an
+    op counts as the plugin's only where a ``vllm_hybrid_npu`` frame issued it, not where our
+    wrapper called a vLLM function that did."""
+    import sys
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Sites(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.sites: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            f = sys._getframe(1)
+            while f is not None and "/torch/" in f.f_code.co_filename:
+                f = f.f_back
+            self.sites.append(f"{f.f_code.co_filename}:{f.f_lineno} {f.f_code.co_name}" if f else "?")
+            return func(*args, **(kwargs or {}))
+
+    return Sites()
+
+
+def test_decode_steps_do_no_checkpoint_work(exporter, rng):
+    """Issue 37 item 3: an engine step with no prefill row (every request decoding; one of
+    them the second sharer of a prefix, whose ``shared_prefix_boundary`` vLLM keeps for the
+    request's life, one a prompt of its own) runs none of the exporter's planning: no junction
+    rule (``JunctionRule.decide`` / ``crossed``), no exporter path or plan
+    (``exporter_path``, ``core.plan_step``), no step metadata (``ops.build_metadata``,
+    ``with_checkpoints``, the CPU rounds), and no aten op issued from a ``vllm_hybrid_npu``
+    frame. The decode tokens equal those of the same requests run again under a fresh
+    ``cache_salt`` (same schedule)."""
+    from vllm import SamplingParams
+
+    from vllm_hybrid_npu.core import prefill_checkpoints as planner
+    from vllm_hybrid_npu.ops import gdn_checkpoint as ops
+    from vllm_hybrid_npu.patches import gdn_junction
+    from vllm_hybrid_npu.patches import gdn_prefill_checkpoint as gdn
+
+    block, engine, sched = _block(exporter), exporter.llm_engine, _core(exporter).scheduler
+    shared = _prompt(rng, 2 * block + rng.randrange(1, block))
+    _gen(exporter, [shared + _prompt(rng, rng.randrange(block, 2 * block))])  # first sharer
+    prompts = [shared + _prompt(rng, rng.randrange(block, 2 * block)), _prompt(rng, rng.randrange(65, 2 * block))]
+    max_tokens = rng.randrange(8, 25)
+    sp = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+
+    def run(salt=None):
+        ids = [uuid.uuid4().hex for _ in prompts]
+        for rid, p in zip(ids, prompts):
+            engine.add_request(rid, {"prompt_token_ids": p, **({"cache_salt": salt} if salt else {})}, sp)
+        while sched.waiting or any(r.num_computed_tokens < r.num_prompt_tokens for r in sched.running):
+            engine.step()
+        # the scheduler's request ids are ours with a suffix (vLLM's input processor)
+        junctions = {r.request_id.rsplit("-", 1)[0]: r.shared_prefix_boundary for r in sched.running}
+        junctions = [junctions[i] for i in ids]
+        calls: dict[str, int] = {}
+        mp = pytest.MonkeyPatch()
+        spied = [(gdn_junction.JunctionRule, "decide"), (gdn_junction.JunctionRule, "crossed"),
+                 (gdn, "exporter_path"), (gdn, "with_checkpoints"), (gdn, "_cpu_rounds"),
+                 (gdn, "_junctions"), (planner, "plan_step"), (ops, "build_metadata")]
+        for owner, name in spied:
+            def spy(*a, _real=getattr(owner, name), _name=name, **k):
+                calls[_name] = calls.get(_name, 0) + 1
+                return _real(*a, **k)
+
+            mp.setattr(owner, name, spy)
+        ops_seen, tokens, n0 = _aten_ops_by_site(), {}, len(exporter._vhn_steps)
+        try:
+            while engine.has_unfinished_requests():
+                running = len(sched.running)
+                with ops_seen:
+                    outs = engine.step()
+                assert exporter._vhn_steps[-1] == running, "premise: a decode-only step"
+                tokens.update({o.request_id: list(o.outputs[0].token_ids) for o in outs if o.finished})
+        finally:
+            mp.undo()
+        ours = [s for s in ops_seen.sites if "vllm_hybrid_npu/" in s]
+        return [tokens[i] for i in ids], junctions, calls, ours, len(exporter._vhn_steps) - n0
+
+    tokens, junctions, calls, ours, steps = run()
+    # premise: the second sharer decodes with its junction (vLLM's split would have stopped there)
+    assert steps >= max_tokens - 1 and junctions == [len(shared) // block * block, 0], (steps, junctions)
+    assert calls == {} and ours == [], (calls, ours[:10])
+    again, *_ = run(salt=uuid.uuid4().hex)
+    assert again == tokens
+
+
 def _checkpoint_states(llm, position, before):
     """[(layer name, conv bytes, SSM bytes)] of the states cached at ``position`` tokens since the
     block pool's hashes were ``before`` (``engines.block_hashes``), one block per Mamba KV-cache

@@ -99,6 +99,58 @@ def test_forward_writes_conv_rows_and_opens_the_scope(monkeypatch, rng, seed, di
     assert wrapped(layer, mixed, None, None, None) == "upstream-result" and seen[-1] is None
 
 
+def test_forward_without_checkpoints_is_upstream_alone(monkeypatch, rng, seed):
+    """Issue 37 item 3: the layer wrapper on a step without checkpoints (every decode-only
+    step; vLLM's metadata for the layer, for another layer only, or none: a profiling run) calls
+    upstream with its arguments as given and returns its result, importing nothing and issuing
+    no aten op (once per GDN layer and step where the layer runs eagerly)."""
+    import builtins
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from vllm.v1.attention.backends.gdn_attn import GDNAttentionMetadata
+
+    class CountOps(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            CountOps.n += 1
+            return func(*args, **(kwargs or {}))
+
+    got = []
+
+    def upstream(self, mixed_qkv, b, a, out):
+        got.append((self, mixed_qkv, b, a, out))
+        return got[-1]
+
+    wrapped = mod.make_forward(upstream, None)  # vLLM's forward_context bound here, not per call
+    imports, counting = [], [False]
+    real_import = builtins.__import__
+
+    def counted_import(*a, **k):
+        if counting[0]:
+            imports.append(a[0])
+        return real_import(*a, **k)
+
+    monkeypatch.setattr(builtins, "__import__", counted_import)
+    layer = types.SimpleNamespace(prefix=PREFIX, kv_cache=[torch.empty(4, 3, 2), torch.empty(4, 2, 3, 3)],
+                                  conv_kernel_size=3)
+    decode = GDNAttentionMetadata(0, 0, 0, 0, 0, 0, 0)
+    for _ in range(rng.randint(5, 20)):
+        raw = rng.choice([{PREFIX: decode}, {"model.layers.0.linear_attn": decode}, None])
+        monkeypatch.setattr("vllm.forward_context.get_forward_context",
+                            lambda raw=raw: types.SimpleNamespace(attn_metadata=raw))
+        n = rng.randint(1, 9)
+        args = (torch.randn(n, 6), torch.randn(n, 2), torch.randn(n, 2), torch.empty(n, 2, 3))
+        with CountOps():
+            counting[0] = True  # the wrapper's call only (the dispatch mode imports on entry)
+            try:
+                out = wrapped(layer, *args)
+            finally:
+                counting[0] = False
+        assert out == (layer, *args) and all(x is y for x, y in zip(out, (layer, *args))), f"seed={seed}"
+    assert imports == [] and CountOps.n == 0, (imports, CountOps.n)
+
+
 def test_fla_state_wrapper_runs_ours_in_a_fused_scope(monkeypatch, rng, seed):
     pytest.importorskip("triton")
     from vllm_hybrid_npu.ops import _triton_gdn

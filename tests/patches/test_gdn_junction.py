@@ -193,6 +193,92 @@ def test_allocate_slots_hands_the_crossed_checkpoint():
         assert vars(mamba).get(mod.HINT, {}) == {}
 
 
+class _CountingRule:
+    """A :class:`mod.JunctionRule` that counts the calls of its ``decide`` and ``crossed``."""
+
+    def __init__(self, rule):
+        self.rule, self.managers, self.calls = rule, rule.managers, []
+
+    def decide(self, *a):
+        self.calls.append("decide")
+        return self.rule.decide(*a)
+
+    def crossed(self, *a):
+        self.calls.append("crossed")
+        return self.rule.crossed(*a)
+
+
+def _past_the_prompt(rng):
+    """A request with a shared-prefix junction inside its prompt and output tokens, and a chunk
+    ``(request, start, n)`` starting at or past the prompt's end: a decode token (``n`` 1), or a
+    resumed request's replay of its outputs (part of it a prefix hit, ``hit`` tokens)."""
+    block = 64 * rng.randint(1, 18)
+    prompt = rng.randint(2 * block + 1, 6 * block)
+    outputs = rng.randint(1, 2 * block)
+    junction = block * rng.randint(1, (prompt - 1) // block)
+    req = _request(prompt=prompt, junction=junction, outputs=outputs)
+    start = rng.randint(prompt, prompt + outputs - 1)
+    hit = rng.randint(0, start) if rng.random() < 0.5 else 0
+    req.num_computed_tokens = start - hit
+    n = 1 if rng.random() < 0.5 else rng.randint(1, prompt + outputs - start)
+    return block, req, start, n, hit
+
+
+def test_allocate_slots_past_the_prompt_asks_no_rule(rng, seed):
+    """Issue 37 item 3: a decode step's allocation (a chunk at or past the prompt's end, here
+    also a replay of outputs) goes to upstream with its arguments as given, asking the rule
+    nothing and handing the managers no junction, even for a request with a junction (vLLM keeps
+    ``shared_prefix_boundary`` for the request's life)."""
+    mamba = types.SimpleNamespace()
+    got = []
+
+    def upstream(self, *a, **k):
+        got.append((a, k, dict(vars(mamba).get(mod.HINT, {}))))
+        return "blocks"
+
+    alloc = mod._make_allocate(upstream, None)
+    for _ in range(200):
+        block, req, start, n, hit = _past_the_prompt(rng)
+        rule = _CountingRule(mod.JunctionRule(block=block, hash_block=block, alignment=64,
+                                              eagle_drop=False, managers=(mamba,)))
+        kvm = types.SimpleNamespace(**{mod.RULE: rule})
+        blocks, lookahead = object(), rng.randint(0, 3)
+        assert alloc(kvm, req, n, hit, blocks, lookahead, 0, delay_cache_blocks=True) == "blocks"
+        where = (block, req, start, n)
+        assert rule.calls == [], where
+        assert got[-1] == ((req, n, hit, blocks, lookahead, 0), {"delay_cache_blocks": True}, {}), where
+        assert mod.HINT not in vars(mamba), where
+
+
+def test_rule_hands_nothing_past_the_prompt(rng, seed):
+    """The premise of the early return above: on every chunk at or past the prompt's end the
+    real rule (vLLM 0.30's checkpoint position and validity) exports no junction and places no
+    crossed checkpoint, at a prefix-match unit of the block and of 64 tokens."""
+    for _ in range(500):
+        block, req, start, n, _ = _past_the_prompt(rng)
+        for unit in (block, 64):
+            rule = mod.JunctionRule(block=block, hash_block=unit, alignment=64, eagle_drop=False, managers=())
+            where = (block, unit, req, start, n)
+            assert rule.decide(req, start, start + n) == ("", 0), where
+            assert rule.crossed(req, start, start + n) == 0, where
+
+
+def test_manager_without_a_junction_is_upstream_alone(rng, seed):
+    """The Mamba manager's wrappers on an allocation without a junction (every decode step's):
+    upstream's count and blocks as they are, the request's block list not read."""
+    class Untouched(dict):
+        def __getitem__(self, key):
+            raise AssertionError(f"req_to_blocks[{key!r}] read")
+
+    n, out = rng.randint(0, 9), [Block(rng.randint(1, 99))]
+    for hint in (None, {}, {"other": 64 * rng.randint(1, 9)}):
+        m = types.SimpleNamespace(block_size=B, req_to_blocks=Untouched())
+        if hint is not None:
+            vars(m)[mod.HINT] = hint
+        assert mod._make_count(lambda self, rid, *a, **k: n, None)(m, "r", 1500, [], 0, 0, 1500) == n
+        assert mod._make_blocks(lambda self, rid, *a, **k: out, None)(m, "r", 1500, 1500) is out
+
+
 def test_budget_rule_expected_from_the_configuration(monkeypatch):
     from vllm_hybrid_npu.patches import registry
 

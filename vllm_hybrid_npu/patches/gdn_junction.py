@@ -219,6 +219,18 @@ def _make_split(upstream: Any, stack: Stack) -> Any:
 
 
 def _make_allocate(upstream: Any, stack: Stack) -> Any:
+    """Registry ``make`` of vLLM 0.30's ``KVCacheManager.allocate_slots``: for a chunk
+    ``[start, end)`` (tokens: the request's computed tokens, plus the new local and external hit,
+    plus ``num_new_tokens``) the rule's junction (:meth:`JunctionRule.decide`) or crossed
+    checkpoint (:meth:`JunctionRule.crossed`) handed to the Mamba managers for that call only.
+
+    A chunk starting at or past the prompt's end (every decode step's, a resumed request's
+    replay of output tokens) goes to upstream at once: no junction lies strictly inside it
+    within the prompt (``core.junction_checkpoint`` answers ``""`` for ``jf <= start`` and for
+    ``jf`` past the prompt) and no crossed checkpoint is planned for it (a request with output
+    tokens: :meth:`JunctionRule.crossed` answers 0), so asking the rule there changed nothing
+    and cost a decode step one rule call per request with a junction (issue 37 item 3,
+    docs/notes/issue37-decode-host-cpu-2026-11-29)."""
     @functools.wraps(upstream)
     def allocate_slots(self, request, num_new_tokens, num_new_computed_tokens=0,
                        new_computed_blocks=None, num_lookahead_tokens=0,
@@ -229,6 +241,8 @@ def _make_allocate(upstream: Any, stack: Stack) -> Any:
         if rule is None or num_new_tokens <= 0:
             return upstream(self, *call, **kwargs)
         start = request.num_computed_tokens + num_new_computed_tokens + num_external_computed_tokens
+        if start >= request.num_prompt_tokens:  # decode (or a replay past the prompt): no rule
+            return upstream(self, *call, **kwargs)
         end = start + num_new_tokens
         decision, position = rule.decide(request, start, end) \
             if getattr(request, "shared_prefix_boundary", 0) else ("", 0)
@@ -259,10 +273,10 @@ def _make_blocks(upstream: Any, stack: Stack) -> Any:
     @functools.wraps(upstream)
     def allocate_new_blocks(self, request_id, *args, **kwargs):
         position = vars(self).get(HINT, {}).get(request_id)
+        if not position:  # no junction handed for this call (every decode step): upstream's
+            return upstream(self, request_id, *args, **kwargs)
         before = len(self.req_to_blocks[request_id])
         out = upstream(self, request_id, *args, **kwargs)
-        if not position:
-            return out
         blocks, col = self.req_to_blocks[request_id], position // self.block_size - 1
         # ``out`` is the request's new columns (``blocks[before:]``), after a copy-on-write block
         # for a new request's partial hit
