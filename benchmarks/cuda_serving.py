@@ -494,7 +494,9 @@ class HostEvents:
     outside the timed requests (before the first arrival, after the last token), on the host,
     no device sync. Why: issue 37's session M (H200, 2026-11-29) saw the 8,192-token cold TTFTs
     of both rows on two levels, about 34 and 45 ms of host time per step; these say which prompts
-    met a collection or a device allocation. ``result`` (a dict) is set on exit."""
+    met a collection or a device allocation. Also the CPU the driving thread ran on at the span's
+    start and end (``cpu_start``, ``cpu_end``: :func:`thread_cpu`, placement against the NUMA
+    nodes of the engine's ``numa``). ``result`` (a dict) is set on exit."""
 
     def __init__(self, memory_stats=None, clock=time.perf_counter):
         self.memory_stats, self.clock = memory_stats, clock
@@ -517,7 +519,7 @@ class HostEvents:
         import gc
 
         self.result = {"gc_collections": 0, "gc_pause_ms": 0.0, "gc_full_collections": 0,
-                       "gc_full_pause_ms": 0.0}
+                       "gc_full_pause_ms": 0.0, "cpu_start": thread_cpu()}
         self._before = self._counters()
         gc.callbacks.append(self._on_gc)
         return self
@@ -529,6 +531,7 @@ class HostEvents:
             gc.callbacks.remove(self._on_gc)
         for k in ("gc_pause_ms", "gc_full_pause_ms"):
             self.result[k] = round(self.result[k], 3)
+        self.result["cpu_end"] = thread_cpu()
         after = self._counters()
         for k in after:
             self.result[k] = after[k] - self._before.get(k, 0)
@@ -561,6 +564,9 @@ class Driver:
         self.core = core
         self.n = 0
         self.step_walls: list[tuple[float, int]] = []  # (seconds of engine.step(), steps it executed)
+        #: a :class:`PhaseTimer` installed for ``--phase-times`` (each run's phase times go into
+        #: its records), else None
+        self.phase_timer: PhaseTimer | None = None
 
     def run(self, prompts, max_tokens: int, stagger_steps: int = 0) -> list[dict]:
         """Submit ``prompts`` (token id lists; with ``stagger_steps`` > 0 one more every that many
@@ -569,11 +575,17 @@ class Driver:
 
         sp = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True, detokenize=False)
         recs, todo, by_id = [], list(prompts), {}
+        timer, first_wall = self.phase_timer, len(self.step_walls)
+        if timer is not None:
+            timer.reset()
         with HostEvents(self.memory_stats) as events:
             self._run(sp, recs, todo, by_id, stagger_steps)
+        phases = run_phase_times(timer, self.step_walls[first_wall:]) if timer is not None else None
         for rec in recs:  # the run's, shared by its requests (a cold prompt runs alone)
             rec["ttft_ms"] = 1e3 * (rec["times"][0] - rec["arrival"]) if rec["times"] else float("nan")
             rec["host_events"] = events.result
+            if phases is not None:
+                rec["phase_times"] = phases
         return recs
 
     def _run(self, sp, recs: list, todo: list, by_id: dict, stagger_steps: int) -> None:
@@ -690,6 +702,8 @@ def _worker(args) -> int:
             "num_hidden_layers": getattr(getattr(cfg.model_config, "hf_text_config", None), "num_hidden_layers", None),
             "architectures": list(getattr(cfg.model_config, "architectures", None) or []),
             "executor": type(drv.core.model_executor).__name__,
+            "numa": numa_layout(), "torch_threads": torch.get_num_threads(),
+            "gpu_numa_node": pci_numa_node((gpu_info() or {}).get("pci_bus_id")) if cuda else None,
             "runner": runner_module(drv.core.model_executor)}
     print("BENCH engine " + json.dumps(head), flush=True)
     _emit(args.result_file, head)
@@ -793,7 +807,19 @@ def _measure_length(args, drv: Driver, length: int, block: int, vocab: int, cuda
     t = time.perf_counter()
     workload("warm", 1, 1, args.clients, timed=False)
     warm_s = time.perf_counter() - t
-    w = workload("timed", args.cold, args.sessions, args.clients, timed=True)
+    if getattr(args, "phase_times", False):
+        # host time per phase of every timed run (no profiler, no range): which phase a slow
+        # cold prompt spends its extra time in (issue 37, session O)
+        drv.phase_timer = PhaseTimer({"scheduler": drv.core.scheduler,
+                                      "runner": in_process_runner(drv.core.model_executor),
+                                      "output_processor": drv.engine.output_processor,
+                                      "engine": drv.engine}, phases=RUN_PHASES).install()
+    try:
+        w = workload("timed", args.cold, args.sessions, args.clients, timed=True)
+    finally:
+        if getattr(drv, "phase_timer", None) is not None:
+            drv.phase_timer.uninstall()
+            drv.phase_timer = None
     res = {"warmup_s": warm_s, "shared_prefix": shared, "phases": sorted(phases), "samples": {}}
     for phase, recs in w.items():
         res["samples"][phase] = {
@@ -806,6 +832,9 @@ def _measure_length(args, drv: Driver, length: int, block: int, vocab: int, cuda
             # per request: HostEvents of its run (collections, allocator counters)
             "host_events": [r.get("host_events") for r in recs] if phase in ("cold", "repeat", "floor") else None,
         }
+        if getattr(args, "phase_times", False) and phase in ("cold", "repeat", "floor"):
+            # per request: run_phase_times of its run (--phase-times)
+            res["samples"][phase]["phase_times"] = [r.get("phase_times") for r in recs]
     if args.step_profile:
         res["step_profile"] = step_profile(drv, draw_prompts=_draw(args.seed, length, "stepprof"),
                                            length=length, vocab=vocab, rows=args.step_profile, torch=torch)
@@ -900,10 +929,13 @@ class PhaseTimer:
     installed, inclusive and exclusive of the phases called inside it, and a profiler range
     ``bench.phase.<phase>`` around each call (under ``torch.profiler`` its device time is the
     GPU time of the kernels the phase launched). Installed on the instances (bound methods
-    shadowed), removed by :meth:`uninstall`; for the step profile only."""
+    shadowed), removed by :meth:`uninstall`; for the step profile and ``--phase-times`` only.
+    ``phases``: ``(phase, owner, candidate method names)`` tuples, default :data:`STEP_PHASES`."""
 
-    def __init__(self, owners: dict, record_function=None, clock=time.perf_counter):
-        self.owners, self.record_function, self.clock = owners, record_function, clock
+    def __init__(self, owners: dict, record_function=None, clock=None, phases=None):
+        self.owners, self.record_function = owners, record_function
+        self.clock = clock if clock is not None else time.perf_counter  # seconds
+        self.phases = STEP_PHASES if phases is None else phases
         self.host: dict[str, list[float]] = {}  # phase -> [inclusive s, exclusive s, calls]
         self.each: dict[str, list[float]] = {}  # phase -> inclusive s of each call, in order
         self.found: dict[str, str] = {}  # phase -> "owner.method"
@@ -911,7 +943,7 @@ class PhaseTimer:
         self._installed: list[tuple[object, str]] = []
 
     def install(self) -> "PhaseTimer":
-        for phase, owner_name, names in STEP_PHASES:
+        for phase, owner_name, names in self.phases:
             owner = self.owners.get(owner_name)
             name = next((n for n in names if owner is not None and hasattr(owner, n)), None)
             if name is None:
@@ -950,6 +982,23 @@ class PhaseTimer:
                     self._stack[-1] += dt
 
         return timed
+
+
+#: the phases ``--phase-times`` times in every cold, repeat and floor run: the step's
+#: (:data:`STEP_PHASES`) and the request's submission (``LLMEngine.add_request``: input
+#: processing, the request's block hashes), which the TTFT's clock also covers
+RUN_PHASES = STEP_PHASES + (("add_request", "engine", ("add_request",)),)
+
+
+def run_phase_times(timer: PhaseTimer, step_walls: list[tuple[float, int]]) -> dict:
+    """One run's host times for ``--phase-times`` (issue 37, session O): ``{"phase_ms": {phase:
+    own ms over the run}, "calls": {phase: calls}, "step_wall_ms": [wall of each executed
+    engine.step(), ms]}``, read off ``timer`` (:attr:`PhaseTimer.host`, reset before the run) and
+    the run's slice of :attr:`Driver.step_walls`. Host clock only, no device sync: the time a
+    phase waits for the GPU lands in that phase."""
+    return {"phase_ms": {k: round(1e3 * v[1], 3) for k, v in timer.host.items()},
+            "calls": {k: int(v[2]) for k, v in timer.host.items()},
+            "step_wall_ms": [round(1e3 * w, 3) for w, n in step_walls if n]}
 
 
 def phase_table(host: dict[str, list[float]], gpu_us: dict[str, float] | None, steps: int) -> dict:
@@ -1367,6 +1416,52 @@ def gpu_holders() -> list[dict]:
     return apps
 
 
+def _cpulist(text: str) -> list[int]:
+    """CPUs of a Linux cpulist (``"0-3,8,10-11"``), ascending."""
+    cpus: list[int] = []
+    for part in text.strip().split(","):
+        if part:
+            lo, _, hi = part.partition("-")
+            cpus += range(int(lo), int(hi or lo) + 1)
+    return sorted(cpus)
+
+
+def numa_layout(root: str = "/") -> dict:
+    """The host's NUMA nodes (``{"nodes": {node: [cpus]}}``, from ``sys/devices/system/node``
+    under ``root``; empty where the kernel exposes none) and this process's CPU affinity
+    (``affinity``, ``os.sched_getaffinity``). Why (issue 37, session O): an 8,192-token cold
+    prompt's host time sat on one of two levels for a whole call, which CPU placement could
+    explain."""
+    nodes = {}
+    base = Path(root, "sys/devices/system/node")
+    for d in sorted(base.glob("node[0-9]*")) if base.is_dir() else ():
+        with contextlib.suppress(OSError, ValueError):
+            nodes[int(d.name[4:])] = _cpulist((d / "cpulist").read_text())
+    affinity = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+    return {"nodes": nodes, "affinity": affinity}
+
+
+def pci_numa_node(bus_id: str | None, root: str = "/") -> int | None:
+    """The NUMA node of a PCI device (``nvidia-smi``'s bus id, ``00000000:19:00.0``: the sysfs
+    name keeps the last four digits of the domain), None where unknown (-1 in sysfs)."""
+    if not bus_id:
+        return None
+    dom, _, rest = bus_id.strip().lower().partition(":")
+    with contextlib.suppress(OSError, ValueError):
+        node = int(Path(root, f"sys/bus/pci/devices/{dom[-4:]}:{rest}/numa_node").read_text())
+        return node if node >= 0 else None
+    return None
+
+
+def thread_cpu(root: str = "/") -> int | None:
+    """The CPU the calling thread last ran on (field 39 of ``proc/thread-self/stat`` under
+    ``root``), None where unreadable."""
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        stat = Path(root, "proc/thread-self/stat").read_text()
+        return int(stat.rsplit(")", 1)[1].split()[36])
+    return None
+
+
 def machine_identity() -> dict:
     """What makes two calls "the same machine": host name, kernel boot id, GPU name and UUID."""
     import socket
@@ -1561,6 +1656,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "its repeat and a decode run, execute_model's host time of each step and "
                         "the wall of each decode step, into the unit's step_profile; the top ROWS "
                         "profiler operators go to the row's log")
+    p.add_argument("--phase-times", action="store_true",
+                   help="diagnosis: host time per step phase (and LLMEngine.add_request) of every "
+                        "timed cold, repeat and floor run, and the wall of each of its engine "
+                        "steps, into the samples' phase_times (no profiler, no device sync)")
     p.add_argument("--phases", default=",".join(PHASES),
                    help=f"phases measured per length, comma list of {', '.join(PHASES)} "
                         "(repeat and floor run the cold prompts first)")
@@ -1690,7 +1789,7 @@ def _run_row(args, row, todo, budget: CallBudget, groups, units, status, timing,
     margin = 20.0
     cmd = [sys.executable, "-m", "benchmarks.cuda_serving", "--worker", row, "--result-file", str(res_file),
            "--deadline", str(budget.deadline - margin), "--lengths", ",".join(map(str, todo)), "--seed", str(args.seed)]
-    for k in RESUME_KEYS + ("first_length_s", "step_profile"):
+    for k in RESUME_KEYS + ("first_length_s", "step_profile", "phase_times"):
         v = getattr(args, k)
         if v is None or v is False:
             continue

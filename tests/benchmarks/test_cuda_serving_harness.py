@@ -819,7 +819,11 @@ def test_host_events_count_collections_and_allocator_deltas(rng):
     without = cs.HostEvents(None)
     with without:
         pass
-    assert set(without.result) == {"gc_collections", "gc_pause_ms", "gc_full_collections", "gc_full_pause_ms"}
+    assert set(without.result) == {"gc_collections", "gc_pause_ms", "gc_full_collections", "gc_full_pause_ms",
+                                   "cpu_start", "cpu_end"}
+    import os
+    if hasattr(os, "sched_getaffinity"):  # Linux: the thread ran on a CPU it may run on
+        assert {without.result["cpu_start"], without.result["cpu_end"]} <= set(os.sched_getaffinity(0))
 
 
 def test_host_events_callback_removed_when_the_run_raises():
@@ -845,3 +849,135 @@ def test_cold_samples_carry_each_runs_host_events(rng):
     cold = res["samples"]["cold"]["host_events"]
     assert [e["gc_collections"] for e in cold] == sorted({e["gc_collections"] for e in cold}) and len(cold) == 3
     assert res["samples"]["conc1"]["host_events"] is None
+
+
+# ---------------------------------------------------------------- phase times per run (session O)
+
+
+class _PhaseEngine:
+    """An in-process ``LLMEngine`` stand-in for :class:`cs.Driver`: ``add_request`` and each
+    engine step advance a fake clock by drawn costs (seconds): the scheduler's ``schedule``, the
+    runner's ``execute_model`` (with ``prepare_attn`` inside it) and ``sample_tokens``, the output
+    processor's ``process_outputs``; a request finishes after ``max_tokens`` steps."""
+
+    def __init__(self, clock, costs):
+        self.clock, self.costs = clock, costs
+        runner = SimpleNamespace()
+        runner.prepare_attn = lambda: self._spend("metadata_build")
+
+        def execute_model():
+            self._spend("execute_model")
+            runner.prepare_attn()
+
+        runner.execute_model = execute_model
+        runner.sample_tokens = lambda: self._spend("sample")
+        scheduler = SimpleNamespace(schedule=lambda: self._spend("schedule"))
+        self.output_processor = SimpleNamespace(process_outputs=lambda: self._spend("output_processing"))
+
+        def step_fn():
+            scheduler.schedule()
+            runner.execute_model()
+            runner.sample_tokens()
+            return None, True
+
+        core = SimpleNamespace(step_fn=step_fn, scheduler=scheduler, model_executor=SimpleNamespace(
+            driver_worker=SimpleNamespace(worker=SimpleNamespace(model_runner=runner))))
+        self.engine_core = SimpleNamespace(engine_core=core)
+        self.live: dict[str, list] = {}
+
+    def _spend(self, phase):
+        self.clock.t += self.costs[phase]
+
+    def add_request(self, rid, prompt, sp):
+        self._spend("add_request")
+        self.live[rid] = [sp.max_tokens, 0, len(prompt["prompt_token_ids"])]
+
+    def has_unfinished_requests(self):
+        return bool(self.live)
+
+    def step(self):
+        self.engine_core.engine_core.step_fn()
+        self.output_processor.process_outputs()
+        outs = []
+        for rid, st in list(self.live.items()):
+            st[1] += 1
+            done = st[1] >= st[0]
+            outs.append(SimpleNamespace(request_id=rid, finished=done, num_cached_tokens=0,
+                                        outputs=[SimpleNamespace(token_ids=list(range(st[1])))]))
+            if done:
+                del self.live[rid]
+        return outs
+
+
+def test_phase_times_give_each_cold_runs_own_phases(rng, monkeypatch):
+    """``--phase-times`` (issue 37, session O): every timed cold, repeat and floor run carries its
+    own host time per phase (own time: ``metadata_build`` out of ``execute_model``) and the wall
+    of each engine step, on a fake clock with costs drawn per run; the timer is off again after
+    the timed phases, and runs outside them carry none."""
+    seed = rng.randrange(1 << 30)
+    clock = _Clock(rng.uniform(0, 1e5))
+    phases = ("add_request", "schedule", "execute_model", "metadata_build", "sample", "output_processing")
+    engine = _PhaseEngine(clock, {p: 0.0 for p in phases})
+    monkeypatch.setattr(cs.time, "perf_counter", clock)
+    drv = cs.Driver(SimpleNamespace(llm_engine=engine))
+    drawn = []
+    real_run = cs.Driver.run
+
+    def run(self, prompts, max_tokens, stagger_steps=0):
+        costs = {p: rng.randrange(1, 10_000) / 1e6 for p in phases}  # whole us, per run
+        engine.costs.update(costs)
+        drawn.append((costs, max_tokens, self.phase_timer is not None))
+        return real_run(self, prompts, max_tokens, stagger_steps)
+
+    monkeypatch.setattr(cs.Driver, "run", run)
+    args = SimpleNamespace(answer_len=3, user_len=8, seed=seed, cold=3, sessions=0, clients=2, step_profile=0,
+                           phases="cold,repeat,floor,conc", phase_times=True)
+    res = cs._measure_length(args, drv, 1200, 384, 5000, cuda=False, torch=None)
+    timed = [d for d in drawn if d[2]]
+    assert [d[2] for d in drawn[:len(drawn) - len(timed)]] == [False] * (len(drawn) - len(timed)), seed
+    got = [pt for phase in ("cold", "repeat") for pt in res["samples"][phase]["phase_times"]]
+    assert len(got) == 6 and res["samples"]["floor"]["phase_times"] == [], seed  # no hit: no floor prompt
+    for (costs, n, _), pt in zip(timed, got):
+        assert n == 1, seed
+        for p in phases:
+            assert pt["phase_ms"][p] == pytest.approx(1e3 * costs[p], abs=2e-3), (seed, p)
+            assert pt["calls"][p] == 1, (seed, p)
+        step = sum(costs[p] for p in phases if p != "add_request")
+        assert pt["step_wall_ms"] == [pytest.approx(1e3 * step, abs=2e-3)], seed
+    assert "phase_times" not in res["samples"]["conc1"], seed
+    assert drv.phase_timer is None and len(timed) == 8, seed  # 3 cold, 3 repeats, two concurrent runs
+
+
+def test_numa_layout_and_thread_cpu_read_the_kernels_files(tmp_path, rng):
+    """Placement (issue 37, session O): NUMA nodes' cpulists (ranges and singles, drawn) and the
+    thread's last CPU, field 39 of its stat line, whose command name may hold spaces and ')'."""
+    nodes, expect, nxt = {}, {}, 0
+    for node in range(rng.randrange(1, 4)):
+        parts, cpus = [], []
+        for _ in range(rng.randrange(1, 4)):
+            n = rng.randrange(1, 5)
+            parts.append(f"{nxt}-{nxt + n - 1}" if n > 1 else str(nxt))
+            cpus += range(nxt, nxt + n)
+            nxt += n + rng.randrange(0, 3)
+        d = tmp_path / f"sys/devices/system/node/node{node}"
+        d.mkdir(parents=True)
+        (d / "cpulist").write_text(",".join(parts) + "\n")
+        expect[node] = cpus
+    (tmp_path / "sys/devices/system/node/online").write_text("0\n")  # not a node folder
+    assert cs.numa_layout(str(tmp_path))["nodes"] == expect
+    assert cs.numa_layout(str(tmp_path / "none"))["nodes"] == {}
+    cpu = rng.randrange(0, 512)
+    rest = ["R"] + [str(rng.randrange(0, 1000)) for _ in range(49)]  # fields 3.. after the name
+    rest[39 - 3] = str(cpu)
+    (tmp_path / "proc/thread-self").mkdir(parents=True)
+    (tmp_path / "proc/thread-self/stat").write_text("4242 (VLLM::E ngine) x) " + " ".join(rest) + "\n")
+    assert cs.thread_cpu(str(tmp_path)) == cpu
+    assert cs.thread_cpu(str(tmp_path / "none")) is None
+    node = rng.randrange(0, 8)
+    dev = tmp_path / "sys/bus/pci/devices/0000:9a:00.0"
+    dev.mkdir(parents=True)
+    (dev / "numa_node").write_text(f"{node}\n")
+    assert cs.pci_numa_node("00000000:9A:00.0", str(tmp_path)) == node
+    (dev / "numa_node").write_text("-1\n")
+    assert cs.pci_numa_node("00000000:9A:00.0", str(tmp_path)) is None
+    assert cs.pci_numa_node(None, str(tmp_path)) is None
