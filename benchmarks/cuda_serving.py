@@ -576,7 +576,9 @@ class Driver:
         sp = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True, detokenize=False)
         recs, todo, by_id = [], list(prompts), {}
         timer, first_wall = self.phase_timer, len(self.step_walls)
+        probe = None
         if timer is not None:
+            probe = host_probe_us()  # before the first arrival: outside every TTFT
             timer.reset()
         with HostEvents(self.memory_stats) as events:
             self._run(sp, recs, todo, by_id, stagger_steps)
@@ -585,7 +587,7 @@ class Driver:
             rec["ttft_ms"] = 1e3 * (rec["times"][0] - rec["arrival"]) if rec["times"] else float("nan")
             rec["host_events"] = events.result
             if phases is not None:
-                rec["phase_times"] = phases
+                rec["phase_times"] = {**phases, "host_probe_us": probe}
         return recs
 
     def _run(self, sp, recs: list, todo: list, by_id: dict, stagger_steps: int) -> None:
@@ -990,12 +992,36 @@ class PhaseTimer:
 RUN_PHASES = STEP_PHASES + (("add_request", "engine", ("add_request",)),)
 
 
+#: iterations of :func:`host_probe_us`'s loop (about 1 ms on this project's CPU machine, 2026-11-29)
+HOST_PROBE_ITERS = 10_000
+
+
+def host_probe_us(repeats: int = 3, iters: int = HOST_PROBE_ITERS, clock=None) -> float:
+    """The host's speed right now: the fastest of ``repeats`` runs of a fixed pure-Python loop
+    (``iters`` iterations of integer arithmetic and a dict store), in microseconds. The same work
+    in every row and call, none of it vLLM's or the plugin's, so two calls' values compare their
+    hosts' speeds. Why (issue 37, session O, H200 2026-11-29): a host-bound 8,192-token cold
+    prompt's TTFT moved by up to 1.6x between calls of one row, with every host phase (vLLM's
+    ``add_request`` and ``prepare_inputs`` too) moving together. Run outside any timed window."""
+    clock = clock or time.perf_counter
+    best = float("inf")
+    for _ in range(max(1, repeats)):
+        t0 = clock()
+        acc, d = 0, {}
+        for i in range(iters):
+            acc = (acc + i * i) & 0xFFFFFFFF
+            d[i & 63] = acc
+        best = min(best, clock() - t0)
+    return round(1e6 * best, 1)
+
+
 def run_phase_times(timer: PhaseTimer, step_walls: list[tuple[float, int]]) -> dict:
     """One run's host times for ``--phase-times`` (issue 37, session O): ``{"phase_ms": {phase:
     own ms over the run}, "calls": {phase: calls}, "step_wall_ms": [wall of each executed
     engine.step(), ms]}``, read off ``timer`` (:attr:`PhaseTimer.host`, reset before the run) and
     the run's slice of :attr:`Driver.step_walls`. Host clock only, no device sync: the time a
-    phase waits for the GPU lands in that phase."""
+    phase waits for the GPU lands in that phase. :meth:`Driver.run` adds ``host_probe_us``
+    (:func:`host_probe_us`, measured just before the run)."""
     return {"phase_ms": {k: round(1e3 * v[1], 3) for k, v in timer.host.items()},
             "calls": {k: int(v[2]) for k, v in timer.host.items()},
             "step_wall_ms": [round(1e3 * w, 3) for w, n in step_walls if n]}
@@ -1658,8 +1684,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "profiler operators go to the row's log")
     p.add_argument("--phase-times", action="store_true",
                    help="diagnosis: host time per step phase (and LLMEngine.add_request) of every "
-                        "timed cold, repeat and floor run, and the wall of each of its engine "
-                        "steps, into the samples' phase_times (no profiler, no device sync)")
+                        "timed cold, repeat and floor run, the wall of each of its engine steps "
+                        "and a fixed host-speed probe run just before it (host_probe_us), into "
+                        "the samples' phase_times (no profiler, no device sync)")
     p.add_argument("--phases", default=",".join(PHASES),
                    help=f"phases measured per length, comma list of {', '.join(PHASES)} "
                         "(repeat and floor run the cold prompts first)")

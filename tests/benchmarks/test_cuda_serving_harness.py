@@ -944,6 +944,7 @@ def test_phase_times_give_each_cold_runs_own_phases(rng, monkeypatch):
             assert pt["calls"][p] == 1, (seed, p)
         step = sum(costs[p] for p in phases if p != "add_request")
         assert pt["step_wall_ms"] == [pytest.approx(1e3 * step, abs=2e-3)], seed
+        assert pt["host_probe_us"] == 0.0, seed  # the fake clock stands still in the probe
     assert "phase_times" not in res["samples"]["conc1"], seed
     assert drv.phase_timer is None and len(timed) == 8, seed  # 3 cold, 3 repeats, two concurrent runs
 
@@ -981,3 +982,17 @@ def test_numa_layout_and_thread_cpu_read_the_kernels_files(tmp_path, rng):
     (dev / "numa_node").write_text("-1\n")
     assert cs.pci_numa_node("00000000:9A:00.0", str(tmp_path)) is None
     assert cs.pci_numa_node(None, str(tmp_path)) is None
+
+
+def test_host_probe_is_the_fastest_repeat_of_its_loop(rng):
+    """:func:`cs.host_probe_us`: each repeat's time is the clock's advance over its loop; the
+    probe gives the smallest, in microseconds (drawn per repeat on a fake clock)."""
+    durations = [rng.randrange(1, 10_000) / 1e6 for _ in range(rng.randrange(1, 6))]
+    ticks, t = [], rng.uniform(0, 1e4)
+    for d in durations:
+        ticks += [t, t + d]
+        t += d + rng.uniform(0, 1)
+    it = iter(ticks)
+    assert cs.host_probe_us(repeats=len(durations), iters=10, clock=lambda: next(it)) == \
+        pytest.approx(1e6 * min(durations), abs=0.05)
+    assert cs.host_probe_us(repeats=1, iters=2000) > 0  # the real clock moves
