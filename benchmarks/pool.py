@@ -13,7 +13,12 @@ writes
   cold TTFT over the ``off`` row's at the same length; ``position`` and ``call`` list the pooled
   calls' positions and numbers; ``block_size`` is the block (tokens) vLLM chose for the row's
   engine (``engine.block_size``), None where the pooled calls disagree (flagged) or did not
-  record it, ``tp`` the engine's tensor-parallel size;
+  record it, ``tp`` the engine's tensor-parallel size; where the calls ran with the harness's
+  ``--phase-times``, also ``host_probe_us`` (the pooled median of the host-speed probe before
+  each cold prompt, and per call), ``probe_us`` (the median over every row at that length) and
+  ``cold_ttft_at_probe_ms`` / ``cold_ttft_at_probe_vs_off`` (the row's cold TTFTs fitted on
+  their probes by least squares, at ``probe_us``: a diagnosis for hosts whose speed changes
+  between calls, issue 37's session O; not a column of the protocol);
 * ``calls[]``: every unit read, with its call, machine, position and whether it was pooled;
 * ``flags[]``: what breaks the protocol: a unit not first in its call (not pooled unless
   ``--allow-not-first``), a row with fewer than ``--min-calls`` pooled calls, two consecutive
@@ -73,6 +78,32 @@ def unit_samples(unit: dict) -> dict[str, list[float]]:
             "floor_ttft_ms": list(_phase(unit, "floor").get("ttft_ms") or []),
             "itl_ms": _gaps_ms(unit),
             "steps_per_cold_prompt": list(_phase(unit, "cold").get("steps_to_first") or [])}
+
+
+def cold_probes(unit: dict) -> list[tuple[float, float]]:
+    """``(cold TTFT ms, host probe us)`` of each cold prompt whose run carries the harness's
+    host-speed probe (``--phase-times``: ``samples.cold.phase_times[i].host_probe_us``)."""
+    cold = _phase(unit, "cold")
+    out = []
+    for t, pt in zip(cold.get("ttft_ms") or [], cold.get("phase_times") or []):
+        probe = (pt or {}).get("host_probe_us")
+        if probe is not None and t is not None and not math.isnan(t):
+            out.append((float(t), float(probe)))
+    return out
+
+
+def fit_at(points: list[tuple[float, float]], x: float) -> float | None:
+    """The least-squares line ``y = a * probe + b`` through ``points`` (``(y, probe)``) at
+    ``probe = x``; None for fewer than three points or probes all equal."""
+    if len(points) < 3:
+        return None
+    ys, xs = [p[0] for p in points], [p[1] for p in points]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    sxx = sum((v - mx) ** 2 for v in xs)
+    if sxx <= 0:
+        return None
+    a = sum((u - mx) * (v - my) for u, v in zip(xs, ys)) / sxx
+    return my + a * (x - mx)
 
 
 def _machine(ident: dict | None) -> str:
@@ -181,13 +212,16 @@ def pool(units: list[dict], compile_calls: set[int] = frozenset(), allow_not_fir
                 samples[k] += s[k]
             per_call.append({"call": u["call"], "position": u["position"],
                              **{k: median(s[k]) for k in CALL_FIELDS[2:]}})
+            probes = cold_probes(u["unit"])
+            if probes:
+                per_call[-1]["host_probe_us"] = median([p for _, p in probes])
         r = {"row": row, "prompt_tokens": length, "cold_ttft_ms": median(samples["cold_ttft_ms"]),
              "cold_ttft_vs_off": None, "hit_ttft_ms": median(samples["hit_ttft_ms"]),
              "floor_ttft_ms": median(samples["floor_ttft_ms"]), "itl_ms": median(samples["itl_ms"]),
              "steps_per_cold_prompt": median(samples["steps_per_cold_prompt"]),
              "block_size": None, "tp": us[0].get("tp", 1),
              "position": [u["position"] for u in us], "call": [u["call"] for u in us],
-             "per_call": per_call}
+             "per_call": per_call, "probes": [pt for u in us for pt in cold_probes(u["unit"])]}
         blocks = sorted({(u["unit"].get("engine") or {}).get("block_size") for u in us}, key=str)
         if len(blocks) == 1:
             r["block_size"] = blocks[0]
@@ -203,6 +237,24 @@ def pool(units: list[dict], compile_calls: set[int] = frozenset(), allow_not_fir
         ref = off.get(r["prompt_tokens"])
         if ref and ref["cold_ttft_ms"] and r["cold_ttft_ms"] is not None:
             r["cold_ttft_vs_off"] = r["cold_ttft_ms"] / ref["cold_ttft_ms"]
+    # at a matched host speed (a diagnosis beside the protocol's columns): each row's cold TTFT
+    # fitted on its prompts' host-speed probes, at the median probe of every row's prompts
+    for length in {r["prompt_tokens"] for r in rows}:
+        at = [r for r in rows if r["prompt_tokens"] == length]
+        x = median([p for r in at for _, p in r["probes"]])
+        if x is None:  # no --phase-times: the rows keep exactly ROW_FIELDS and per_call
+            continue
+        for r in at:
+            r["host_probe_us"] = median([p for _, p in r["probes"]])
+            r["cold_ttft_at_probe_ms"] = fit_at(r["probes"], x)
+            r["probe_us"] = x
+        ref = off.get(length)
+        for r in at:
+            base = ref.get("cold_ttft_at_probe_ms") if ref else None
+            r["cold_ttft_at_probe_vs_off"] = (r["cold_ttft_at_probe_ms"] / base
+                                              if base and r["cold_ttft_at_probe_ms"] is not None else None)
+    for r in rows:
+        del r["probes"]
     rows.sort(key=lambda r: (r["prompt_tokens"], r["row"] != "off", r["row"]))
     return {"device": units[0]["device"] if units else device, "tp": sizes[0] if sizes else None,
             "layers": depths[0] if depths else None,
@@ -236,6 +288,15 @@ def markdown(doc: dict) -> str:
                      f"{f(r['cold_ttft_vs_off'], '{:.3f}')} | {f(r['steps_per_cold_prompt'], '{:.0f}')} | "
                      f"{f(r.get('block_size'), '{:d}')} | {f(r['hit_ttft_ms'])} | {f(r['floor_ttft_ms'])} | {f(hf, '{:.2f}')} | "
                      f"{f(r['itl_ms'], '{:.2f}')} ({pi}) | {f(itl_off, '{:.3f}')} | {calls} |")
+    probed = [r for r in doc["rows"] if r.get("host_probe_us") is not None]
+    if probed:
+        lines.append("\nHost-speed probe (`--phase-times`; us, median of each call's cold prompts) and the "
+                     "cold TTFT fitted at the length's median probe (a diagnosis, not the protocol's column):")
+        for r in probed:
+            pc = ", ".join(f(c.get("host_probe_us"), "{:.0f}") for c in r["per_call"])
+            lines.append(f"- {r['row']} @{r['prompt_tokens']:,}: probe {f(r['host_probe_us'], '{:.0f}')} ({pc}); "
+                         f"at {f(r.get('probe_us'), '{:.0f}')} us: {f(r.get('cold_ttft_at_probe_ms'))} ms, "
+                         f"/ off {f(r.get('cold_ttft_at_probe_vs_off'), '{:.3f}')}")
     for fl in doc["flags"]:
         at = f" @{fl['prompt_tokens']}" if fl["prompt_tokens"] else ""
         lines.append(f"\nFlag: {fl['row']}{at}, call {fl['call']}: {fl['flag']}")

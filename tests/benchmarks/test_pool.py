@@ -286,3 +286,42 @@ def test_rows_carry_the_block_and_the_tensor_parallel_size(tmp_path):
     assert [f["flag"] for f in doc["flags"] if f["row"] == "exporter"] == ["block sizes [1088, 1120] across the pooled calls"]
     table = pool.markdown(doc)
     assert "| off | 8,192 | 34.0 (33.0, 35.0) | 1.000 | 1 | 1056 |" in table, table
+
+
+def test_cold_ttft_at_a_matched_host_probe(tmp_path):
+    """``--phase-times`` JSONs (issue 37, session O): each row's cold TTFTs fitted on their host
+    probes, at the median probe of both rows. Hand-computed: off's points lie on
+    TTFT = 0.01 * probe + 20 (probes 1000..1500 -> 30..35 ms), the exporter's on
+    TTFT = 0.02 * probe + 12 (probes 900, 1000, 1100, 1200 -> 30, 32, 34, 36). All ten probes
+    sorted: 900 1000 1000 1100 1100 1200 1200 1300 1400 1500 -> median (1100 + 1200) / 2 = 1150;
+    off at 1150: 31.5 ms; exporter: 35.0 ms; ratio 35 / 31.5 = 1.1111."""
+    def unit(row, call, pairs):
+        u = _unit(row, call, 1, [t for t, _ in pairs], [t for t, _ in pairs], [], [1, 1], [1] * len(pairs))
+        u["samples"]["cold"]["phase_times"] = [{"phase_ms": {}, "host_probe_us": p} for _, p in pairs]
+        return u
+
+    files = [_write(tmp_path, [unit("off", 1, [(99.0, 1000.0)] * 3)], "c1"),  # compile: not pooled
+             _write(tmp_path, [unit("exporter", 2, [(99.0, 1000.0)] * 3)], "c2"),
+             _write(tmp_path, [unit("off", 3, [(30.0, 1000.0), (31.0, 1100.0), (32.0, 1200.0)])], "c3"),
+             _write(tmp_path, [unit("exporter", 4, [(30.0, 900.0), (32.0, 1000.0)])], "c4"),
+             _write(tmp_path, [unit("off", 5, [(33.0, 1300.0), (34.0, 1400.0), (35.0, 1500.0)])], "c5"),
+             _write(tmp_path, [unit("exporter", 6, [(34.0, 1100.0), (36.0, 1200.0)])], "c6")]
+    doc = pool.pool(pool.read_units(files), min_calls=2)
+    rows = {r["row"]: r for r in doc["rows"]}
+    off, exp = rows["off"], rows["exporter"]
+    assert off["probe_us"] == exp["probe_us"] == 1150.0
+    assert off["cold_ttft_at_probe_ms"] == pytest.approx(31.5)
+    assert exp["cold_ttft_at_probe_ms"] == pytest.approx(35.0)
+    assert exp["cold_ttft_at_probe_vs_off"] == pytest.approx(35.0 / 31.5)
+    assert off["host_probe_us"] == 1250.0 and exp["host_probe_us"] == 1050.0
+    assert [c["host_probe_us"] for c in off["per_call"]] == [1100.0, 1400.0]
+    assert [c["host_probe_us"] for c in exp["per_call"]] == [950.0, 1150.0]
+    # the raw columns are the protocol's, untouched: exporter 30 32 34 36 -> 33; off 30..35 -> 32.5
+    assert exp["cold_ttft_ms"] == 33.0 and off["cold_ttft_ms"] == 32.5
+    assert "at 1150 us: 35.0 ms, / off 1.111" in pool.markdown(doc)
+
+
+def test_probe_fit_needs_three_points_and_a_spread():
+    assert pool.fit_at([(1.0, 5.0), (2.0, 6.0)], 5.5) is None
+    assert pool.fit_at([(1.0, 5.0), (2.0, 5.0), (3.0, 5.0)], 5.0) is None
+    assert pool.fit_at([(1.0, 0.0), (3.0, 2.0), (2.0, 1.0)], 4.0) == pytest.approx(5.0)
