@@ -112,6 +112,10 @@ class ReplayResult:
     #: ``extra_prefill_steps_per_prompt`` by reason (:data:`vllm_hybrid_npu_lab.step_reasons.REASONS`,
     #: every name, summing to it): which scheduler decision ended each extra step's chunk
     extra_prefill_steps_by_reason: dict[str, float] = field(default_factory=dict)
+    #: ``--target npu``: the counters of :mod:`vllm_hybrid_npu_lab.ascend_scheduler`'s model of
+    #: vllm-ascend's scheduler (``kept_whole``: chunks a KV consumer kept whole that vLLM's split
+    #: would have cut; ``extra_blocks``: blocks added for synchronous external hits); empty on CUDA
+    ascend_model: dict[str, int] = field(default_factory=dict)
     #: prompt tokens found cached at first scheduling, per request in trace order (not in JSON)
     cached_per_request: list[int] = field(default_factory=list, repr=False)
 
@@ -186,7 +190,8 @@ TARGET_HELP = ("the GDN prefill-checkpoint exporter path modelled: cuda (the one
                "VLLM_HYBRID_NPU_CUDA_JUNCTIONS=off in the environment, vLLM's stops) or npu "
                "(vllm-ascend 0.30.0rc2's prefill paths as the plugin runs them on vLLM 0.30, "
                "replayed on CPU only: the same exports; off beside a host tier, whose KV connector "
-               "turns them off there)")
+               "turns them off there; with vllm-ascend's own scheduler changes for every setting: "
+               "beside a host tier a request with a computed prefix runs its chunk whole)")
 
 
 def replay(
@@ -264,6 +269,13 @@ def replay(
             and apply_junction_entries(sched, target)):
         setattr(sched, RULE, None)
         setattr(sched.kv_cache_manager, RULE, None)
+    # vllm-ascend's own scheduler changes on the NPU, outermost (every setting): a KV consumer's
+    # chunk stays whole after a computed prefix, one block more for a synchronous external hit
+    ascend_stats: dict[str, int] = {}
+    if target == "npu":
+        from vllm_hybrid_npu_lab import ascend_scheduler
+
+        ascend_stats = ascend_scheduler.apply(sched)
     worker = None
     if getattr(sched, "connector", None) is not None:
         from vllm_hybrid_npu_lab.host_tier import HostLink, SimulatedOffloadWorker
@@ -444,6 +456,7 @@ def replay(
         prefill_steps_per_prompt=prefill_steps_total / n,
         extra_prefill_steps_per_prompt=extra_steps_total / n,
         extra_prefill_steps_by_reason=per_prompt(extra_by_reason, n),
+        ascend_model=dict(ascend_stats),
         cached_per_request=per_request,
         host_per_request=host_per_request,
         miss_per_request=miss_per_request,

@@ -106,9 +106,12 @@ def test_both_targets_export_the_junction_inside_the_step(cfg, rng, monkeypatch)
     assert cuda.prefill_steps_per_prompt == 4 / 3
     npu, by = _replay(cfg, rows, "upstream:ckpt", block_size=384, target="npu")
     assert by == {} and npu.prefill_steps_per_prompt == 1  # the NPU's paths: not that variable
-    # vLLM's split without the exporter: the same on both targets (no checkpoint declared)
-    plain = [_replay(cfg, rows, block_size=384, target=t)[0] for t in ("cuda", "npu")]
-    assert plain[0].to_dict() | {"wall_s": 0} == plain[1].to_dict() | {"wall_s": 0}
+    # vLLM's split without the exporter: the same on both targets (no checkpoint declared; no
+    # KV connector, so vllm-ascend's consumer rule is off, and its one block more per Mamba count
+    # never binds in a 64 MiB pool: only its counter differs)
+    plain = [_replay(cfg, rows, block_size=384, target=t)[0].to_dict() | {"wall_s": 0} for t in ("cuda", "npu")]
+    assert plain[1].pop("ascend_model")["kept_whole"] == 0 and plain[0].pop("ascend_model") == {}
+    assert plain[0] == plain[1]
     with pytest.raises(ValueError, match="target 'gpu'"):
         _replay(cfg, rows[:1], target="gpu")
 
