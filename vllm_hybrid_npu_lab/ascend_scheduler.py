@@ -36,6 +36,9 @@ from typing import Any
 
 #: the attribute a bound scheduler carries (its instance counters: chunks kept whole, blocks added)
 MARK = "_vhn_ascend_model"
+#: the vLLM versions vllm-ascend 0.30.0rc2 runs on: elsewhere (0.32, 0.33, whose managers take
+#: other arguments) :func:`apply` binds nothing and the NPU target replays vLLM's scheduler
+VLLM_VERSIONS = ("0.30.0",)
 
 
 def consumer_keeps_whole(kv_transfer_config: Any, request: Any, num_new_local_computed_tokens: int,
@@ -69,9 +72,17 @@ def apply(scheduler: Any) -> dict[str, int]:
     replays in the process keep vLLM's classes). Returns the counters it keeps (also at
     ``scheduler._vhn_ascend_model``): ``kept_whole`` (chunks the consumer rule returned whole
     where the inner split would have cut them) and ``extra_blocks`` (blocks added to a count).
-    Idempotent: a scheduler bound before is left as it is."""
+    Idempotent: a scheduler bound before is left as it is. Outside :data:`VLLM_VERSIONS` nothing
+    is bound and the counters are empty."""
+    import vllm
+
+    from vllm_hybrid_npu.support import base_version
+
     if getattr(scheduler, MARK, None) is not None:
         return getattr(scheduler, MARK)
+    if base_version(vllm.__version__) not in VLLM_VERSIONS:
+        setattr(scheduler, MARK, {})
+        return {}
     stats = {"kept_whole": 0, "extra_blocks": 0}
     kv = getattr(scheduler.vllm_config, "kv_transfer_config", None)
     inner = scheduler._mamba_block_aligned_split  # bound: the plugin's entries or vLLM's

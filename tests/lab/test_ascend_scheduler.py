@@ -9,6 +9,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+import vllm
 
 from vllm_hybrid_npu_lab import ascend_scheduler as A
 from vllm_hybrid_npu_lab.model import build_setup
@@ -16,6 +17,9 @@ from vllm_hybrid_npu_lab.policies import get_policy
 from vllm_hybrid_npu_lab.presets import resolve_model
 from vllm_hybrid_npu_lab.replay import replay
 from vllm_hybrid_npu_lab.trace import TraceRequest
+
+#: the installed vLLM's (major, minor)
+VLLM = tuple(int(x) for x in vllm.__version__.split(".")[:2])
 
 
 @pytest.fixture(scope="module")
@@ -51,6 +55,8 @@ def _run(cfg, rows, *, target, host_bytes):
     return replay(reqs, setup, pol.scheduler_class(), carry_outputs=False, target=target)
 
 
+@pytest.mark.skipif(VLLM != (0, 30), reason="vllm-ascend 0.30.0rc2 runs on vLLM 0.30 only; on other "
+                    "versions the NPU target binds no model of its scheduler")
 def test_npu_beside_a_host_tier_keeps_a_hit_requests_chunk_whole(cfg, rng):
     # vLLM's split, block 256. A: 1,100 cold tokens (trace blocks 1, 2, 3): stop at 1,024, then
     # the rest: 2 steps, the state at 1,024 cached. B: the same first 1,024 tokens (blocks 1, 2),
@@ -74,3 +80,9 @@ def test_npu_beside_a_host_tier_keeps_a_hit_requests_chunk_whole(cfg, rng):
     assert alone.cached_per_request == [0, 1024, 1792], n
     assert alone.prefill_steps_per_prompt == pytest.approx(5 / 3), n
     assert alone.ascend_model["kept_whole"] == 0, n
+
+
+@pytest.mark.skipif(VLLM == (0, 30), reason="on vLLM 0.30 the model is bound (the test above)")
+def test_npu_target_binds_nothing_outside_vllm_030(cfg):
+    res = _run(cfg, [(1100, [1, 2, 3]), (1100, [1, 2, 3])], target="npu", host_bytes=64 << 20)
+    assert res.ascend_model == {}
