@@ -14,11 +14,14 @@ of the vllm-ascend 0.30.0rc2 sdist; written anew here from that reading):
   ``num_new_tokens`` unchanged: none of align mode's stops (the block-aligned split of a cold
   prompt's tail, a shared-prefix junction, the block below the budget's end, a mid-block start's
   next boundary). A cold prompt (nothing computed) takes vLLM's split as usual.
-* **One block more for a synchronous external hit** (``AscendMambaManager.
-  get_num_blocks_to_allocate``): where a request's computed tokens exceed its local hit blocks
-  (external tokens) and the step schedules tokens past them, the Mamba manager counts one block
-  more than vLLM does, for the block vLLM's ``allocate_new_computed_blocks`` takes for the
-  external content. Only the admission check reads the count.
+* **One block more where the computed tokens pass the local hit blocks** (``AscendMambaManager.
+  get_num_blocks_to_allocate``): where a request's computed tokens exceed the step's local hit
+  blocks and the step schedules tokens past them, the Mamba manager counts one block more than
+  vLLM does. It is meant for a synchronous external hit (the block vLLM's
+  ``allocate_new_computed_blocks`` takes for the external content), but as vLLM 0.30 calls the
+  manager it also fires on every later chunk of a running request (its earlier chunks' tokens
+  are computed, its local hit blocks for the step are none). Only the admission check reads the
+  count.
 
 Not modelled: the EAGLE/MTP block-drop suppression of the same patch (the lab replays no draft
 model) and the sparse index-kpool branch (no such model in the presets).
@@ -90,6 +93,9 @@ def apply(scheduler: Any) -> dict[str, int]:
     def split(self: Any, request: Any, num_new_tokens: int, num_new_local_computed_tokens: int = 0,
               num_external_computed_tokens: int = 0) -> int:
         if consumer_keeps_whole(kv, request, num_new_local_computed_tokens, num_external_computed_tokens):
+            # vllm-ascend returns the chunk without asking the split; the inner split is asked
+            # here only for the counter (on the NPU target the plugin's junction rule is off
+            # beside a KV connector, so asking it records nothing)
             if inner(request, num_new_tokens, num_new_local_computed_tokens,
                      num_external_computed_tokens) != num_new_tokens:
                 stats["kept_whole"] += 1
