@@ -85,6 +85,20 @@ stats = {"extra_taken": 0, "extra_cached": 0, "extra_freed_with_slot": 0, "extra
 
 TWO_MODES = ("two", "two_strict", "two_devcp", "two_coldcp", "two_notail")
 JUNQ_MODES = ("junq", "junq_notail")  # cf6
+if mode == "cfg_notail":
+    # cf6: vLLM's own branch without partial tails (the one it takes for EAGLE / DCP): the
+    # OffloadingConnector scheduler's config built with supports_partial_tail=False (neither
+    # stored nor looked up); the rest as installed
+    from vllm.distributed.kv_transfer.kv_connector.v1.offloading import scheduler as _OSCH
+
+    _orig_from_spec = _OSCH.SchedulerOffloadConfig.from_spec.__func__
+
+    def _from_spec(cls, *a, **k):
+        cfg = _orig_from_spec(cls, *a, **k)
+        stats["supports_partial_tail_installed"] = cfg.supports_partial_tail
+        return cfg._replace(supports_partial_tail=False)
+
+    _OSCH.SchedulerOffloadConfig.from_spec = classmethod(_from_spec)
 if mode in TWO_MODES:
     from vllm.v1.core.kv_cache_manager import KVCacheManager
     from vllm.v1.core.single_type_kv_cache_manager import MambaManager
@@ -277,7 +291,7 @@ elif mode in JUNQ_MODES:
         return _orig_log_once(key, *a, **k)
 
     _GJ.gdn._log_once = _log_once
-elif mode != "plain":
+elif mode not in ("plain", "cfg_notail"):
     raise SystemExit(f"unknown mode {mode!r}")
 
 # Partial-tail offers by path: the Mamba managers' hand-off list for the connector, wrapped so
