@@ -114,6 +114,21 @@ register(EnvVar(
     "keeps such a checkpoint only on the retention grid) nor 0.33",
 ))
 register(EnvVar(
+    name="VLLM_HYBRID_NPU_HOST_TIER_PARTIAL_TAILS",
+    values=("on", "off"),
+    kind="",
+    default="on",
+    read_by="registry entry `host-tier-partial-tails-off` (`patches.vllm_kv_offload_scheduler`; "
+    "at load)",
+    effect="`on` (default): vLLM's host tier (the OffloadingConnector, `--kv-offloading-size`) "
+    "stores and looks up partial tails as vLLM 0.30 does (with `--prefix-match-unit` below the "
+    "block: an attention page and each GDN group's state at a boundary off the block grid); "
+    "`off`: it keeps none (vLLM's own branch without partial tails, "
+    "`SchedulerOffloadConfig.supports_partial_tail` False), leaving the host's pages to block-grid "
+    "chunks; whether that pays depends on the traffic: the lab's `tails=off` key "
+    "([hitrate-guide.md](hitrate-guide.md)). vLLM 0.30 only (not read on 0.32 / 0.33)",
+))
+register(EnvVar(
     name="VLLM_HYBRID_NPU_CUDA_JUNCTIONS",
     values=("off", "on"),
     kind="",

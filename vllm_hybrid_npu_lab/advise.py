@@ -597,6 +597,8 @@ def serve_flags(cand: Candidate, block_size: int, kv_cache_gib: float, tp: int) 
     env = [f"VLLM_HYBRID_NPU_PREFILL_CHECKPOINTS={'auto' if s.ckpt else 'off'}"]
     if s.chunk_checkpoints == CKPT_FINAL:
         env.append(f"VLLM_HYBRID_NPU_CHUNK_CHECKPOINTS={CKPT_FINAL}")
+    if not s.tails:
+        env.append("VLLM_HYBRID_NPU_HOST_TIER_PARTIAL_TAILS=off")
     return flags, env
 
 

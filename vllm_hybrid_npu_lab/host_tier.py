@@ -180,3 +180,47 @@ class SimulatedOffloadWorker:
             "gbps": self.link.gbps,
             "latency_us": self.link.latency_us,
         }
+
+
+def tails_off_scheduler(base: type) -> type:
+    """A subclass of ``base`` (vLLM's ``Scheduler``, or the lab's exporter subclass of it) whose
+    host tier keeps no partial tail: the runtime's ``host-tier-partial-tails-off`` entry
+    (:mod:`vllm_hybrid_npu.patches.vllm_kv_offload_scheduler`, ``VLLM_HYBRID_NPU_HOST_TIER_PARTIAL_TAILS
+    =off``; vLLM 0.30) wraps ``SchedulerOffloadConfig.from_spec`` while this scheduler builds its
+    OffloadingConnector, and only then (the class is restored after; a replay runs in one thread
+    of its process), so other replays in the process keep vLLM's partial tails. Without a host
+    tier nothing changes. The built scheduler's ``_vhn_tails_off`` says whether its connector's
+    config has ``supports_partial_tail`` False (False without a connector).
+
+    Raises ``ValueError`` at construction where the installed vLLM is outside the entry's
+    versions."""
+    from vllm_hybrid_npu.patches import registry
+    from vllm_hybrid_npu.patches import vllm_kv_offload_scheduler as T
+
+    class TailsOffScheduler(base):  # type: ignore[misc, valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            import importlib
+
+            import vllm
+
+            from vllm_hybrid_npu.support import Stack, base_version
+
+            version = base_version(vllm.__version__)
+            if version not in T.VERSIONS:
+                raise ValueError(f"tails=off needs the runtime's {T.ENTRY} entry (vLLM "
+                                 f"{', '.join(T.VERSIONS)}), not vLLM {vllm.__version__}")
+            owner = importlib.import_module(T.MODULE).SchedulerOffloadConfig
+            upstream = vars(owner)["from_spec"]
+            if not registry.is_ours(upstream):  # the runtime's entry not applied process-wide
+                entry = next(p for p in T.PATCHES if p.name == T.ENTRY)
+                owner.from_spec = entry.make(upstream, Stack(target="cpu", vllm=version))
+            try:
+                super().__init__(*args, **kwargs)
+            finally:
+                owner.from_spec = upstream
+            connector = getattr(self, "connector", None)
+            cs = getattr(connector, "connector_scheduler", None)
+            self._vhn_tails_off = cs is not None and not cs.config.supports_partial_tail
+
+    TailsOffScheduler.__name__ = TailsOffScheduler.__qualname__ = f"TailsOff{base.__name__}"
+    return TailsOffScheduler

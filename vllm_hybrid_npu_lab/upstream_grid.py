@@ -23,6 +23,10 @@ can pass to ``vllm serve`` (vLLM 0.30, ``vllm/config/cache.py`` / ``vllm/config/
   (:mod:`.exporter`). ``ckpt=final`` is the exporter with the runtime's
   ``VLLM_HYBRID_NPU_CHUNK_CHECKPOINTS=final`` (vLLM 0.30): a non-final prefill chunk's checkpoint
   is not kept at a retention interval above 0 (:data:`CKPT_FINAL`).
+* ``tails=off``: the runtime's ``VLLM_HYBRID_NPU_HOST_TIER_PARTIAL_TAILS=off`` (vLLM 0.30): the
+  host tier (``--kv-offloading-size``) keeps no partial tail (vLLM's own branch without them;
+  :func:`vllm_hybrid_npu_lab.host_tier.tails_off_scheduler`); without a host tier it changes
+  nothing. Not in the grid nor in ``advise``'s search: replay it with ``hitrate --policy``.
 * ``enable_mamba_fine_grained_prefix_cache`` (the junction checkpoint for EAGLE siblings) acts
   only with EAGLE/MTP and a finer prefix match unit; the lab replays no speculative decoding,
   so it is not in the grid.
@@ -55,12 +59,14 @@ class UpstreamSetting:
     match unit in tokens (``None`` = the block size); ``ckpt``: ``False`` (vLLM's split),
     ``True`` (the exporter) or :data:`CKPT_FINAL` (the exporter keeping a non-final chunk's
     checkpoint only where vLLM's retention-0 rule would: the runtime's
-    ``VLLM_HYBRID_NPU_CHUNK_CHECKPOINTS=final``)."""
+    ``VLLM_HYBRID_NPU_CHUNK_CHECKPOINTS=final``); ``tails``: ``False`` for the runtime's
+    ``VLLM_HYBRID_NPU_HOST_TIER_PARTIAL_TAILS=off`` (the host tier keeps no partial tail)."""
 
     ret: int | None = 0
     lpt: int = 0
     pmu: int | None = None
     ckpt: bool | str = False
+    tails: bool = True
 
     @property
     def chunk_checkpoints(self) -> str | None:
@@ -82,6 +88,8 @@ class UpstreamSetting:
             parts.append(f"pmu={self.pmu}")
         if self.ckpt:
             parts.append("ckpt=final" if self.ckpt == CKPT_FINAL else "ckpt")
+        if not self.tails:
+            parts.append("tails=off")
         return "upstream:" + ",".join(parts) if parts else "upstream"
 
     def tune(self, vllm_config: Any, block_size: int) -> None:
@@ -114,7 +122,7 @@ def parse_setting(name: str) -> UpstreamSetting:
         return UpstreamSetting()
     bad = ValueError(
         f"--policy {name!r}: not an upstream setting (upstream:ret=dense|<k>b,lpt=<k>b,"
-        "pmu=<tokens>,ckpt|ckpt=final)"
+        "pmu=<tokens>,ckpt|ckpt=final,tails=off)"
     )
     if not name.startswith("upstream:") or not name[len("upstream:"):]:
         raise bad
@@ -130,6 +138,8 @@ def parse_setting(name: str) -> UpstreamSetting:
                 kw["ret"] = None
             elif key in ("ret", "lpt") and value.endswith("b") and int(value[:-1]) >= 0:
                 kw[key] = int(value[:-1])
+            elif key == "tails" and value == "off":
+                kw["tails"] = False
             elif key == "pmu" and int(value) > 0:
                 kw["pmu"] = int(value)
             else:
@@ -151,19 +161,25 @@ def policy_of(setting: UpstreamSetting) -> Policy:
         what += " (ckpt: the plugin's GDN prefill-checkpoint exporter"
         what += (", VLLM_HYBRID_NPU_CHUNK_CHECKPOINTS=final: a non-final chunk's checkpoint "
                  "not kept at retention > 0)" if setting.ckpt == CKPT_FINAL else ")")
+    if not setting.tails:
+        what += (" (tails=off: VLLM_HYBRID_NPU_HOST_TIER_PARTIAL_TAILS=off, the host tier keeps no "
+                 "partial tail)")
     chunk = setting.chunk_checkpoints
-    return Policy(
-        name=setting.name,
-        description=what,
-        scheduler_class=functools.partial(_exporter_scheduler, chunk) if chunk else _upstream_scheduler,
-        tune=setting.tune,
-        prefill_checkpoints=bool(setting.ckpt),
-        # the runtime option lives in a vLLM 0.30 registry entry (gdn-checkpoint-retention)
-        vllm=("0.30.0",) if chunk == CKPT_FINAL else None,
-        vllm_why="ckpt=final is the runtime's VLLM_HYBRID_NPU_CHUNK_CHECKPOINTS=final, carried by "
-        "its vLLM 0.30 entry gdn-checkpoint-retention (vLLM 0.32 keeps a chunk's checkpoint on the "
-        "retention grid itself)",
-    )
+    factory = functools.partial(_exporter_scheduler, chunk) if chunk else _upstream_scheduler
+    if not setting.tails:
+        factory = functools.partial(_tails_off_scheduler, factory)
+    why = []
+    if chunk == CKPT_FINAL:
+        why.append("ckpt=final is the runtime's VLLM_HYBRID_NPU_CHUNK_CHECKPOINTS=final, carried "
+                   "by its vLLM 0.30 entry gdn-checkpoint-retention (vLLM 0.32 keeps a chunk's "
+                   "checkpoint on the retention grid itself)")
+    if not setting.tails:
+        why.append("tails=off is the runtime's VLLM_HYBRID_NPU_HOST_TIER_PARTIAL_TAILS=off, its "
+                   "vLLM 0.30 entry host-tier-partial-tails-off")
+    # the runtime options live in vLLM 0.30 registry entries
+    versions = {"vllm": ("0.30.0",), "vllm_why": "; ".join(why)} if why else {}
+    return Policy(name=setting.name, description=what, scheduler_class=factory, tune=setting.tune,
+                  prefill_checkpoints=bool(setting.ckpt), **versions)
 
 
 def ensure_registered(name: str) -> bool:
@@ -199,6 +215,12 @@ def _exporter_scheduler(chunk_checkpoints: str = "all") -> type:
     from vllm_hybrid_npu_lab.exporter import exporter_scheduler
 
     return exporter_scheduler(Scheduler, chunk_checkpoints)
+
+
+def _tails_off_scheduler(factory: Any) -> type:
+    from vllm_hybrid_npu_lab.host_tier import tails_off_scheduler
+
+    return tails_off_scheduler(factory())
 
 
 def final_available() -> bool:

@@ -91,6 +91,11 @@ def _readers():
 
         return "off" if cuda_junctions_off() else "on"
 
+    def host_tier_partial_tails():
+        from vllm_hybrid_npu.patches.vllm_kv_offload_scheduler import partial_tails
+
+        return partial_tails()
+
     # name -> (reader, whether it returns the setting itself, so the default can be checked;
     # COPY_IMPL's reader returns the resolved implementation, "auto" never comes back)
     # CHECKPOINTS is retired: unset gives None (no setting), not a value
@@ -99,6 +104,7 @@ def _readers():
             "VLLM_HYBRID_NPU_COPY_KERNEL": (copy_kernel, True),
             "VLLM_HYBRID_NPU_CHUNK_CHECKPOINTS": (chunk_checkpoints, True),
             "VLLM_HYBRID_NPU_CUDA_JUNCTIONS": (cuda_junctions, True),
+            "VLLM_HYBRID_NPU_HOST_TIER_PARTIAL_TAILS": (host_tier_partial_tails, True),
             "VLLM_HYBRID_NPU_TOKEN_BUDGET": (token_budget, True),
             "VLLM_HYBRID_NPU_COPY_IMPL": (copy_impl, False), "VLLM_HYBRID_NPU_TARGET": (target, False)}
 

@@ -274,3 +274,29 @@ def test_host_breakdown_cli(tmp_path, tiny_model_dir, capsys, write_trace, rng):
     assert len(table) == 1 and f"| {x // 64 * 64:,} ({x // 64 * 64:,}) |" in table[0]
     assert main(args[:-2] + ["--kv-cache-gib", "0"]) == 2
     assert "--kv-cache-gib" in capsys.readouterr().err
+
+
+def test_tails_off_keeps_no_partial_tail_on_the_host(cfg, rng):
+    """The runtime's ``VLLM_HYBRID_NPU_HOST_TIER_PARTIAL_TAILS=off`` (the lab's ``tails=off``,
+    vLLM 0.30), on the trace above. vLLM's split at ``--prefix-match-unit 64`` leaves states at
+    ``256 (x // 256)`` and ``64 (x // 64)``; with the tails kept the host holds both and the repeat
+    loads the tail (the test above). With ``tails=off`` the host holds only the block boundary,
+    and the repeat hits it through the host tier: ``256 (x // 256)`` tokens. The exporter's one
+    checkpoint at ``64 (x // 64)`` is itself a tail: with ``tails=off`` the host holds nothing
+    of it and the repeat hits 0, as with the tails kept (out of the connector's reach). A replay
+    without ``tails=off`` after them keeps vLLM's tails (the class is restored)."""
+    from vllm_hybrid_npu_lab.host_breakdown import breakdown
+    from vllm_hybrid_npu_lab.upstream_grid import parse_setting, policy_of
+
+    if policy_of(parse_setting("upstream:pmu=64,tails=off")).unavailable():
+        pytest.skip("tails=off: the runtime entry is vLLM 0.30's")
+    reqs, x = _off_block_trace(rng)
+    block, tail = x // 256 * 256, x // 64 * 64
+    kw = dict(kv_cache_gib=DEVICE_24_BLOCKS / 2**30, host_cache_gib=1 / 16, block_size=256,
+              tokens_per_s=5000.0)
+    split = breakdown(reqs, cfg, "upstream:pmu=64,tails=off", **kw)["rows"][3]
+    assert split["held"] == [block] and (split["hit"], split["host_hit"]) == (block, block), (x, split)
+    ckpt = breakdown(reqs, cfg, "upstream:pmu=64,ckpt,tails=off", **kw)["rows"][3]
+    assert ckpt["held"] == [] and (ckpt["hit"], ckpt["host_hit"]) == (0, 0), (x, ckpt)
+    again = breakdown(reqs, cfg, "upstream:pmu=64", **kw)["rows"][3]
+    assert again["held"] == [block, tail] and again["hit"] == tail, (x, again)

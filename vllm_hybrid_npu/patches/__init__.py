@@ -17,6 +17,8 @@ One module per patched upstream module (or, for ``gdn_prefill_checkpoint``, per 
 * :mod:`.gdn_junction` - shared-prefix junction states exported from inside the step (vLLM 0.30,
   the CPU exporter path): the scheduler's junction stop dropped where the step writes that state,
   the KV-cache manager reserving its block in the split's column.
+* :mod:`.vllm_kv_offload_scheduler` - opt-in: vLLM's host tier (OffloadingConnector) keeps no
+  partial tail (``VLLM_HYBRID_NPU_HOST_TIER_PARTIAL_TAILS=off``; vLLM's own branch without them).
 * :mod:`.vllm_v1_engine_core` - ``EngineCore._initialize_kv_caches`` / ``EngineCoreProc.__init__``
   (CPU): the engine-core process keeps the block size vLLM resolved, which its handshake resets.
 * :mod:`.vllm_v1_core_sched_scheduler` - ``Scheduler.schedule`` / ``make_stats`` and
@@ -60,6 +62,7 @@ PATCH_MODULES = (
     "vllm_hybrid_npu.patches.gdn_prefill_checkpoint",
     "vllm_hybrid_npu.patches.resend_tail",
     "vllm_hybrid_npu.patches.gdn_junction",
+    "vllm_hybrid_npu.patches.vllm_kv_offload_scheduler",
     "vllm_hybrid_npu.patches.vllm_ascend_gdn",
     "vllm_hybrid_npu.patches.vllm_v1_core_sched_scheduler",
     "vllm_hybrid_npu.patches.vllm_v1_engine_core",
