@@ -20,8 +20,9 @@ its config with ``supports_partial_tail=False``; block-grid chunks, the GDN stat
 boundaries (``_build_aligned_boundary_store_jobs``), lookups and eviction stay vLLM's. The default
 ``on`` is vLLM's behaviour (entry skipped). On the NPU, vllm-ascend 0.30.0rc2 registers its
 ``AscendOffloadingConnector`` under vLLM's name ``OffloadingConnector``: a subclass with vLLM's
-scheduler side (its own worker only), so the entry applies there as well. Whether it pays depends on the traffic: the lab's
-``tails=off`` key replays it (``vllm-hybrid-npu-lab hitrate --policy upstream:...,tails=off``).
+scheduler side (its own worker only), so the entry applies there as well. Whether it pays
+depends on the traffic: the lab's ``tails=off`` key replays it (``vllm-hybrid-npu-lab hitrate
+--policy upstream:...,tails=off``; numbers in ``docs/notes/host-tier-tails-2026-11-30``).
 Until: vLLM's host tier weighs partial tails against block-grid pages itself.
 """
 
