@@ -189,11 +189,8 @@ def tails_off_scheduler(base: type) -> type:
     =off``; vLLM 0.30) wraps ``SchedulerOffloadConfig.from_spec`` while this scheduler builds its
     OffloadingConnector, and only then (the class is restored after; a replay runs in one thread
     of its process), so other replays in the process keep vLLM's partial tails. Without a host
-    tier nothing changes. The built scheduler's ``_vhn_tails_off`` says whether its connector's
-    config has ``supports_partial_tail`` False (False without a connector).
-
-    Raises ``ValueError`` at construction where the installed vLLM is outside the entry's
-    versions."""
+    tier nothing changes. The installed vLLM is the policy's to check (``tails=off`` settings
+    carry the entry's versions, :func:`vllm_hybrid_npu_lab.upstream_grid.policy_of`)."""
     from vllm_hybrid_npu.patches import registry
     from vllm_hybrid_npu.patches import vllm_kv_offload_scheduler as T
 
@@ -206,9 +203,6 @@ def tails_off_scheduler(base: type) -> type:
             from vllm_hybrid_npu.support import Stack, base_version
 
             version = base_version(vllm.__version__)
-            if version not in T.VERSIONS:
-                raise ValueError(f"tails=off needs the runtime's {T.ENTRY} entry (vLLM "
-                                 f"{', '.join(T.VERSIONS)}), not vLLM {vllm.__version__}")
             owner = importlib.import_module(T.MODULE).SchedulerOffloadConfig
             upstream = vars(owner)["from_spec"]
             if not registry.is_ours(upstream):  # the runtime's entry not applied process-wide
@@ -218,9 +212,6 @@ def tails_off_scheduler(base: type) -> type:
                 super().__init__(*args, **kwargs)
             finally:
                 owner.from_spec = upstream
-            connector = getattr(self, "connector", None)
-            cs = getattr(connector, "connector_scheduler", None)
-            self._vhn_tails_off = cs is not None and not cs.config.supports_partial_tail
 
     TailsOffScheduler.__name__ = TailsOffScheduler.__qualname__ = f"TailsOff{base.__name__}"
     return TailsOffScheduler

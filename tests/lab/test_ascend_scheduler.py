@@ -11,6 +11,8 @@ from types import SimpleNamespace
 import pytest
 import vllm
 
+from vllm_hybrid_npu.support import base_version
+
 from vllm_hybrid_npu_lab import ascend_scheduler as A
 from vllm_hybrid_npu_lab.model import build_setup
 from vllm_hybrid_npu_lab.policies import get_policy
@@ -18,8 +20,8 @@ from vllm_hybrid_npu_lab.presets import resolve_model
 from vllm_hybrid_npu_lab.replay import replay
 from vllm_hybrid_npu_lab.trace import TraceRequest
 
-#: the installed vLLM's (major, minor)
-VLLM = tuple(int(x) for x in vllm.__version__.split(".")[:2])
+#: whether the model binds on the installed vLLM (its own version list)
+BOUND = base_version(vllm.__version__) in A.VLLM_VERSIONS
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +57,7 @@ def _run(cfg, rows, *, target, host_bytes):
     return replay(reqs, setup, pol.scheduler_class(), carry_outputs=False, target=target)
 
 
-@pytest.mark.skipif(VLLM != (0, 30), reason="vllm-ascend 0.30.0rc2 runs on vLLM 0.30 only; on other "
+@pytest.mark.skipif(not BOUND, reason="vllm-ascend 0.30.0rc2 runs on vLLM 0.30 only; on other "
                     "versions the NPU target binds no model of its scheduler")
 def test_npu_beside_a_host_tier_keeps_a_hit_requests_chunk_whole(cfg, rng):
     # vLLM's split, block 256. A: 1,100 cold tokens (trace blocks 1, 2, 3): stop at 1,024, then
@@ -82,7 +84,7 @@ def test_npu_beside_a_host_tier_keeps_a_hit_requests_chunk_whole(cfg, rng):
     assert alone.ascend_model["kept_whole"] == 0, n
 
 
-@pytest.mark.skipif(VLLM == (0, 30), reason="on vLLM 0.30 the model is bound (the test above)")
+@pytest.mark.skipif(BOUND, reason="on vLLM 0.30 the model is bound (the test above)")
 def test_npu_target_binds_nothing_outside_vllm_030(cfg):
     res = _run(cfg, [(1100, [1, 2, 3]), (1100, [1, 2, 3])], target="npu", host_bytes=64 << 20)
     assert res.ascend_model == {}
