@@ -1541,3 +1541,109 @@ def test_chunk_checkpoints_final_drops_non_final_chunk_checkpoints(tiny_model_di
     for mode in ("all", "final"):
         _assert_same(seqs("off", "cold", "sharer", "cold"), seqs(mode, "cold", "sharer", "repeat"),
                      exact=exact_across_schedules)
+
+
+def _new_mamba_keys(llm, before) -> dict[int, set[int]]:
+    """``{position (tokens): Mamba KV-cache groups}`` of every GDN block vLLM's block pool hashed
+    since its hashes were ``before`` (``engines.block_hashes``)."""
+    from vllm.v1.core.kv_cache_utils import get_group_id
+
+    groups = mamba_groups(llm)
+    out: dict[int, set[int]] = {}
+    for block in _core(llm).scheduler.kv_cache_manager.block_pool.blocks:
+        if block.block_hash is None or before.get(block.block_id) == block.block_hash:
+            continue
+        if (group := get_group_id(block.block_hash)) in groups:
+            out.setdefault(block.block_hash_num_tokens, set()).add(group)
+    return out
+
+
+def _tail_split_entry_outside() -> str | None:
+    """Why ``sub-block-tail-split-off`` (``VLLM_HYBRID_NPU_SUB_BLOCK_TAIL_SPLIT=off``; vLLM 0.30
+    only) is not for the installed stack, as the plugin's load decides, or None."""
+    from vllm_hybrid_npu.patches import sub_block_tail_split as T
+    from vllm_hybrid_npu.patches.registry import stack_skip_reason
+    from vllm_hybrid_npu.support import detect_stack
+
+    return stack_skip_reason(T.PATCHES[0], detect_stack())
+
+
+@pytest.mark.skipif(_tail_split_entry_outside() is not None, reason=f"{_tail_split_entry_outside()}")
+def test_sub_block_tail_split_off_runs_the_last_chunk_whole(tiny_model_dir, engine_args, rng,
+                                                            exact_across_schedules):
+    """``VLLM_HYBRID_NPU_SUB_BLOCK_TAIL_SPLIT=off`` (registry entry ``sub-block-tail-split-off``)
+    on the real engine, ``--prefix-match-unit 64``, dense retention (so that vLLM keys every block
+    boundary a chunk crosses). Own engine, last; the plugin's registry re-applied with the
+    variable set (and again without it after). Prompts drawn fresh:
+
+    * a cold prompt of ``L`` tokens, ``65 <= L < B``, off the 64-token grid: vLLM's split stops
+      it at ``L // 64 * 64`` (its checkpoint fails the column clause: two steps,
+      ``tests/patches/test_sub_block_tail_split.py``); here one step (caching off's), no
+      checkpoint written, no GDN state cached at that position; an exact repeat then hits
+      nothing, with the cold run's tokens (the same computation);
+    * a prompt hitting a first prompt's checkpoint ``m`` inside block ``B..2B`` and ending at
+      ``L2`` in ``[2B + 65, 3B)``, off the grid: vLLM's split stops at ``2B`` and then at
+      ``L2 // 64 * 64`` (three steps); here one step where the path writes the crossed boundary
+      (CPU; CUDA's one pass on vLLM 0.30's V2 runner), two where ``gdn-checkpoint-mid-block-stop``
+      still stops at ``2B``; the hit is ``m``; no GDN state cached at ``(L2 - 1) // 64 * 64``;
+      the blocks cached at ``2B`` were written by the step (where it runs past ``2B``); a third
+      prompt sharing the first ``2B`` tokens hits ``2B`` with the tokens it gets computed cold
+      (the state there is right);
+    * every output equals the same prompt computed cold under a fresh ``cache_salt``
+      (``_assert_same``: exact on CPU)."""
+    from vllm_hybrid_npu.patches import apply_patches, registry
+    from vllm_hybrid_npu.patches import sub_block_tail_split as T
+
+    mp = pytest.MonkeyPatch()
+    mp.setenv(T.SPLIT_ENV, "off")
+    registry.unapply_all()
+    report = apply_patches()
+    llm = None
+    try:
+        assert T.ENTRY in report.applied or T.ENTRY in report.pending, report.line()
+        llm = _engine(tiny_model_dir("qwen3_next"), engine_args, "exporter", prefix_match_unit=64,
+                      prefix_cache_retention_interval=None)
+        assert T.ENTRY in registry.REPORT.applied, registry.REPORT.line()
+        block = _block(llm)
+        n = rng.choice([x for x in range(65, block) if x % 64])
+        m = block + 64 * rng.randrange(1, block // 64)
+        n1 = m + rng.randrange(1, 64)
+        n2 = rng.choice([x for x in range(2 * block + 65, 3 * block) if x % 64])
+        where = f"block {block}, cold {n}, hit at {m} ({n1}-token first prompt), second {n2}"
+        cold_p = _prompt(rng, n)
+        before = block_hashes(llm)
+        with _planned_blocks() as planned:
+            (cold,), steps = _gen(llm, [cold_p])
+        assert steps == 1 and not planned, (where, steps, planned)
+        assert (n - 1) // 64 * 64 not in _new_mamba_keys(llm, before), (where, _new_mamba_keys(llm, before))
+        (rep,), steps = _gen(llm, [cold_p])
+        assert rep.num_cached_tokens == 0 and steps == 1, (where, rep.num_cached_tokens, steps)
+        _assert_same([Sequence.from_output(cold.outputs[0])], [Sequence.from_output(rep.outputs[0])],
+                     exact=True, cross_schedule=False)
+
+        first = _prompt(rng, n1)
+        _gen(llm, [first])
+        second = first[:m] + _prompt(rng, n2 - m)
+        before = block_hashes(llm)
+        with _planned_blocks() as planned:
+            (out,), steps = _gen(llm, [second])
+        stops = not _crossing_written(llm)
+        assert out.num_cached_tokens == m, (where, out.num_cached_tokens)
+        assert steps == (2 if stops else 1), (where, steps, "stops at 2B" if stops else "")
+        keys = _new_mamba_keys(llm, before)
+        assert (n2 - 1) // 64 * 64 not in keys, (where, keys)
+        if not stops:
+            assert set(cached_mamba_blocks(llm, 2 * block, before).values()) <= planned, where
+        third = second[:2 * block] + _prompt(rng, rng.randrange(65, block))
+        (hit,), _ = _gen(llm, [third])
+        assert hit.num_cached_tokens == 2 * block, (where, hit.num_cached_tokens)
+        for p, o in ((second, out), (third, hit)):
+            (c,), _ = _gen(llm, [p], salt=uuid.uuid4().hex)
+            _assert_same([Sequence.from_output(c.outputs[0])], [Sequence.from_output(o.outputs[0])],
+                         exact=exact_across_schedules)
+    finally:
+        if llm is not None:
+            _close(llm)
+        mp.undo()
+        registry.unapply_all()
+        apply_patches()

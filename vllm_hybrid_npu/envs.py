@@ -129,6 +129,22 @@ register(EnvVar(
     "([hitrate-guide.md](hitrate-guide.md)). vLLM 0.30 only (not read on 0.32 / 0.33)",
 ))
 register(EnvVar(
+    name="VLLM_HYBRID_NPU_SUB_BLOCK_TAIL_SPLIT",
+    values=("on", "off"),
+    kind="",
+    default="on",
+    read_by="registry entry `sub-block-tail-split-off` (`patches.sub_block_tail_split`; at load)",
+    effect="`on` (default): vLLM's scheduler splits, as vLLM 0.30 does, a prompt's last chunk "
+    "that spans at most one block column past its start (a cold prompt of at most one block, a "
+    "hit leaving at most about a block) with `--prefix-match-unit` below the block and the GDN "
+    "prefill-checkpoint exporter on, to cache the GDN state at its last prefix-match boundary: "
+    "one more prefill step; `off`: that chunk runs whole (caching off's steps), and that one "
+    "state is not cached (the KV-cache manager reserves no block for it; the hit the prompt "
+    "started from and the state at its end stay). Whether that pays depends on the traffic: the "
+    "lab's `tailsplit=off` key ([hitrate-guide.md](hitrate-guide.md)). vLLM 0.30 only (not read "
+    "on 0.32 / 0.33)",
+))
+register(EnvVar(
     name="VLLM_HYBRID_NPU_CUDA_JUNCTIONS",
     values=("off", "on"),
     kind="",

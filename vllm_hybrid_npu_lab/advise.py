@@ -599,6 +599,8 @@ def serve_flags(cand: Candidate, block_size: int, kv_cache_gib: float, tp: int) 
         env.append(f"VLLM_HYBRID_NPU_CHUNK_CHECKPOINTS={CKPT_FINAL}")
     if not s.tails:
         env.append("VLLM_HYBRID_NPU_HOST_TIER_PARTIAL_TAILS=off")
+    if not s.tail_split:
+        env.append("VLLM_HYBRID_NPU_SUB_BLOCK_TAIL_SPLIT=off")
     return flags, env
 
 

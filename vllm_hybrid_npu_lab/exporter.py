@@ -204,3 +204,39 @@ def exporter_scheduler(base: type, chunk_checkpoints: str = "all") -> type:
 
     ExporterScheduler.__name__ = ExporterScheduler.__qualname__ = f"Exporter{base.__name__}"
     return ExporterScheduler
+
+
+def tail_split_off_scheduler(base: type) -> type:
+    """A subclass of ``base`` (vLLM's ``Scheduler``, or a lab subclass of it) whose align-mode
+    split runs a prompt's last chunk whole where vLLM's checkpoint check fails by its column
+    clause alone: the runtime's ``sub-block-tail-split-off`` entry
+    (:mod:`vllm_hybrid_npu.patches.sub_block_tail_split`, ``VLLM_HYBRID_NPU_SUB_BLOCK_TAIL_SPLIT
+    =off``; vLLM 0.30), whose replacement of the scheduler module's
+    ``is_mamba_prefill_checkpoint_valid`` is bound only while this scheduler's
+    ``_mamba_block_aligned_split`` runs (restored after each call; a replay runs in one thread of
+    its process), so other replays keep vLLM's answer and the KV-cache manager, which imports the
+    function under its own name, keeps it here too. The runtime's split entries bound on the
+    instance later (:func:`apply_mid_block_stop`, :func:`apply_junction_entries`) wrap this
+    method. The installed vLLM is the policy's to check (``tailsplit=off`` settings carry the
+    entry's versions, :func:`vllm_hybrid_npu_lab.upstream_grid.policy_of`)."""
+    import vllm.v1.core.sched.scheduler as S
+
+    from vllm_hybrid_npu.patches import registry
+    from vllm_hybrid_npu.patches import sub_block_tail_split as T
+
+    class TailSplitOffScheduler(base):  # type: ignore[misc, valid-type]
+        def _mamba_block_aligned_split(self, *args: Any, **kwargs: Any) -> int:
+            upstream = S.is_mamba_prefill_checkpoint_valid
+            if registry.is_ours(upstream):  # the runtime's entry applied process-wide
+                return super()._mamba_block_aligned_split(*args, **kwargs)
+            ours = vars(self).get("_vhn_tail_split_valid")
+            if ours is None or ours.__wrapped__ is not upstream:
+                ours = self._vhn_tail_split_valid = T.make_valid(upstream)
+            S.is_mamba_prefill_checkpoint_valid = ours
+            try:
+                return super()._mamba_block_aligned_split(*args, **kwargs)
+            finally:
+                S.is_mamba_prefill_checkpoint_valid = upstream
+
+    TailSplitOffScheduler.__name__ = TailSplitOffScheduler.__qualname__ = f"TailSplitOff{base.__name__}"
+    return TailSplitOffScheduler

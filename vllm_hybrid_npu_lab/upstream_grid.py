@@ -27,6 +27,12 @@ can pass to ``vllm serve`` (vLLM 0.30, ``vllm/config/cache.py`` / ``vllm/config/
   host tier (``--kv-offloading-size``) keeps no partial tail (vLLM's own branch without them;
   :func:`vllm_hybrid_npu_lab.host_tier.tails_off_scheduler`); without a host tier it changes
   nothing. Not in the grid nor in ``advise``'s search: replay it with ``hitrate --policy``.
+* ``tailsplit=off``: the runtime's ``VLLM_HYBRID_NPU_SUB_BLOCK_TAIL_SPLIT=off`` (vLLM 0.30): with
+  ``ckpt`` and ``pmu`` below the block, a prompt's last chunk that fails vLLM's checkpoint check by
+  its column clause alone runs whole instead of stopping at its last prefix-match boundary, and
+  that state is not cached (:func:`vllm_hybrid_npu_lab.exporter.tail_split_off_scheduler`);
+  without ``ckpt`` or at the block's unit it changes nothing. Not in the grid nor in
+  ``advise``'s search either.
 * ``enable_mamba_fine_grained_prefix_cache`` (the junction checkpoint for EAGLE siblings) acts
   only with EAGLE/MTP and a finer prefix match unit; the lab replays no speculative decoding,
   so it is not in the grid.
@@ -60,13 +66,16 @@ class UpstreamSetting:
     ``True`` (the exporter) or :data:`CKPT_FINAL` (the exporter keeping a non-final chunk's
     checkpoint only where vLLM's retention-0 rule would: the runtime's
     ``VLLM_HYBRID_NPU_CHUNK_CHECKPOINTS=final``); ``tails``: ``False`` for the runtime's
-    ``VLLM_HYBRID_NPU_HOST_TIER_PARTIAL_TAILS=off`` (the host tier keeps no partial tail)."""
+    ``VLLM_HYBRID_NPU_HOST_TIER_PARTIAL_TAILS=off`` (the host tier keeps no partial tail);
+    ``tail_split``: ``False`` for the runtime's ``VLLM_HYBRID_NPU_SUB_BLOCK_TAIL_SPLIT=off`` (a
+    prompt's last chunk failing vLLM's checkpoint check by its column clause alone runs whole)."""
 
     ret: int | None = 0
     lpt: int = 0
     pmu: int | None = None
     ckpt: bool | str = False
     tails: bool = True
+    tail_split: bool = True
 
     @property
     def chunk_checkpoints(self) -> str | None:
@@ -90,6 +99,8 @@ class UpstreamSetting:
             parts.append("ckpt=final" if self.ckpt == CKPT_FINAL else "ckpt")
         if not self.tails:
             parts.append("tails=off")
+        if not self.tail_split:
+            parts.append("tailsplit=off")
         return "upstream:" + ",".join(parts) if parts else "upstream"
 
     def tune(self, vllm_config: Any, block_size: int) -> None:
@@ -122,7 +133,7 @@ def parse_setting(name: str) -> UpstreamSetting:
         return UpstreamSetting()
     bad = ValueError(
         f"--policy {name!r}: not an upstream setting (upstream:ret=dense|<k>b,lpt=<k>b,"
-        "pmu=<tokens>,ckpt|ckpt=final,tails=off)"
+        "pmu=<tokens>,ckpt|ckpt=final,tails=off,tailsplit=off)"
     )
     if not name.startswith("upstream:") or not name[len("upstream:"):]:
         raise bad
@@ -140,6 +151,8 @@ def parse_setting(name: str) -> UpstreamSetting:
                 kw[key] = int(value[:-1])
             elif key == "tails" and value == "off":
                 kw["tails"] = False
+            elif key == "tailsplit" and value == "off":
+                kw["tail_split"] = False
             elif key == "pmu" and int(value) > 0:
                 kw["pmu"] = int(value)
             else:
@@ -164,10 +177,15 @@ def policy_of(setting: UpstreamSetting) -> Policy:
     if not setting.tails:
         what += (" (tails=off: VLLM_HYBRID_NPU_HOST_TIER_PARTIAL_TAILS=off, the host tier keeps no "
                  "partial tail)")
+    if not setting.tail_split:
+        what += (" (tailsplit=off: VLLM_HYBRID_NPU_SUB_BLOCK_TAIL_SPLIT=off, a prompt's last chunk "
+                 "failing vLLM's checkpoint check by its column clause alone runs whole)")
     chunk = setting.chunk_checkpoints
     factory = functools.partial(_exporter_scheduler, chunk) if chunk else _upstream_scheduler
     if not setting.tails:
         factory = functools.partial(_tails_off_scheduler, factory)
+    if not setting.tail_split:
+        factory = functools.partial(_tail_split_off_scheduler, factory)
     why = []
     if chunk == CKPT_FINAL:
         why.append("ckpt=final is the runtime's VLLM_HYBRID_NPU_CHUNK_CHECKPOINTS=final, carried "
@@ -176,6 +194,9 @@ def policy_of(setting: UpstreamSetting) -> Policy:
     if not setting.tails:
         why.append("tails=off is the runtime's VLLM_HYBRID_NPU_HOST_TIER_PARTIAL_TAILS=off, its "
                    "vLLM 0.30 entry host-tier-partial-tails-off")
+    if not setting.tail_split:
+        why.append("tailsplit=off is the runtime's VLLM_HYBRID_NPU_SUB_BLOCK_TAIL_SPLIT=off, its "
+                   "vLLM 0.30 entry sub-block-tail-split-off")
     # the runtime options live in vLLM 0.30 registry entries
     versions = {"vllm": ("0.30.0",), "vllm_why": "; ".join(why)} if why else {}
     return Policy(name=setting.name, description=what, scheduler_class=factory, tune=setting.tune,
@@ -221,6 +242,12 @@ def _tails_off_scheduler(factory: Any) -> type:
     from vllm_hybrid_npu_lab.host_tier import tails_off_scheduler
 
     return tails_off_scheduler(factory())
+
+
+def _tail_split_off_scheduler(factory: Any) -> type:
+    from vllm_hybrid_npu_lab.exporter import tail_split_off_scheduler
+
+    return tail_split_off_scheduler(factory())
 
 
 def final_available() -> bool:

@@ -221,6 +221,32 @@ def test_checkpoint_off_its_grid_is_checkpoint_invalid(cfg, rng):
     assert by == {"prompt_tail": 2}
 
 
+def test_tailsplit_off_keeps_a_column_only_invalid_final_chunk_whole(cfg, rng):
+    # The runtime's VLLM_HYBRID_NPU_SUB_BLOCK_TAIL_SPLIT=off (the lab's tailsplit=off, vLLM 0.30).
+    # Block 256, unit 64, exporter declared. A cold prompt of p tokens, 64 < p < 256, off the
+    # 64-token grid: its checkpoint (p - 1) // 64 * 64 is on the grid and inside the prompt, but
+    # its column cdiv(p, 256) - 2 = -1 is not past the initial state's (-1): not valid, so vLLM
+    # stops at the prompt's last 64-token boundary p // 64 * 64 and caches the state there (2
+    # steps, 1 checkpoint_invalid); the same prompt again hits there. With tailsplit=off the
+    # chunk runs whole (1 step, caching off's) and that state is not cached: the repeat hits 0.
+    # The pmu=32 prompt of the test above fails the alignment clause as well: unchanged (2).
+    from vllm_hybrid_npu_lab.upstream_grid import parse_setting, policy_of
+
+    if policy_of(parse_setting("upstream:pmu=64,ckpt,tailsplit=off")).unavailable():
+        pytest.skip("tailsplit=off: the runtime entry is vLLM 0.30's")
+    p = rng.choice([n for n in range(65, 256) if n % 64])
+    rows = [(p, [1]), (p, [1])]
+    res, by = _replay(cfg, rows, "upstream:pmu=64,ckpt")
+    assert res.cached_per_request == [0, p // 64 * 64], p
+    assert res.prefill_steps_per_prompt == 1.5 and by == {"checkpoint_invalid": 1}, (p, by)
+    res, by = _replay(cfg, rows, "upstream:pmu=64,ckpt,tailsplit=off")
+    assert res.cached_per_request == [0, 0], p
+    assert res.prefill_steps_per_prompt == 1 and by == {}, (p, by)
+    q = rng.choice([n for n in range(1058, 1280) if (n - 1) // 32 % 2 and (n - 1) % 32 and n % 32])
+    res, by = _replay(cfg, [(q, [1, 2, 3])], "upstream:pmu=32,ckpt,tailsplit=off")
+    assert res.prefill_steps_per_prompt == 3 and by == {"checkpoint_invalid": 2}, q
+
+
 def test_long_prefill_threshold_steps(cfg, rng):
     # Block 256, --long-prefill-token-threshold 1 block, two cold prompts of k whole blocks (no
     # block shared) arriving together: chunks of 256 each, k steps where B = 8192 needs 1:

@@ -74,6 +74,30 @@ def checkpoint_offsets(seq_lens: Sequence[int], query_lens: Sequence[int], *,
     return offsets, cols
 
 
+def only_column_clause_fails(query_start: int, query_end: int, checkpoint_position: int,
+                             hash_block_size: int, mamba_block_size: int,
+                             checkpoint_alignment: int | None) -> bool:
+    """Whether a prefill query ``[query_start, query_end)`` (tokens) fails vLLM 0.30's
+    ``is_mamba_prefill_checkpoint_valid`` (``vllm/v1/kv_cache_interface.py``) by its column clause
+    alone: the checkpoint's block-table column ``cdiv(query_end, B) - 2`` is not past the initial
+    state's ``(query_start - 1) // B`` (``B`` = ``mamba_block_size``), while the start lies on the
+    prefix-match unit (``hash_block_size``), the checkpoint is at least one unit past the start,
+    strictly inside the query and on the alignment grid from the start. That is a query spanning at
+    most one block column past its start: a cold prompt of at most one block, or a hit leaving at
+    most about a block. Only with a prefix-match unit below the block (at the block's own unit the
+    other clauses imply the column clause). False where ``checkpoint_alignment`` is None (no
+    checkpoint declared)."""
+    if checkpoint_alignment is None or checkpoint_alignment <= 0 or mamba_block_size <= 0:
+        return False
+    initial_state_col = (query_start - 1) // mamba_block_size
+    checkpoint_col = -(-query_end // mamba_block_size) - 2
+    return (checkpoint_col <= initial_state_col
+            and query_start % hash_block_size == 0
+            and query_start + hash_block_size <= checkpoint_position
+            and query_start < checkpoint_position < query_end
+            and (checkpoint_position - query_start) % checkpoint_alignment == 0)
+
+
 def junction_checkpoint(start: int, end: int, num_prompt_tokens: int, junction: int, block: int,
                         checkpoint_position: int) -> tuple[str, int]:
     """Whether a prefill chunk ``[start, end)`` (tokens) can run past the request's shared-prefix

@@ -19,6 +19,10 @@ One module per patched upstream module (or, for ``gdn_prefill_checkpoint``, per 
   the KV-cache manager reserving its block in the split's column.
 * :mod:`.vllm_kv_offload_scheduler` - opt-in: vLLM's host tier (OffloadingConnector) keeps no
   partial tail (``VLLM_HYBRID_NPU_HOST_TIER_PARTIAL_TAILS=off``; vLLM's own branch without them).
+* :mod:`.sub_block_tail_split` - opt-in: with ``--prefix-match-unit`` below the block, a prompt's
+  last chunk that fails vLLM's checkpoint check by its column clause alone runs whole
+  (``VLLM_HYBRID_NPU_SUB_BLOCK_TAIL_SPLIT=off``; the scheduler's name of
+  ``is_mamba_prefill_checkpoint_valid``).
 * :mod:`.vllm_v1_engine_core` - ``EngineCore._initialize_kv_caches`` / ``EngineCoreProc.__init__``
   (CPU): the engine-core process keeps the block size vLLM resolved, which its handshake resets.
 * :mod:`.vllm_v1_core_sched_scheduler` - ``Scheduler.schedule`` / ``make_stats`` and
@@ -63,6 +67,7 @@ PATCH_MODULES = (
     "vllm_hybrid_npu.patches.resend_tail",
     "vllm_hybrid_npu.patches.gdn_junction",
     "vllm_hybrid_npu.patches.vllm_kv_offload_scheduler",
+    "vllm_hybrid_npu.patches.sub_block_tail_split",
     "vllm_hybrid_npu.patches.vllm_ascend_gdn",
     "vllm_hybrid_npu.patches.vllm_v1_core_sched_scheduler",
     "vllm_hybrid_npu.patches.vllm_v1_engine_core",
