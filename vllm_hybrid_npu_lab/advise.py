@@ -57,7 +57,10 @@ best eligible setting found there (and prints the unconstrained best and vLLM's 
 best there). Where the installed vLLM has the runtime's ``VLLM_HYBRID_NPU_CHUNK_CHECKPOINTS``
 (vLLM 0.30), each search also replays ``ckpt=final`` beside the best exporter setting at 1, 2, 4
 and 8 blocks of retention (:func:`_final_scan`: 4 replays, more only while 8 blocks wins and is
-doubled). ``--jobs`` replays the
+doubled), and the runtime's two opt-ins for a prefix-match unit below the block beside the best
+exporter setting with one (``tailsplit=off``, and with a host tier ``tails=off`` and both:
+:func:`_optin_scan`, at most 3 replays); they compete for the advice, never for vLLM's split at
+its best. ``--jobs`` replays the
 settings of one step (the grid, one axis's values) in parallel processes. The same search without
 a bound is the ``upstream-best`` row of ``hitrate`` (its best by hits, on the replayed requests,
 the host tier fixed by ``--host-cache-gib``).
@@ -76,7 +79,8 @@ import sys
 from typing import Any, Callable
 
 from vllm_hybrid_npu_lab.replay import TARGET_HELP, TARGETS
-from vllm_hybrid_npu_lab.upstream_grid import CKPT_FINAL, UpstreamSetting, final_available
+from vllm_hybrid_npu_lab.upstream_grid import (CKPT_FINAL, UpstreamSetting, final_available,
+                                                optins_available)
 
 #: option axes in search order
 #: ``ret+lpt`` is one axis: the two options act together (a long-prefill threshold leaves states
@@ -171,9 +175,11 @@ class Candidate:
         return getattr(self.setting, axis)
 
     def changes(self, other: "Candidate") -> int:
-        """How many options (``ret``, ``lpt``, ``pmu``, ``ckpt``, ``host``) differ from ``other``."""
+        """How many options (``ret``, ``lpt``, ``pmu``, ``ckpt``, ``tails``, ``tail_split``,
+        ``host``) differ from ``other``."""
         a, b = self.setting, other.setting
-        return (sum(getattr(a, f) != getattr(b, f) for f in ("ret", "lpt", "pmu", "ckpt"))
+        return (sum(getattr(a, f) != getattr(b, f)
+                    for f in ("ret", "lpt", "pmu", "ckpt", "tails", "tail_split"))
                 + (self.host_gib != other.host_gib))
 
     def with_(self, axis: str, value: Any) -> "Candidate":
@@ -269,9 +275,10 @@ class SearchResult:
 
     def best_split(self) -> Candidate | None:
         """vLLM's split at its best: the most token hits among the evaluated settings without the
-        exporter that meet :attr:`bound` or, when none does, among all without it (ties: the
-        first evaluated); ``None`` when none was evaluated."""
-        split = [c for c in self.valid if not c.setting.ckpt]
+        exporter and without the runtime's opt-ins (``tails=off``, ``tailsplit=off``) that meet
+        :attr:`bound` or, when none does, among all of those (ties: the first evaluated);
+        ``None`` when none was evaluated."""
+        split = [c for c in self.valid if not c.setting.ckpt and not is_optin(c.setting)]
         return _first_most_hits([c for c in split if self.eligible(c)] or split, self.evaluated)
 
     @property
@@ -302,11 +309,13 @@ class SearchResult:
     def cost(self) -> dict[str, Any]:
         """The search's cost and shape: ``replays``, ``invalid`` (settings vLLM rejected),
         ``grid`` (grid settings, invalid included), ``grid_axes``, ``starts`` and ``endpoints``
-        (labels), ``passes``, ``final`` (``ckpt=final`` settings replayed, :func:`_final_scan`)."""
+        (labels), ``passes``, ``final`` (``ckpt=final`` settings replayed, :func:`_final_scan`),
+        ``optins`` (settings with a runtime opt-in replayed, :func:`_optin_scan`)."""
         return {"replays": self.replays, "invalid": self.invalid, "grid": len(self.grid),
                 "grid_axes": list(self.grid_axes), "starts": [c.label for c in self.starts],
                 "endpoints": [c.label for c in self.endpoints], "passes": self.passes,
-                "final": sum(c.setting.ckpt == CKPT_FINAL for c in self.evaluated)}
+                "final": sum(c.setting.ckpt == CKPT_FINAL for c in self.evaluated),
+                "optins": sum(is_optin(c.setting) for c in self.evaluated)}
 
     def merged(self, known: dict[Candidate, dict[str, Any] | None]) -> "SearchResult":
         """A copy whose :attr:`evaluated` also holds the ``known`` replays the search did not
@@ -347,6 +356,7 @@ def search(
     known: dict[Candidate, dict[str, Any] | None] | None = None,
     bound: StepBound | None = None,
     final: bool = False,
+    optins: bool = False,
 ) -> SearchResult:
     """Grid over ``grid_axes``, then coordinate descent over ``axes`` from the best ``starts``
     grid settings (see module docstring), then, with ``final``, the ``ckpt=final`` scan
@@ -381,6 +391,10 @@ def search(
             final``, vLLM 0.30) beside the best exporter setting (:func:`_final_scan`; at most
             :data:`RET_VALUES`' positive intervals, 4, plus doublings of the largest while it
             wins); only where ``exporter``.
+        optins: also replay the runtime's opt-ins for a prefix-match unit below the block
+            (``tailsplit=off``; with ``host_gib`` also ``tails=off`` and both; vLLM 0.30) beside
+            the best exporter setting with such a unit (:func:`_optin_scan`); only where
+            ``exporter``.
 
     Raises:
         ValueError: ``start`` is not valid, ``starts`` < 1 (names ``--starts``) or
@@ -450,6 +464,9 @@ def search(
         passes = max(passes, ran)
     if final and exporter:
         _final_scan(score_all, [c for c in evaluated if evaluated[c] is not None], rank, evaluated)
+    if optins and exporter:
+        _optin_scan(score_all, [c for c in evaluated if evaluated[c] is not None], rank, evaluated,
+                    host=host_gib > 0)
     return SearchResult(best=_most_hits(evaluated, start), start=start, evaluated=evaluated,
                         passes=passes, grid=grid, starts=[seed for seed, _, _ in runs],
                         endpoints=endpoints, grid_axes=tuple(gaxes), bound=bound)
@@ -483,6 +500,37 @@ def _final_scan(score_all: Callable[[list[Candidate]], list[Any]], valid: list[C
         if best is None:
             break
         values = [v for v in _extensions("ret", best.setting.ret, tried) if v not in tried]
+    return best
+
+
+def is_optin(setting: UpstreamSetting) -> bool:
+    """Whether ``setting`` uses one of the runtime's opt-ins (``tails=off``, ``tailsplit=off``):
+    a plugin option, never part of vLLM's split at its best."""
+    return not setting.tails or not setting.tail_split
+
+
+def _optin_scan(score_all: Callable[[list[Candidate]], list[Any]], valid: list[Candidate],
+                rank: Callable, evaluated: dict, host: bool) -> Candidate | None:
+    """The runtime's opt-ins for a prefix-match unit below the block, beside the exporter's best
+    with one: from the best evaluated exporter setting with ``pmu`` set by ``rank`` (the search's
+    own), the same with ``tailsplit=off`` (``VLLM_HYBRID_NPU_SUB_BLOCK_TAIL_SPLIT=off``: fewer
+    steps, one sub-block state fewer per short final chunk) and, with a host tier (``host``), with
+    ``tails=off`` (``VLLM_HYBRID_NPU_HOST_TIER_PARTIAL_TAILS=off``: the host's pages to block-grid
+    chunks) and with both. At the block's unit neither changes anything (no partial tail; the
+    column clause fails alone only below the block), so none is replayed there; coordinate
+    descent never varies them. Returns the scan's best (None without such a setting); the
+    replays land in ``evaluated``."""
+    exp = [c for c in valid if c.setting.ckpt and c.setting.pmu is not None and not is_optin(c.setting)]
+    if not exp:
+        return None
+    seed = max(exp, key=lambda c: rank(evaluated[c]))  # max() keeps the first of equals
+    cands = [seed.with_("tail_split", False)]
+    if host:
+        cands += [seed.with_("tails", False), seed.with_("tails", False).with_("tail_split", False)]
+    best, best_score = None, None
+    for cand, sc in zip(cands, score_all(cands)):
+        if sc is not None and (best_score is None or sc > best_score):
+            best, best_score = cand, sc
     return best
 
 
@@ -883,7 +931,8 @@ def advise(args: argparse.Namespace) -> dict[str, Any]:
     bound = StepBound(fit_off["extra_prefill_steps_per_prompt"], margin)
     result = run_search(fit_replayer, start, args.host_cache_gib, jobs=args.jobs,
                         exporter=not args.no_exporter, max_passes=args.max_passes,
-                        starts=args.starts, bound=bound, final=final_available())
+                        starts=args.starts, bound=bound, final=final_available(),
+                        optins=optins_available())
     most = result.best  # the most fit-part hits, whatever the steps
     best = choose(result, args.hit_tolerance)  # the advice: most hits within the step bound
     check_replayer = Replayer(check, cfg, kv_cache_gib=args.kv_cache_gib, tp=args.tp,
@@ -1059,7 +1108,8 @@ def audit_check(check_replayer: "Replayer", start: Candidate, advised_cand: Cand
     known = dict(known or {})
     res = run_search(check_replayer, start, args.host_cache_gib, jobs=args.jobs,
                      exporter=not args.no_exporter, max_passes=args.max_passes,
-                     starts=args.starts, known=known, bound=bound, final=final_available())
+                     starts=args.starts, known=known, bound=bound, final=final_available(),
+                     optins=optins_available())
     replays = res.replays
     new_replays = replays - sum(1 for c, r in known.items() if r is not None and c in res.evaluated)
     every = res.merged({advised_cand: advised, start: default, **known})
@@ -1156,6 +1206,8 @@ def format_report(rep: dict[str, Any]) -> str:
         f"(every {grid} combination: {sc['grid']}, then coordinate descent from "
         f"{len(sc['starts'])} of them"
         + (f", then ckpt=final beside the exporter's best: {sc['final']}" if sc.get("final") else "")
+        + (f", then the runtime's opt-ins beside its best with a prefix-match unit: {sc['optins']}"
+           if sc.get("optins") else "")
         + "), checked on requests "
         f"{check['requests'][0]}-{check['requests'][1]}",
         bound_line,

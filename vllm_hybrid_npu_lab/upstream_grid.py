@@ -250,6 +250,13 @@ def _tail_split_off_scheduler(factory: Any) -> type:
     return tail_split_off_scheduler(factory())
 
 
+def optins_available() -> bool:
+    """Whether ``tails=off`` and ``tailsplit=off`` can be replayed here: the installed vLLM is
+    one the runtime's entries carrying them (``host-tier-partial-tails-off``,
+    ``sub-block-tail-split-off``) apply to (vLLM 0.30)."""
+    return policy_of(UpstreamSetting(pmu=64, ckpt=True, tails=False, tail_split=False)).unavailable() is None
+
+
 def final_available() -> bool:
     """Whether ``ckpt=final`` can be replayed here: the installed vLLM is one the runtime's
     ``gdn-checkpoint-retention`` entry (which carries the option) applies to (vLLM 0.30)."""

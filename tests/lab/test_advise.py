@@ -150,6 +150,56 @@ def test_final_scan_sits_beside_the_exporters_best_and_is_bounded():
                                                   final=True).evaluated)
 
 
+def test_optin_scan_sits_beside_the_best_sub_block_exporter_and_never_counts_as_vllms(rng):
+    # the runtime's opt-ins (tailsplit=off; with a host tier tails=off and both) lift only a
+    # prefix-match unit below the block; the descent never varies them. The scan replays them
+    # beside the best exporter setting with a pmu (3 with a host tier, 1 without), nothing else;
+    # the advice may take one, vLLM's split at its best never does (a tails=off setting without
+    # the exporter scoring highest of all, handed in as known, stays out of it)
+    from vllm_hybrid_npu_lab.advise import StepBound, choose, is_optin
+
+    lift = {(True, True): 0.0, (True, False): rng.uniform(0.01, 0.05),
+            (False, True): rng.uniform(0.06, 0.1), (False, False): rng.uniform(0.11, 0.2)}
+
+    def evaluate(c: Candidate):
+        s = c.setting
+        hits = 0.3 + (0.02 if s.ckpt else 0.0) - 0.01 * s.lpt - (0.05 if s.pmu else 0.0)
+        if s.pmu:
+            hits += lift[(s.tails, s.tail_split)]
+        return {"token_hit_rate": hits, "prefill_steps_per_prompt": 1.0,
+                "extra_prefill_steps_per_prompt": 0.0}
+
+    bound = StepBound(0.0, 0.05)
+    plain = search(evaluate, Candidate(), 8.0, bound=bound)
+    assert not any(is_optin(c.setting) for c in plain.evaluated)
+    res = search(evaluate, Candidate(), 8.0, bound=bound, optins=True)
+    added = [c for c in res.evaluated if c not in plain.evaluated]
+    assert len(added) == 3 == res.cost()["optins"] and all(is_optin(c.setting) for c in added)
+    seeds = {dataclasses.replace(c, setting=dataclasses.replace(c.setting, tails=True, tail_split=True))
+             for c in added}
+    assert len(seeds) == 1 and (seed := seeds.pop()).setting.ckpt and seed.setting.pmu
+    assert choose(res) == added[2] and not added[2].setting.tails and not added[2].setting.tail_split
+    trap = Candidate(UpstreamSetting(pmu=32, tails=False))
+    merged = res.merged({trap: {"token_hit_rate": 0.99, "prefill_steps_per_prompt": 1.0,
+                                "extra_prefill_steps_per_prompt": 0.0}})
+    assert merged.best_split() is not None and not is_optin(merged.best_split().setting)
+    # without a host tier only tailsplit=off; without the exporter nothing
+    nohost = search(evaluate, Candidate(), 0.0, bound=bound, optins=True)
+    assert nohost.cost()["optins"] == 1
+    assert search(evaluate, Candidate(), 8.0, bound=bound, exporter=False, optins=True).cost()["optins"] == 0
+
+
+def test_optin_settings_parse_back_and_name_their_env():
+    s = UpstreamSetting(ret=1, pmu=64, ckpt="final", tails=False, tail_split=False)
+    assert s.name == "upstream:ret=1b,pmu=64,ckpt=final,tails=off,tailsplit=off"
+    assert parse_setting(s.name) == s
+    with pytest.raises(ValueError, match="--policy"):
+        parse_setting("upstream:pmu=64,ckpt,tailsplit=on")
+    _, env = serve_flags(Candidate(s, host_gib=256), 1088, 16, 1)
+    assert env[-2:] == ["VLLM_HYBRID_NPU_HOST_TIER_PARTIAL_TAILS=off",
+                        "VLLM_HYBRID_NPU_SUB_BLOCK_TAIL_SPLIT=off"]
+
+
 def test_search_is_a_local_optimum_on_every_axis(rng):
     # a random objective with interactions; the search must end where no single option change
     # helps, evaluate every candidate once, and never end below where it started
