@@ -35,6 +35,14 @@ which class carries the plugin's manager wrappers, the split's wrapper chain, ea
 prefill chunks and the second request's Mamba block columns. ``--junctions off`` replays the
 lab's default target with CUDA's junction export off (``VLLM_HYBRID_NPU_CUDA_JUNCTIONS=off``: the
 rule forced off, vLLM's junction stop), the control.
+
+``--mode tailsplit --order ... --tail-split off|on`` (issue 38 item 3): the plugin's
+``sub-block-tail-split-off`` entry (``VLLM_HYBRID_NPU_SUB_BLOCK_TAIL_SPLIT``) with the same
+vllm-ascend patches, in either order, ``--prefix-match-unit 64`` and the checkpoint declared: a
+cold prompt of ``64 < p < 256`` tokens off the 64-token grid (its checkpoint fails vLLM's check by
+its column clause alone), then its exact repeat. Recorded: whether the entry applied, the split's
+wrapper chain, the scheduler module's ``is_mamba_prefill_checkpoint_valid`` (ours or vLLM's) and
+the KV-cache manager module's, each request's prefill chunks and hits.
 """
 
 from __future__ import annotations
@@ -60,14 +68,15 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, required=True)
     ap.add_argument("--policy", default="lean")
     ap.add_argument("--balance", choices=("on", "off"), default="on")
-    ap.add_argument("--mode", choices=("policy", "junction"), default="policy")
+    ap.add_argument("--mode", choices=("policy", "junction", "tailsplit"), default="policy")
     ap.add_argument("--order", choices=("ascend-first", "registry-first"), default="ascend-first")
     ap.add_argument("--junctions", choices=("on", "off"), default="on")
+    ap.add_argument("--tail-split", choices=("on", "off"), default="off")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     result = {"seed": args.seed, "policy": args.policy, "balance": args.balance, "error": None}
     try:
-        (run_junction if args.mode == "junction" else run)(args, result)
+        {"junction": run_junction, "tailsplit": run_tailsplit}.get(args.mode, run)(args, result)
     except BaseException:
         result["error"] = traceback.format_exc()
     Path(args.out).write_text(json.dumps(result, indent=1, default=str))
@@ -281,6 +290,65 @@ def run_junction(args, result) -> None:
     result["cached_per_request"] = list(res.cached_per_request)
     result["chunks"], result["mamba_columns"] = chunks, columns
     result["scheduler_bound"] = f"{bound.__module__}.{bound.__qualname__}"
+
+
+def run_tailsplit(args, result) -> None:
+    plat = _platform_package()
+    import importlib
+
+    os.environ["VLLM_HYBRID_NPU_SUB_BLOCK_TAIL_SPLIT"] = args.tail_split
+    from vllm_hybrid_npu import patches
+    from vllm_hybrid_npu.support import Stack
+
+    def ascend_patches():  # in vllm_ascend/patch/platform/__init__.py's order
+        for name in ("patch_mamba_block_aligned_split", "patch_mamba_manager", "patch_balance_schedule"):
+            importlib.import_module(f"{plat}.{name}")
+
+    stack = Stack(target="npu", vllm="0.30.0", vllm_ascend=ASCEND)
+    if args.order == "ascend-first":
+        ascend_patches()
+        report = patches.apply_patches("npu", stack)
+    else:
+        report = patches.apply_patches("npu", stack)
+        ascend_patches()
+    result["failed"], result["applied"] = dict(report.failed), list(report.applied)
+    import vllm.v1.core.sched.scheduler as sched_mod
+    import vllm.v1.core.single_type_kv_cache_manager as stm
+    import vllm.v1.kv_cache_interface as kvi
+
+    from vllm_hybrid_npu.patches.registry import is_ours
+
+    result["split_chain"] = _chain(sched_mod.Scheduler._mamba_block_aligned_split)
+    result["scheduler_valid_ours"] = is_ours(sched_mod.is_mamba_prefill_checkpoint_valid)
+    result["manager_valid_vllms"] = stm.is_mamba_prefill_checkpoint_valid is kvi.is_mamba_prefill_checkpoint_valid
+
+    from vllm_hybrid_npu_lab.model import build_setup
+    from vllm_hybrid_npu_lab.presets import TINY_HYBRID
+    from vllm_hybrid_npu_lab.replay import replay
+    from vllm_hybrid_npu_lab.trace import TraceRequest
+    from vllm_hybrid_npu_lab.upstream_grid import UpstreamSetting
+
+    rng = random.Random(args.seed)
+    setup = build_setup(TINY_HYBRID, kv_cache_bytes=64 << 20, max_model_len=8192, block_size=256,
+                        max_num_batched_tokens=8192, prefill_checkpoints=True,
+                        tune=UpstreamSetting(pmu=64, ckpt=True).tune)
+    p = rng.choice([n for n in range(65, setup.block_size) if n % 64])
+    result["prompt"], result["block_size"], result["hash_block_size"] = p, setup.block_size, setup.hash_block_size
+    reqs = [TraceRequest(10_000.0 * i, p, 4, (1,)) for i in range(2)]
+    chunks: dict[str, list] = {}
+
+    class Recording(setup.vllm_config.scheduler_config.get_scheduler_cls()):
+        def schedule(self, *a, **k):
+            so = super().schedule(*a, **k)
+            for rid, n in so.num_scheduled_tokens.items():
+                req = self.requests[rid]
+                start = req.num_computed_tokens - n  # schedule() advanced it
+                if start < req.num_prompt_tokens:
+                    chunks.setdefault(rid, []).append([start, n])
+            return so
+
+    res = replay(reqs, setup, Recording, carry_outputs=False, target="npu")
+    result["cached_per_request"], result["chunks"] = list(res.cached_per_request), chunks
 
 
 if __name__ == "__main__":

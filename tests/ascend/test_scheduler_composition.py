@@ -17,6 +17,13 @@ The junction entries (issue 38, ``sched_replay.py --mode junction``): vllm-ascen
 both orders (vllm-ascend's patches first, the registry first), and a control with vLLM's junction
 stop: the second request sharing a prefix runs past its junction in one step, the block in the
 junction's column reserved, and the third hits the junction.
+
+The sub-block tail split (issue 38 item 3, ``sched_replay.py --mode tailsplit``): the plugin's
+``sub-block-tail-split-off`` entry with the same vllm-ascend patches, in both orders, at
+``--prefix-match-unit 64``: vllm-ascend's split wrapper calls vLLM's, which reads the rebound
+name, so a cold prompt within one block, off the 64-token grid, runs in one chunk and its repeat
+hits nothing; the control (the variable ``on``) keeps vLLM's stop at its last 64-token boundary,
+which its repeat hits.
 """
 
 from __future__ import annotations
@@ -141,3 +148,37 @@ def test_shared_prefix_junction_runs_inside_the_step(junction):
     # the third hits the junction's state either way
     assert cached[1] == 0 and cached[2] == junction_at, (where, cached)
     assert chunks["2"] == [[junction_at, rows[2][0] - junction_at]], where
+
+
+# ------------------------------------------------------------- sub-block tail split (issue 38)
+@pytest.fixture(scope="module", params=[("ascend-first", "off"), ("registry-first", "off"),
+                                        ("ascend-first", "on")],
+                ids=["ascend-first", "registry-first", "control-split"])
+def tailsplit(request, tmp_path_factory):
+    """``sched_replay.py --mode tailsplit``: ``VLLM_HYBRID_NPU_SUB_BLOCK_TAIL_SPLIT`` with
+    vllm-ascend's scheduler-side platform patches, in either order; the control keeps vLLM's
+    split (``on``)."""
+    order, split = request.param
+    out = tmp_path_factory.mktemp("tailsplit") / "r.json"
+    cmd = [sys.executable, str(HERE / "sched_replay.py"), "--seed", str(SEED), "--mode", "tailsplit",
+           "--order", order, "--tail-split", split, "--out", str(out)]
+    res = run_replay(cmd, out, timeout=600)
+    res["order"], res["off"] = order, split == "off"
+    return res
+
+
+def test_tail_split_off_runs_through_vllm_ascends_split(tailsplit):
+    assert tailsplit["failed"] == {}
+    p, where = tailsplit["prompt"], f"seed {SEED}, {tailsplit['order']}"
+    assert (tailsplit["block_size"], tailsplit["hash_block_size"]) == (256, 64)
+    assert "vllm_ascend/patch/platform/patch_mamba_block_aligned_split.py" in tailsplit["split_chain"]
+    assert tailsplit["manager_valid_vllms"]  # the KV-cache manager keeps vLLM's answer
+    chunks, cached = tailsplit["chunks"], tailsplit["cached_per_request"]
+    if tailsplit["off"]:
+        assert "sub-block-tail-split-off" in tailsplit["applied"] and tailsplit["scheduler_valid_ours"]
+        assert chunks["0"] == [[0, p]] and cached == [0, 0], (where, p, chunks, cached)
+    else:
+        assert "sub-block-tail-split-off" not in tailsplit["applied"]
+        assert not tailsplit["scheduler_valid_ours"]
+        tail = p // 64 * 64
+        assert chunks["0"] == [[0, tail], [tail, p - tail]] and cached == [0, tail], (where, p, chunks, cached)

@@ -96,6 +96,11 @@ def _readers():
 
         return partial_tails()
 
+    def sub_block_tail_split():
+        from vllm_hybrid_npu.patches.sub_block_tail_split import tail_split
+
+        return tail_split()
+
     # name -> (reader, whether it returns the setting itself, so the default can be checked;
     # COPY_IMPL's reader returns the resolved implementation, "auto" never comes back)
     # CHECKPOINTS is retired: unset gives None (no setting), not a value
@@ -105,6 +110,7 @@ def _readers():
             "VLLM_HYBRID_NPU_CHUNK_CHECKPOINTS": (chunk_checkpoints, True),
             "VLLM_HYBRID_NPU_CUDA_JUNCTIONS": (cuda_junctions, True),
             "VLLM_HYBRID_NPU_HOST_TIER_PARTIAL_TAILS": (host_tier_partial_tails, True),
+            "VLLM_HYBRID_NPU_SUB_BLOCK_TAIL_SPLIT": (sub_block_tail_split, True),
             "VLLM_HYBRID_NPU_TOKEN_BUDGET": (token_budget, True),
             "VLLM_HYBRID_NPU_COPY_IMPL": (copy_impl, False), "VLLM_HYBRID_NPU_TARGET": (target, False)}
 
