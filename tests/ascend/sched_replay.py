@@ -205,23 +205,31 @@ def _chain(fn) -> list:
     return out
 
 
-def run_junction(args, result) -> None:
+def _apply_in_order(order: str):
+    """vllm-ascend's scheduler-side platform patches (``patch_mamba_block_aligned_split``,
+    ``patch_mamba_manager``, ``patch_balance_schedule``, in ``vllm_ascend/patch/platform/
+    __init__.py``'s order) and the plugin's registry for the NPU stack, in ``order``
+    (``ascend-first`` or ``registry-first``); returns the registry's load report."""
     plat = _platform_package()
     import importlib
     from vllm_hybrid_npu import patches
     from vllm_hybrid_npu.support import Stack
 
-    def ascend_patches():  # in vllm_ascend/patch/platform/__init__.py's order
+    def ascend_patches():
         for name in ("patch_mamba_block_aligned_split", "patch_mamba_manager", "patch_balance_schedule"):
             importlib.import_module(f"{plat}.{name}")
 
     stack = Stack(target="npu", vllm="0.30.0", vllm_ascend=ASCEND)
-    if args.order == "ascend-first":
+    if order == "ascend-first":
         ascend_patches()
-        report = patches.apply_patches("npu", stack)
-    else:
-        report = patches.apply_patches("npu", stack)
-        ascend_patches()
+        return patches.apply_patches("npu", stack)
+    report = patches.apply_patches("npu", stack)
+    ascend_patches()
+    return report
+
+
+def run_junction(args, result) -> None:
+    report = _apply_in_order(args.order)
     result["failed"] = dict(report.failed)
     result["applied"] = list(report.applied)
     import vllm.v1.core.sched.scheduler as sched_mod
@@ -293,24 +301,8 @@ def run_junction(args, result) -> None:
 
 
 def run_tailsplit(args, result) -> None:
-    plat = _platform_package()
-    import importlib
-
     os.environ["VLLM_HYBRID_NPU_SUB_BLOCK_TAIL_SPLIT"] = args.tail_split
-    from vllm_hybrid_npu import patches
-    from vllm_hybrid_npu.support import Stack
-
-    def ascend_patches():  # in vllm_ascend/patch/platform/__init__.py's order
-        for name in ("patch_mamba_block_aligned_split", "patch_mamba_manager", "patch_balance_schedule"):
-            importlib.import_module(f"{plat}.{name}")
-
-    stack = Stack(target="npu", vllm="0.30.0", vllm_ascend=ASCEND)
-    if args.order == "ascend-first":
-        ascend_patches()
-        report = patches.apply_patches("npu", stack)
-    else:
-        report = patches.apply_patches("npu", stack)
-        ascend_patches()
+    report = _apply_in_order(args.order)
     result["failed"], result["applied"] = dict(report.failed), list(report.applied)
     import vllm.v1.core.sched.scheduler as sched_mod
     import vllm.v1.core.single_type_kv_cache_manager as stm

@@ -90,6 +90,15 @@ def test_requests_scheduled_with_the_policy_chunk_ends(composed):
     assert composed["cached_per_request"][1] == shared_tokens, (SEED, composed["cached_per_request"])
 
 
+def _sched_replay(tmp_path_factory, mode: str, **flags: str) -> dict:
+    """``sched_replay.py --mode MODE`` with ``--flag value`` for each of ``flags`` (``_`` as
+    ``-``), the session's seed; its JSON result."""
+    out = tmp_path_factory.mktemp(mode) / "r.json"
+    cmd = [sys.executable, str(HERE / "sched_replay.py"), "--seed", str(SEED), "--mode", mode,
+           *(x for k, v in flags.items() for x in (f"--{k.replace('_', '-')}", v)), "--out", str(out)]
+    return run_replay(cmd, out, timeout=600)
+
+
 # ------------------------------------------------------------------ junction entries (issue 38)
 @pytest.fixture(scope="module", params=[("ascend-first", "on"), ("registry-first", "on"),
                                         ("ascend-first", "off")],
@@ -98,10 +107,7 @@ def junction(request, tmp_path_factory):
     """``sched_replay.py --mode junction``: the plugin's junction entries with vllm-ascend's
     scheduler-side platform patches, in either order; the control keeps vLLM's junction stop."""
     order, on = request.param
-    out = tmp_path_factory.mktemp("junction") / "r.json"
-    cmd = [sys.executable, str(HERE / "sched_replay.py"), "--seed", str(SEED), "--mode", "junction",
-           "--order", order, "--junctions", on, "--out", str(out)]
-    res = run_replay(cmd, out, timeout=600)
+    res = _sched_replay(tmp_path_factory, "junction", order=order, junctions=on)
     res["order"], res["on"] = order, on == "on"
     return res
 
@@ -159,10 +165,7 @@ def tailsplit(request, tmp_path_factory):
     vllm-ascend's scheduler-side platform patches, in either order; the control keeps vLLM's
     split (``on``)."""
     order, split = request.param
-    out = tmp_path_factory.mktemp("tailsplit") / "r.json"
-    cmd = [sys.executable, str(HERE / "sched_replay.py"), "--seed", str(SEED), "--mode", "tailsplit",
-           "--order", order, "--tail-split", split, "--out", str(out)]
-    res = run_replay(cmd, out, timeout=600)
+    res = _sched_replay(tmp_path_factory, "tailsplit", order=order, tail_split=split)
     res["order"], res["off"] = order, split == "off"
     return res
 
