@@ -57,8 +57,8 @@ best eligible setting found there (and prints the unconstrained best and vLLM's 
 best there). Where the installed vLLM has the runtime's ``VLLM_HYBRID_NPU_CHUNK_CHECKPOINTS``
 (vLLM 0.30), each search also replays ``ckpt=final`` beside the best exporter setting at 1, 2, 4
 and 8 blocks of retention (:func:`_final_scan`: 4 replays, more only while 8 blocks wins and is
-doubled), and the runtime's two opt-ins for a prefix-match unit below the block beside the best
-exporter setting with one (``tailsplit=off``, and with a host tier ``tails=off`` and both:
+doubled), and the runtime's two opt-ins for a prefix-match unit below the block beside the
+exporter setting with one and the most hits (``tailsplit=off``, and with a host tier ``tails=off`` and both:
 :func:`_optin_scan`, at most 3 replays); they compete for the advice, never for vLLM's split at
 its best. ``--jobs`` replays the
 settings of one step (the grid, one axis's values) in parallel processes. The same search without
@@ -392,9 +392,9 @@ def search(
             :data:`RET_VALUES`' positive intervals, 4, plus doublings of the largest while it
             wins); only where ``exporter``.
         optins: also replay the runtime's opt-ins for a prefix-match unit below the block
-            (``tailsplit=off``; with ``host_gib`` also ``tails=off`` and both; vLLM 0.30) beside
-            the best exporter setting with such a unit (:func:`_optin_scan`); only where
-            ``exporter``.
+            (``tailsplit=off``; with a host tier also ``tails=off`` and both; vLLM 0.30) beside
+            the exporter setting with such a unit and the most hits (:func:`_optin_scan`); only
+            where ``exporter``.
 
     Raises:
         ValueError: ``start`` is not valid, ``starts`` < 1 (names ``--starts``) or
@@ -465,8 +465,7 @@ def search(
     if final and exporter:
         _final_scan(score_all, [c for c in evaluated if evaluated[c] is not None], rank, evaluated)
     if optins and exporter:
-        _optin_scan(score_all, [c for c in evaluated if evaluated[c] is not None], rank, evaluated,
-                    host=host_gib > 0)
+        _optin_scan(score_all, [c for c in evaluated if evaluated[c] is not None], evaluated)
     return SearchResult(best=_most_hits(evaluated, start), start=start, evaluated=evaluated,
                         passes=passes, grid=grid, starts=[seed for seed, _, _ in runs],
                         endpoints=endpoints, grid_axes=tuple(gaxes), bound=bound)
@@ -510,22 +509,23 @@ def is_optin(setting: UpstreamSetting) -> bool:
 
 
 def _optin_scan(score_all: Callable[[list[Candidate]], list[Any]], valid: list[Candidate],
-                rank: Callable, evaluated: dict, host: bool) -> Candidate | None:
-    """The runtime's opt-ins for a prefix-match unit below the block, beside the exporter's best
-    with one: from the best evaluated exporter setting with ``pmu`` set by ``rank`` (the search's
-    own), the same with ``tailsplit=off`` (``VLLM_HYBRID_NPU_SUB_BLOCK_TAIL_SPLIT=off``: fewer
-    steps, one sub-block state fewer per short final chunk) and, with a host tier (``host``), with
-    ``tails=off`` (``VLLM_HYBRID_NPU_HOST_TIER_PARTIAL_TAILS=off``: the host's pages to block-grid
-    chunks) and with both. At the block's unit neither changes anything (no partial tail; the
-    column clause fails alone only below the block), so none is replayed there; coordinate
-    descent never varies them. Returns the scan's best (None without such a setting); the
-    replays land in ``evaluated``."""
+                evaluated: dict) -> Candidate | None:
+    """The runtime's opt-ins for a prefix-match unit below the block, beside the exporter's most
+    hits with one: from the evaluated exporter setting with ``pmu`` set and the most token hits
+    (whatever its steps: ``tailsplit=off`` exists to cut them), the same with ``tailsplit=off``
+    (``VLLM_HYBRID_NPU_SUB_BLOCK_TAIL_SPLIT=off``: fewer steps, one sub-block state fewer per
+    short final chunk) and, where that setting has a host tier, with ``tails=off``
+    (``VLLM_HYBRID_NPU_HOST_TIER_PARTIAL_TAILS=off``: the host's pages to block-grid chunks) and
+    with both. At the block's unit neither changes anything (no partial tail; the column clause
+    fails alone only below the block), nor ``tails=off`` without a host tier, so those are not
+    replayed; coordinate descent never varies them. Returns the scan's best by ``score_all``
+    (None without such a setting); the replays land in ``evaluated``."""
     exp = [c for c in valid if c.setting.ckpt and c.setting.pmu is not None and not is_optin(c.setting)]
     if not exp:
         return None
-    seed = max(exp, key=lambda c: rank(evaluated[c]))  # max() keeps the first of equals
+    seed = _first_most_hits(exp, evaluated)
     cands = [seed.with_("tail_split", False)]
-    if host:
+    if seed.host_gib:
         cands += [seed.with_("tails", False), seed.with_("tails", False).with_("tail_split", False)]
     best, best_score = None, None
     for cand, sc in zip(cands, score_all(cands)):

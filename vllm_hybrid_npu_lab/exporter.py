@@ -217,7 +217,9 @@ def tail_split_off_scheduler(base: type) -> type:
     its process), so other replays keep vLLM's answer and the KV-cache manager, which imports the
     function under its own name, keeps it here too. The runtime's split entries bound on the
     instance later (:func:`apply_mid_block_stop`, :func:`apply_junction_entries`) wrap this
-    method. The installed vLLM is the policy's to check (``tailsplit=off`` settings carry the
+    method, and the lab's step reasons (:class:`~vllm_hybrid_npu_lab.step_reasons.SplitRecorder`)
+    read the split through it, as through those (``RUNTIME_SPLIT``). The installed vLLM is the
+    policy's to check (``tailsplit=off`` settings carry the
     entry's versions, :func:`vllm_hybrid_npu_lab.upstream_grid.policy_of`)."""
     import vllm.v1.core.sched.scheduler as S
 
@@ -238,5 +240,9 @@ def tail_split_off_scheduler(base: type) -> type:
             finally:
                 S.is_mamba_prefill_checkpoint_valid = upstream
 
+    from vllm_hybrid_npu_lab.step_reasons import RUNTIME_SPLIT
+
+    # the runtime's entry, not a lab policy: the step reasons read the split through it
+    setattr(TailSplitOffScheduler._mamba_block_aligned_split, RUNTIME_SPLIT, True)
     TailSplitOffScheduler.__name__ = TailSplitOffScheduler.__qualname__ = f"TailSplitOff{base.__name__}"
     return TailSplitOffScheduler

@@ -69,6 +69,10 @@ from typing import Any
 
 from vllm_hybrid_npu.core.prefill_checkpoints import ALIGNMENT
 
+#: attribute marking a scheduler class's ``_mamba_block_aligned_split`` that stands in for a
+#: runtime registry entry (not a lab policy): :class:`SplitRecorder` reads the split through it
+RUNTIME_SPLIT = "_vhn_runtime_split"
+
 #: extra-step reasons, the order of reports (the module docstring gives the order they are tested)
 REASONS: tuple[str, ...] = (
     "junction",
@@ -221,8 +225,9 @@ class SplitRecorder:
 
     Binds a wrapper over the instance's ``_mamba_block_aligned_split`` (the class and other
     schedulers are untouched); the wrapper calls the scheduler's own method, then vLLM's
-    ``Scheduler._mamba_block_aligned_split`` where the class overrides it (a lab policy), and
-    returns the former unchanged. Without align-mode splitting (``need_mamba_block_aligned_split``
+    ``Scheduler._mamba_block_aligned_split`` where the class overrides it (a lab policy; not a
+    class method marked :data:`RUNTIME_SPLIT`, a runtime entry's stand-in), and returns the
+    former unchanged. Without align-mode splitting (``need_mamba_block_aligned_split``
     false) nothing is wrapped and :attr:`decisions` stays empty.
     """
 
@@ -245,7 +250,11 @@ class SplitRecorder:
             return
         own = scheduler._mamba_block_aligned_split
         vllm_split = Scheduler._mamba_block_aligned_split
-        overridden = type(scheduler)._mamba_block_aligned_split is not vllm_split
+        cls_split = type(scheduler)._mamba_block_aligned_split
+        # a lab policy's override is measured against vLLM's split; a runtime entry's stand-in
+        # (RUNTIME_SPLIT set: tailsplit=off) is part of the installed split, as the entries bound
+        # on the instance are
+        overridden = cls_split is not vllm_split and not getattr(cls_split, RUNTIME_SPLIT, False)
 
         def split(request: Any, num_new_tokens: int, num_new_local_computed_tokens: int = 0,
                   num_external_computed_tokens: int = 0) -> int:

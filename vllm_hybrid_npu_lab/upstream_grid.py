@@ -26,13 +26,14 @@ can pass to ``vllm serve`` (vLLM 0.30, ``vllm/config/cache.py`` / ``vllm/config/
 * ``tails=off``: the runtime's ``VLLM_HYBRID_NPU_HOST_TIER_PARTIAL_TAILS=off`` (vLLM 0.30): the
   host tier (``--kv-offloading-size``) keeps no partial tail (vLLM's own branch without them;
   :func:`vllm_hybrid_npu_lab.host_tier.tails_off_scheduler`); without a host tier it changes
-  nothing. Not in the grid nor in ``advise``'s search: replay it with ``hitrate --policy``.
+  nothing. Not in the grid; ``advise`` replays it beside its exporter setting with a
+  prefix-match unit and the most hits, where that has a host tier (``advise._optin_scan``).
 * ``tailsplit=off``: the runtime's ``VLLM_HYBRID_NPU_SUB_BLOCK_TAIL_SPLIT=off`` (vLLM 0.30): with
   ``ckpt`` and ``pmu`` below the block, a prompt's last chunk that fails vLLM's checkpoint check by
   its column clause alone runs whole instead of stopping at its last prefix-match boundary, and
   that state is not cached (:func:`vllm_hybrid_npu_lab.exporter.tail_split_off_scheduler`);
-  without ``ckpt`` or at the block's unit it changes nothing. Not in the grid nor in
-  ``advise``'s search either.
+  without ``ckpt`` or at the block's unit it changes nothing. Not in the grid; ``advise``
+  replays it beside the same setting, alone and with ``tails=off``.
 * ``enable_mamba_fine_grained_prefix_cache`` (the junction checkpoint for EAGLE siblings) acts
   only with EAGLE/MTP and a finer prefix match unit; the lab replays no speculative decoding,
   so it is not in the grid.

@@ -247,6 +247,30 @@ def test_tailsplit_off_keeps_a_column_only_invalid_final_chunk_whole(cfg, rng):
     assert res.prefill_steps_per_prompt == 3 and by == {"checkpoint_invalid": 2}, q
 
 
+def test_tailsplit_off_reads_its_reasons_through_the_runtime_entries(cfg, rng):
+    # Found in review (2026-11-30): the lab's tailsplit=off stands in for the runtime's entry by a
+    # subclass method, which the reasons took for a lab policy and measured against bare vLLM, so
+    # a cut by the runtime's mid-block stop read as policy_stop. Block 256, unit 32, exporter,
+    # target cuda: a cold prompt of p1 tokens (289 <= p1 < 320, off the 32-token grid) has its
+    # checkpoint 288, an odd multiple of 32: off the 64-token alignment, so not valid (and not by
+    # the column alone: tailsplit=off changes nothing); a second prompt of n2 tokens (768 < n2 <
+    # 1024, its checkpoint (n2 - 1) // 32 * 32 an odd multiple of 32, so 64-aligned from 288)
+    # sharing it hits 288: a valid checkpoint, so vLLM lifts its mid-block stop, and CUDA's
+    # runtime stop (a start off the 64-token grid) ends the chunk at 512 again. The same schedule
+    # with and without tailsplit=off, so the same reasons, none of them policy_stop.
+    from vllm_hybrid_npu_lab.upstream_grid import parse_setting, policy_of
+
+    if policy_of(parse_setting("upstream:pmu=32,ckpt,tailsplit=off")).unavailable():
+        pytest.skip("tailsplit=off: the runtime entry is vLLM 0.30's")
+    p1 = rng.choice([n for n in range(289, 320) if n % 32])
+    n2 = rng.choice([n for n in range(769, 1024) if (n - 1) // 32 % 2])
+    rows = [(p1, [1]), (n2, [1, 5])]
+    plain, by = _replay(cfg, rows, "upstream:pmu=32,ckpt")
+    off, by_off = _replay(cfg, rows, "upstream:pmu=32,ckpt,tailsplit=off")
+    assert plain.cached_per_request == off.cached_per_request == [0, 288], (p1, n2)
+    assert "mid_block_start" in by and "policy_stop" not in by_off and by_off == by, (p1, n2, by, by_off)
+
+
 def test_long_prefill_threshold_steps(cfg, rng):
     # Block 256, --long-prefill-token-threshold 1 block, two cold prompts of k whole blocks (no
     # block shared) arriving together: chunks of 256 each, k steps where B = 8192 needs 1:

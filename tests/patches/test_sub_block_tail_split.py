@@ -11,8 +11,9 @@ check fails by its column clause alone, so vLLM's own split runs such a final ch
   checkpoint declared) splits, hand-counted: a cold prompt of ``64 < L < 256`` tokens off the
   64-token grid stops at ``L // 64 * 64`` by default and runs whole with ``off``; a hit at ``m``
   inside block 1 with the prompt ending inside block 2 stops at 512 by default and runs whole with
-  ``off``; a chunk whose checkpoint also fails another clause, and a non-final chunk, keep vLLM's
-  stops. The KV-cache manager's name keeps vLLM's function (it reserves no checkpoint there).
+  ``off``; a non-final chunk keeps vLLM's stop, and so does, at ``--prefix-match-unit 32``, a
+  cold prompt whose checkpoint also fails the 64-token alignment. The KV-cache manager's name
+  keeps vLLM's function (it reserves no checkpoint there).
 (The real engine: ``e2e/test_prefill_checkpoints.py::test_sub_block_tail_split_off_runs_the_last_chunk_whole``;
 the lab: ``tests/lab/test_step_reasons.py``.)
 """
@@ -94,17 +95,17 @@ def scheduler_of(tmp_path_factory):
     (d / "config.json").write_text(json.dumps(TINY_HYBRID))
     cfg = resolve_model(str(d))[1]
 
-    def make():
+    def make(unit=64):
         from vllm.v1.core.sched.scheduler import Scheduler
         from vllm.v1.structured_output import StructuredOutputManager
 
         setup = build_setup(cfg, kv_cache_bytes=64 << 20, max_model_len=4096, block_size=256,
-                            prefill_checkpoints=True, tune=UpstreamSetting(pmu=64, ckpt=True).tune)
+                            prefill_checkpoints=True, tune=UpstreamSetting(pmu=unit, ckpt=True).tune)
         sched = Scheduler(vllm_config=setup.vllm_config, kv_cache_config=setup.kv_cache_config,
                           structured_output_manager=StructuredOutputManager(setup.vllm_config),
                           block_size=setup.scheduler_block_size,
                           hash_block_size=setup.hash_block_size)
-        assert sched.cache_config.block_size == 256 and sched.hash_block_size == 64
+        assert sched.cache_config.block_size == 256 and sched.hash_block_size == unit
         assert sched.mamba_has_prefill_checkpoint_blocks
         return sched
 
@@ -123,16 +124,18 @@ def test_vllms_split_runs_the_column_only_chunk_whole(scheduler_of, apply_entrie
     end = rng.choice([n for n in range(512 + 65, 768) if n % 64])  # inside block 2
     odd = rng.choice([n for n in range(256 + 65, 512) if n % 64])  # from 256: column and unit
     # (a hit at 256, the checkpoint (odd - 1) // 64 * 64 >= 320 in the start's column)
-    short = rng.randrange(130, 192)  # a hit at 128 leaving less than one unit past it: not valid
-    where = dict(seed=seed, cold=cold, m=m, end=end, odd=odd, short=short)
+    # unit 32: a cold prompt whose checkpoint (p - 1) // 32 * 32 is an odd multiple of 32 fails
+    # the 64-token alignment as well as the column: vLLM's stop at p // 32 * 32 either way
+    p32 = rng.choice([n for n in range(97, 256) if (n - 1) // 32 % 2 and n % 32])
+    where = dict(seed=seed, cold=cold, m=m, end=end, odd=odd, p32=p32)
 
     def splits():
-        s = scheduler_of()
+        s, s32 = scheduler_of(), scheduler_of(32)
         return (s._mamba_block_aligned_split(_request(cold), cold),
                 s._mamba_block_aligned_split(_request(end), end - m, m),
                 s._mamba_block_aligned_split(_request(odd), odd - 256, 256),
-                s._mamba_block_aligned_split(_request(short), short - 128, 128),
-                s._mamba_block_aligned_split(_request(3000), 700))  # a non-final chunk
+                s._mamba_block_aligned_split(_request(3000), 700),  # a non-final chunk
+                s32._mamba_block_aligned_split(_request(p32), p32))
 
     monkeypatch.delenv(T.SPLIT_ENV, raising=False)
     apply_entries(T.ENTRY)
@@ -140,10 +143,7 @@ def test_vllms_split_runs_the_column_only_chunk_whole(scheduler_of, apply_entrie
     monkeypatch.setenv(T.SPLIT_ENV, "off")
     assert apply_entries(T.ENTRY).applied == [T.ENTRY]
     ours = splits()
-    # vLLM: the tail stop, the next block boundary, the tail stop from 256; the short one's
-    # checkpoint 128 is not past its start + unit: vLLM's tail stop (short // 64 * 64) stays
-    # where it is inside the chunk; the non-final chunk floored to the block
-    tail_short = short // 64 * 64
-    short_vllm = tail_short - 128 if 128 < tail_short < short else short - 128
-    assert vllms == (cold // 64 * 64, 512 - m, odd // 64 * 64 - 256, short_vllm, 512), where
-    assert ours == (cold, end - m, odd - 256, short_vllm, 512), where
+    # vLLM: the tail stop, the next block boundary, the tail stop from 256, the non-final chunk
+    # floored to the block, the unit-32 tail stop
+    assert vllms == (cold // 64 * 64, 512 - m, odd // 64 * 64 - 256, 512, p32 // 32 * 32), where
+    assert ours == (cold, end - m, odd - 256, 512, p32 // 32 * 32), where
