@@ -138,9 +138,9 @@ register(EnvVar(
     "that spans at most one block column past its start (a cold prompt of at most one block, a "
     "hit leaving at most about a block) with `--prefix-match-unit` below the block and the GDN "
     "prefill-checkpoint exporter on, to cache the GDN state at its last prefix-match boundary: "
-    "one or two more prefill steps; `off`: that chunk runs whole (one step, where the path writes "
-    "the block boundary a chunk started inside a block crosses; else it still stops there), and that one "
-    "state is not cached (the KV-cache manager reserves no block for it; the hit the prompt "
+    "one or two more prefill steps; `off`: that chunk runs whole (one step where the path writes "
+    "the block boundary a chunk started inside a block crosses; else it still stops there), and "
+    "that one state is not cached (the KV-cache manager reserves no block for it; the hit the prompt "
     "started from and the state at its end stay). Whether that pays depends on the traffic: the "
     "lab's `tailsplit=off` key ([hitrate-guide.md](hitrate-guide.md)). vLLM 0.30 only (not read "
     "on 0.32 / 0.33)",

@@ -30,8 +30,9 @@ so the entry applies there as well; where the ``gdn-checkpoint-mid-block-stop`` 
 started inside a block at its next boundary (paths that do not write the crossed boundary's
 state), it still does. One edge stays: after a start inside a block, vLLM floors a shared-prefix
 junction's stop from the start, so a junction more than a block past it stops the whole chunk at
-``start + block``, where nothing is cached (review 2026-11-30; still fewer steps than the split). The default ``on`` is vLLM's behaviour (entry skipped). Whether ``off``
-pays depends on the traffic (fewer steps, one state fewer per such prompt): the lab's
+``start + block``, where nothing is cached (review 2026-11-30; still fewer steps than the split).
+The default ``on`` is vLLM's behaviour (entry skipped). Whether ``off`` pays depends on the
+traffic (fewer steps, one state fewer per such prompt): the lab's
 ``tailsplit=off`` key replays it. Until: vLLM's split weighs that state against the step.
 """
 
