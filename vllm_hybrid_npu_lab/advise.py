@@ -278,7 +278,7 @@ class SearchResult:
         exporter and without the runtime's opt-ins (``tails=off``, ``tailsplit=off``) that meet
         :attr:`bound` or, when none does, among all of those (ties: the first evaluated);
         ``None`` when none was evaluated."""
-        split = [c for c in self.valid if not c.setting.ckpt and not is_optin(c.setting)]
+        split = [c for c in self.valid if not c.setting.ckpt and not c.setting.optin]
         return _first_most_hits([c for c in split if self.eligible(c)] or split, self.evaluated)
 
     @property
@@ -315,7 +315,7 @@ class SearchResult:
                 "grid_axes": list(self.grid_axes), "starts": [c.label for c in self.starts],
                 "endpoints": [c.label for c in self.endpoints], "passes": self.passes,
                 "final": sum(c.setting.ckpt == CKPT_FINAL for c in self.evaluated),
-                "optins": sum(is_optin(c.setting) for c in self.evaluated)}
+                "optins": sum(c.setting.optin for c in self.evaluated)}
 
     def merged(self, known: dict[Candidate, dict[str, Any] | None]) -> "SearchResult":
         """A copy whose :attr:`evaluated` also holds the ``known`` replays the search did not
@@ -502,12 +502,6 @@ def _final_scan(score_all: Callable[[list[Candidate]], list[Any]], valid: list[C
     return best
 
 
-def is_optin(setting: UpstreamSetting) -> bool:
-    """Whether ``setting`` uses one of the runtime's opt-ins (``tails=off``, ``tailsplit=off``):
-    a plugin option, never part of vLLM's split at its best."""
-    return not setting.tails or not setting.tail_split
-
-
 def _optin_scan(score_all: Callable[[list[Candidate]], list[Any]], valid: list[Candidate],
                 evaluated: dict) -> Candidate | None:
     """The runtime's opt-ins for a prefix-match unit below the block, beside the exporter's most
@@ -520,7 +514,7 @@ def _optin_scan(score_all: Callable[[list[Candidate]], list[Any]], valid: list[C
     fails alone only below the block), nor ``tails=off`` without a host tier, so those are not
     replayed; coordinate descent never varies them. Returns the scan's best by ``score_all``
     (None without such a setting); the replays land in ``evaluated``."""
-    exp = [c for c in valid if c.setting.ckpt and c.setting.pmu is not None and not is_optin(c.setting)]
+    exp = [c for c in valid if c.setting.ckpt and c.setting.pmu is not None and not c.setting.optin]
     if not exp:
         return None
     seed = _first_most_hits(exp, evaluated)

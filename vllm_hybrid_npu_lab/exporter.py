@@ -231,10 +231,7 @@ def tail_split_off_scheduler(base: type) -> type:
             upstream = S.is_mamba_prefill_checkpoint_valid
             if registry.is_ours(upstream):  # the runtime's entry applied process-wide
                 return super()._mamba_block_aligned_split(*args, **kwargs)
-            ours = vars(self).get("_vhn_tail_split_valid")
-            if ours is None or ours.__wrapped__ is not upstream:
-                ours = self._vhn_tail_split_valid = T.make_valid(upstream)
-            S.is_mamba_prefill_checkpoint_valid = ours
+            S.is_mamba_prefill_checkpoint_valid = T.make_valid(upstream)
             try:
                 return super()._mamba_block_aligned_split(*args, **kwargs)
             finally:

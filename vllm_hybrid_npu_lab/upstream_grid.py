@@ -79,6 +79,12 @@ class UpstreamSetting:
     tail_split: bool = True
 
     @property
+    def optin(self) -> bool:
+        """Whether the setting uses one of the runtime's opt-ins (``tails=off``,
+        ``tailsplit=off``): a plugin option, never part of vLLM's split at its best."""
+        return not self.tails or not self.tail_split
+
+    @property
     def chunk_checkpoints(self) -> str | None:
         """The runtime's ``VLLM_HYBRID_NPU_CHUNK_CHECKPOINTS`` value of this setting (``all`` or
         ``final``), ``None`` without the exporter."""

@@ -157,7 +157,7 @@ def test_optin_scan_sits_beside_the_best_sub_block_exporter_and_never_counts_as_
     # and the most hits (whatever its steps), nothing else; the advice takes the best of them
     # where they win (their lifts drawn fresh, in any order); vLLM's split at its best never does
     # (a tails=off setting without the exporter scoring highest of all, handed in, stays out)
-    from vllm_hybrid_npu_lab.advise import StepBound, choose, is_optin
+    from vllm_hybrid_npu_lab.advise import StepBound, choose
 
     # every opt-in lifts the pmu setting (0.05 under the block's unit as installed) above it
     lift = {k: rng.uniform(0.06, 0.2) for k in ((True, False), (False, True), (False, False))}
@@ -174,10 +174,10 @@ def test_optin_scan_sits_beside_the_best_sub_block_exporter_and_never_counts_as_
 
     bound = StepBound(0.0, 0.05)
     plain = search(evaluate, Candidate(), 8.0, bound=bound)
-    assert not any(is_optin(c.setting) for c in plain.evaluated)
+    assert not any(c.setting.optin for c in plain.evaluated)
     res = search(evaluate, Candidate(), 8.0, bound=bound, optins=True)
     added = [c for c in res.evaluated if c not in plain.evaluated]
-    assert len(added) == 3 == res.cost()["optins"] and all(is_optin(c.setting) for c in added)
+    assert len(added) == 3 == res.cost()["optins"] and all(c.setting.optin for c in added)
     exp = [c for c in plain.evaluated if c.setting.ckpt and c.setting.pmu]
     seed = max(exp, key=lambda c: plain.evaluated[c]["token_hit_rate"])
     assert seed.host_gib == 8.0  # the host tier adds hits here: the most hits has it
@@ -189,7 +189,7 @@ def test_optin_scan_sits_beside_the_best_sub_block_exporter_and_never_counts_as_
     trap = Candidate(UpstreamSetting(pmu=32, tails=False))
     merged = res.merged({trap: {"token_hit_rate": 0.99, "prefill_steps_per_prompt": 1.0,
                                 "extra_prefill_steps_per_prompt": 0.0}})
-    assert merged.best_split() is not None and not is_optin(merged.best_split().setting)
+    assert merged.best_split() is not None and not merged.best_split().setting.optin
     # without a host tier only tailsplit=off; without the exporter nothing
     nohost = search(evaluate, Candidate(), 0.0, bound=bound, optins=True)
     assert nohost.cost()["optins"] == 1
