@@ -146,6 +146,21 @@ register(EnvVar(
     "on 0.32 / 0.33)",
 ))
 register(EnvVar(
+    name="VLLM_HYBRID_NPU_SECOND_CHECKPOINT",
+    values=("off", "on"),
+    kind="",
+    default="off",
+    read_by="registry entries `gdn-second-checkpoint-*` (`patches.gdn_second_checkpoint`; at load)",
+    effect="`off` (default): as vLLM 0.30, with `--prefix-match-unit` below the block a prompt's "
+    "GDN checkpoint inside its last block takes the block that would hold the state at that "
+    "block's start, so that state is not cached; `on`: a second block per such prompt keeps both "
+    "(the KV-cache manager takes it beside the request's blocks, the step writes both states, the "
+    "host tier is offered both), so a prompt sharing only the block's start hits there and the "
+    "host tier, which looks GDN states up on the block grid, finds it. vLLM 0.30's CPU exporter "
+    "path only (not applied on CUDA or NPU yet, nor on vLLM 0.32 / 0.33); the lab's "
+    "`second=on` key replays it ([hitrate-guide.md](hitrate-guide.md))",
+))
+register(EnvVar(
     name="VLLM_HYBRID_NPU_CUDA_JUNCTIONS",
     values=("off", "on"),
     kind="",

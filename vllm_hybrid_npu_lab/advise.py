@@ -176,10 +176,10 @@ class Candidate:
 
     def changes(self, other: "Candidate") -> int:
         """How many options (``ret``, ``lpt``, ``pmu``, ``ckpt``, ``tails``, ``tail_split``,
-        ``host``) differ from ``other``."""
+        ``second``, ``host``) differ from ``other``."""
         a, b = self.setting, other.setting
         return (sum(getattr(a, f) != getattr(b, f)
-                    for f in ("ret", "lpt", "pmu", "ckpt", "tails", "tail_split"))
+                    for f in ("ret", "lpt", "pmu", "ckpt", "tails", "tail_split", "second"))
                 + (self.host_gib != other.host_gib))
 
     def with_(self, axis: str, value: Any) -> "Candidate":

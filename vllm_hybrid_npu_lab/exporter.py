@@ -178,7 +178,9 @@ def apply_junction_entries(scheduler: Any, target: str = "npu") -> bool:
     stack = Stack(target=target, vllm=base_version(vllm.__version__))
 
     def bind(obj: Any, attr: str, name: str, upstream: Any = None) -> None:
-        upstream = upstream or getattr(type(obj), attr)
+        # over a runtime entry bound on this instance before (apply_second_checkpoint), else
+        # the class's method
+        upstream = upstream or getattr(vars(obj).get(attr), "__func__", None) or getattr(type(obj), attr)
         setattr(obj, attr, types.MethodType(entries[name].make(upstream, stack), obj))
 
     bind(scheduler, "_mamba_block_aligned_split", "gdn-junction-split", inner)
@@ -243,3 +245,57 @@ def tail_split_off_scheduler(base: type) -> type:
     setattr(TailSplitOffScheduler._mamba_block_aligned_split, RUNTIME_SPLIT, True)
     TailSplitOffScheduler.__name__ = TailSplitOffScheduler.__qualname__ = f"TailSplitOff{base.__name__}"
     return TailSplitOffScheduler
+
+
+def apply_second_checkpoint(scheduler: Any) -> bool:
+    """Bind the runtime's ``gdn-second-checkpoint-*`` entries
+    (:mod:`vllm_hybrid_npu.patches.gdn_second_checkpoint`, ``VLLM_HYBRID_NPU_SECOND_CHECKPOINT=on``;
+    vLLM 0.30, the CPU exporter path) on ``scheduler``, its KV-cache manager and the Mamba
+    managers they apply to (``managers_of``): a prompt whose checkpoint lies inside its last block
+    also keeps the state at that block's start, in a second block. The worker's entry has no
+    part in a replay. Returns False where the installed vLLM is outside the entries' versions or
+    no manager qualifies (no exporter, a prefix-match unit at the block); True when bound, or
+    when the runtime applied them process-wide."""
+    import vllm
+
+    from vllm_hybrid_npu.patches import gdn_second_checkpoint as S
+    from vllm_hybrid_npu.patches import registry
+    from vllm_hybrid_npu.support import Stack, base_version
+
+    if base_version(vllm.__version__) not in S.VERSIONS:
+        return False
+    kv = scheduler.kv_cache_manager
+    managers = S.managers_of(kv)
+    if not managers:
+        return False
+    if S.PATCHES[0].name in registry.REPORT.applied:
+        return True
+    entries = {p.name.rsplit("-", 1)[1]: p for p in S.PATCHES}
+    stack = Stack(target="cpu", vllm=base_version(vllm.__version__))
+
+    def bind(obj: Any, attr: str, key: str) -> None:
+        upstream = getattr(vars(obj).get(attr), "__func__", None) or getattr(type(obj), attr)
+        setattr(obj, attr, types.MethodType(entries[key].make(upstream, stack), obj))
+
+    bind(scheduler, "_update_after_schedule", "send")
+    bind(kv, "allocate_slots", "allocate")
+    for mgr in managers:
+        for attr, key in (("get_num_blocks_to_allocate", "count"), ("allocate_new_blocks", "blocks"),
+                          ("_cache_partial_tail_block", "cache"),
+                          ("remove_skipped_blocks", "retire"), ("pop_blocks_for_free", "free")):
+            bind(mgr, attr, key)
+    return True
+
+
+def second_checkpoint_scheduler(base: type) -> type:
+    """A subclass of ``base`` (vLLM's ``Scheduler`` or a lab subclass of it) with the runtime's
+    second checkpoint block (:func:`apply_second_checkpoint`) bound on each instance; the lab's
+    ``second=on`` key. The junction entries, bound later by the replay, wrap these."""
+
+    class SecondCheckpointScheduler(base):  # type: ignore[misc, valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            apply_second_checkpoint(self)
+
+    SecondCheckpointScheduler.__name__ = SecondCheckpointScheduler.__qualname__ = f"SecondCheckpoint{base.__name__}"
+    return SecondCheckpointScheduler

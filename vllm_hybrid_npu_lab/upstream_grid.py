@@ -34,6 +34,12 @@ can pass to ``vllm serve`` (vLLM 0.30, ``vllm/config/cache.py`` / ``vllm/config/
   that state is not cached (:func:`vllm_hybrid_npu_lab.exporter.tail_split_off_scheduler`);
   without ``ckpt`` or at the block's unit it changes nothing. Not in the grid; ``advise``
   replays it beside the same setting, alone and with ``tails=off``.
+* ``second=on``: the runtime's ``VLLM_HYBRID_NPU_SECOND_CHECKPOINT=on`` (vLLM 0.30): with ``ckpt``
+  and ``pmu`` below the block, a prompt whose checkpoint lies inside its last block keeps the
+  state at that block's start too, in a second block, cached and offered to the host tier
+  (:func:`vllm_hybrid_npu_lab.exporter.second_checkpoint_scheduler`). The runtime has it on the
+  CPU exporter path only, so ``advise`` (CUDA, NPU targets) does not replay it; ``hitrate
+  --policy`` does, to say what wiring it on those paths would give.
 * ``enable_mamba_fine_grained_prefix_cache`` (the junction checkpoint for EAGLE siblings) acts
   only with EAGLE/MTP and a finer prefix match unit; the lab replays no speculative decoding,
   so it is not in the grid.
@@ -69,7 +75,10 @@ class UpstreamSetting:
     ``VLLM_HYBRID_NPU_CHUNK_CHECKPOINTS=final``); ``tails``: ``False`` for the runtime's
     ``VLLM_HYBRID_NPU_HOST_TIER_PARTIAL_TAILS=off`` (the host tier keeps no partial tail);
     ``tail_split``: ``False`` for the runtime's ``VLLM_HYBRID_NPU_SUB_BLOCK_TAIL_SPLIT=off`` (a
-    prompt's last chunk failing vLLM's checkpoint check by its column clause alone runs whole)."""
+    prompt's last chunk failing vLLM's checkpoint check by its column clause alone runs whole);
+    ``second``: ``True`` for the runtime's ``VLLM_HYBRID_NPU_SECOND_CHECKPOINT=on`` (a prompt whose
+    checkpoint lies inside its last block keeps that block's start too, in a second block; the
+    runtime has it on the CPU exporter path only)."""
 
     ret: int | None = 0
     lpt: int = 0
@@ -77,12 +86,14 @@ class UpstreamSetting:
     ckpt: bool | str = False
     tails: bool = True
     tail_split: bool = True
+    second: bool = False
 
     @property
     def optin(self) -> bool:
         """Whether the setting uses one of the runtime's opt-ins (``tails=off``,
-        ``tailsplit=off``): a plugin option, never part of vLLM's split at its best."""
-        return not self.tails or not self.tail_split
+        ``tailsplit=off``, ``second=on``): a plugin option, never part of vLLM's split at its
+        best."""
+        return not self.tails or not self.tail_split or self.second
 
     @property
     def chunk_checkpoints(self) -> str | None:
@@ -108,6 +119,8 @@ class UpstreamSetting:
             parts.append("tails=off")
         if not self.tail_split:
             parts.append("tailsplit=off")
+        if self.second:
+            parts.append("second=on")
         return "upstream:" + ",".join(parts) if parts else "upstream"
 
     def tune(self, vllm_config: Any, block_size: int) -> None:
@@ -140,7 +153,7 @@ def parse_setting(name: str) -> UpstreamSetting:
         return UpstreamSetting()
     bad = ValueError(
         f"--policy {name!r}: not an upstream setting (upstream:ret=dense|<k>b,lpt=<k>b,"
-        "pmu=<tokens>,ckpt|ckpt=final,tails=off,tailsplit=off)"
+        "pmu=<tokens>,ckpt|ckpt=final,tails=off,tailsplit=off,second=on)"
     )
     if not name.startswith("upstream:") or not name[len("upstream:"):]:
         raise bad
@@ -160,6 +173,8 @@ def parse_setting(name: str) -> UpstreamSetting:
                 kw["tails"] = False
             elif key == "tailsplit" and value == "off":
                 kw["tail_split"] = False
+            elif key == "second" and value == "on":
+                kw["second"] = True
             elif key == "pmu" and int(value) > 0:
                 kw["pmu"] = int(value)
             else:
@@ -187,12 +202,18 @@ def policy_of(setting: UpstreamSetting) -> Policy:
     if not setting.tail_split:
         what += (" (tailsplit=off: VLLM_HYBRID_NPU_SUB_BLOCK_TAIL_SPLIT=off, a prompt's last chunk "
                  "failing vLLM's checkpoint check by its column clause alone runs whole)")
+    if setting.second:
+        what += (" (second=on: VLLM_HYBRID_NPU_SECOND_CHECKPOINT=on, a prompt's checkpoint inside "
+                 "its last block takes a second block, the block's start stays cached; the "
+                 "runtime's CPU exporter path only)")
     chunk = setting.chunk_checkpoints
     factory = functools.partial(_exporter_scheduler, chunk) if chunk else _upstream_scheduler
     if not setting.tails:
         factory = functools.partial(_tails_off_scheduler, factory)
     if not setting.tail_split:
         factory = functools.partial(_tail_split_off_scheduler, factory)
+    if setting.second:
+        factory = functools.partial(_second_checkpoint_scheduler, factory)
     why = []
     if chunk == CKPT_FINAL:
         why.append("ckpt=final is the runtime's VLLM_HYBRID_NPU_CHUNK_CHECKPOINTS=final, carried "
@@ -204,6 +225,9 @@ def policy_of(setting: UpstreamSetting) -> Policy:
     if not setting.tail_split:
         why.append("tailsplit=off is the runtime's VLLM_HYBRID_NPU_SUB_BLOCK_TAIL_SPLIT=off, its "
                    "vLLM 0.30 entry sub-block-tail-split-off")
+    if setting.second:
+        why.append("second=on is the runtime's VLLM_HYBRID_NPU_SECOND_CHECKPOINT=on, its vLLM "
+                   "0.30 entries gdn-second-checkpoint-*")
     # the runtime options live in vLLM 0.30 registry entries
     versions = {"vllm": ("0.30.0",), "vllm_why": "; ".join(why)} if why else {}
     return Policy(name=setting.name, description=what, scheduler_class=factory, tune=setting.tune,
@@ -255,6 +279,12 @@ def _tail_split_off_scheduler(factory: Any) -> type:
     from vllm_hybrid_npu_lab.exporter import tail_split_off_scheduler
 
     return tail_split_off_scheduler(factory())
+
+
+def _second_checkpoint_scheduler(factory: Any) -> type:
+    from vllm_hybrid_npu_lab.exporter import second_checkpoint_scheduler
+
+    return second_checkpoint_scheduler(factory())
 
 
 def optins_available() -> bool:

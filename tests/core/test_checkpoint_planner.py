@@ -201,3 +201,22 @@ def test_crossed_checkpoint_by_hand():
     assert pc.crossed_checkpoint(1280, 1500, 3000, 384) == 0
     # off the alignment from the start (a start at 1,300): none
     assert pc.crossed_checkpoint(1300, 3000, 3000, 384) == 0
+
+
+def test_second_checkpoint_by_hand():
+    # block 256, prefix-match unit 64. A cold 700-token prompt: vLLM 0.30 reserves its checkpoint
+    # at 640 (699 // 64 * 64) in column cdiv(700, 256) - 2 = 1, which its full-block pass keys at
+    # 512; the second block takes 640 and the column keeps 512
+    assert pc.second_checkpoint(0, 700, 700, 640, 256) == 512
+    # the checkpoint on the block grid (a 520-token prompt: 512): the column holds it already
+    assert pc.second_checkpoint(0, 520, 520, 512, 256) == 0
+    # no checkpoint reserved; a non-final chunk (0-640 of 700); a hit at 576 (512 not inside)
+    assert pc.second_checkpoint(0, 700, 700, 0, 256) == 0
+    assert pc.second_checkpoint(0, 640, 700, 576, 256) == 0
+    assert pc.second_checkpoint(512, 700, 700, 640, 256) == 0
+    assert pc.second_checkpoint(576, 700, 700, 640, 256) == 0
+    # a hit at 320 (inside block 1): 512 is 192 tokens on, on the 64-token grid
+    assert pc.second_checkpoint(320, 700, 700, 640, 256) == 512
+    # a start at 32 (a 32-token unit): 512 - 32 is off the 64-token grid, the exporter cannot cut
+    assert pc.second_checkpoint(32, 700, 700, 640, 256) == 0
+    assert pc.second_checkpoint(32, 700, 700, 640, 256, alignment=32) == 512

@@ -172,6 +172,28 @@ def crossed_checkpoint(start: int, end: int, num_prompt_tokens: int, block: int,
     return position if position > b1 and (position - start) % alignment == 0 else 0
 
 
+def second_checkpoint(start: int, end: int, num_prompt_tokens: int, checkpoint_position: int,
+                      block: int, alignment: int = ALIGNMENT) -> int:
+    """The block boundary ``q`` (tokens) whose GDN state a prompt's final chunk ``[start, end)``
+    also exports, beside its sub-block checkpoint ``checkpoint_position`` (``cp``, reserved by
+    vLLM 0.30's ``MambaManager`` in the block-table column ``cdiv(end, block) - 2``), or 0.
+
+    With a prefix-match unit below the block, ``cp`` lies inside the prompt's last block and its
+    column is the one vLLM's full-block pass keys at ``q = cp // block * block``
+    (``(column + 1) * block``); ``MambaManager._cache_partial_tail_block`` then re-keys that block
+    at ``cp``, so the state at ``q``, which the host tier's lookup on the block grid and a later
+    prompt sharing ``q`` tokens need, is not cached. A second block (issue 38 item 3,
+    :mod:`vllm_hybrid_npu.patches.gdn_second_checkpoint`) takes ``cp`` and the column keeps ``q``.
+
+    ``q`` when: the chunk ends at the prompt's end (``end == num_prompt_tokens``), ``cp`` is off
+    the block grid, ``q`` lies strictly inside the chunk and on the ``alignment`` grid from
+    ``start`` (where the exporter can cut). 0 otherwise (``cp`` 0: no checkpoint reserved)."""
+    if checkpoint_position <= 0 or block <= 0 or end != num_prompt_tokens or checkpoint_position % block == 0:
+        return 0
+    q = checkpoint_position // block * block
+    return q if start < q < checkpoint_position < end and (q - start) % alignment == 0 else 0
+
+
 def junction_columns(start: int, seq_len: int, block: int, checkpoint_col: int,
                      table_row: Sequence[int]) -> list[tuple[int, int]]:
     """The junction checkpoints of one prefill row as the worker finds them: ``(offset, column)``

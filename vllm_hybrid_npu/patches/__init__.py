@@ -17,6 +17,9 @@ One module per patched upstream module (or, for ``gdn_prefill_checkpoint``, per 
 * :mod:`.gdn_junction` - shared-prefix junction states exported from inside the step (vLLM 0.30,
   the CPU exporter path): the scheduler's junction stop dropped where the step writes that state,
   the KV-cache manager reserving its block in the split's column.
+* :mod:`.gdn_second_checkpoint` - opt-in: with ``--prefix-match-unit`` below the block, a prompt
+  whose checkpoint lies inside its last block also keeps the state at that block's start, in a
+  second block (``VLLM_HYBRID_NPU_SECOND_CHECKPOINT=on``; vLLM 0.30's CPU exporter path).
 * :mod:`.vllm_kv_offload_scheduler` - opt-in: vLLM's host tier (OffloadingConnector) keeps no
   partial tail (``VLLM_HYBRID_NPU_HOST_TIER_PARTIAL_TAILS=off``; vLLM's own branch without them).
 * :mod:`.sub_block_tail_split` - opt-in: with ``--prefix-match-unit`` below the block, a prompt's
@@ -66,6 +69,7 @@ PATCH_MODULES = (
     "vllm_hybrid_npu.patches.gdn_prefill_checkpoint",
     "vllm_hybrid_npu.patches.resend_tail",
     "vllm_hybrid_npu.patches.gdn_junction",
+    "vllm_hybrid_npu.patches.gdn_second_checkpoint",
     "vllm_hybrid_npu.patches.vllm_kv_offload_scheduler",
     "vllm_hybrid_npu.patches.sub_block_tail_split",
     "vllm_hybrid_npu.patches.vllm_ascend_gdn",

@@ -219,11 +219,48 @@ def build_checkpoints(builder: Any, common: Any, metadata: Any, stack: Stack,
             valid_fn=kv.is_mamba_prefill_checkpoint_valid)
         if _junctions_on(builder, path := exporter_path(config, stack.target)[0]):
             junctions = _junctions(table, seq_lens, qlens, cols, metadata.num_decodes, spec.block_size)
+        if stack.target == "cpu" and (second := _second_blocks(builder, n)):
+            table, offsets, cols, junctions = _with_second_blocks(
+                table[:n], second, seq_lens, qlens, list(offsets), list(cols), junctions, spec.block_size)
     if (plan := core.plan_step(qsl, offsets, cols, metadata.num_decodes, junctions=junctions)) is None:
         return None
     method = export_method(path or exporter_path(config, stack.target)[0], spec, config)
     return ops.build_metadata(plan, table, _to_device(table.device), method,
                               kernel_meta(builder, table.device) if method == "split" else None)
+
+
+def _second_blocks(builder: Any, num_reqs: int) -> dict[int, tuple[int, int]]:
+    """:func:`.gdn_second_checkpoint.step_blocks` (rows whose prompt took a second checkpoint
+    block this step), imported here so that this module does not import it at load."""
+    from vllm_hybrid_npu.patches.gdn_second_checkpoint import step_blocks
+
+    return step_blocks(builder, num_reqs)
+
+
+def _with_second_blocks(table: torch.Tensor, second: dict[int, tuple[int, int]], seq_lens: list,
+                        qlens: list, offsets: list, cols: list, junctions: dict, block: int):
+    """The step's plan inputs with each row of ``second`` (``{row: (block id E, cp)}``,
+    :mod:`.gdn_second_checkpoint`) checkpointed twice: ``q = cp // block * block`` into its
+    checkpoint column (which the KV-cache manager keyed at ``q``) and ``cp`` into ``E``, one
+    column appended to ``table`` (int32 [R, columns] on the host; 0, vLLM's null block, in the
+    other rows). Returns ``(table, offsets, cols, junctions)``.
+
+    Raises:
+        RuntimeError: a row's plan is not the checkpoint the manager reserved (``cp`` at column
+            ``q // block - 1``): the blocks would be cached with other states.
+    """
+    extra, junctions = [0] * table.shape[0], {r: list(v) for r, v in junctions.items()}
+    for r, (block_id, cp) in second.items():
+        start, q = seq_lens[r] - qlens[r], cp // block * block
+        if offsets[r] != cp - start or cols[r] != q // block - 1 or not start < q:
+            raise RuntimeError(f"vllm-hybrid-npu second GDN checkpoint: row {r} ({start}-"
+                               f"{seq_lens[r]} tokens) plans offset {offsets[r]} in column "
+                               f"{cols[r]}, the KV-cache manager reserved {cp} with {q} in "
+                               f"column {q // block - 1}")
+        junctions[r] = sorted([*junctions.get(r, ()), (q - start, cols[r])])
+        cols[r], extra[r] = table.shape[1], block_id
+    return (torch.cat([table, torch.tensor(extra, dtype=table.dtype)[:, None]], dim=1), offsets,
+            cols, junctions)
 
 
 def _junctions_on(builder: Any, path: str | None) -> bool:

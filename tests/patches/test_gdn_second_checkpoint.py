@@ -1,0 +1,247 @@
+"""``VLLM_HYBRID_NPU_SECOND_CHECKPOINT=on`` (:mod:`vllm_hybrid_npu.patches.gdn_second_checkpoint`,
+vLLM 0.30, the CPU exporter path): a prompt whose GDN checkpoint ``cp`` lies inside its last block
+keeps the state at that block's start ``q`` too, in a second block outside the block table.
+
+On vLLM's real ``Scheduler`` and KV-cache manager (tiny hybrid, block 256, ``--prefix-match-unit
+64``, the exporter's checkpoint declared), requests run one at a time (one sampled token each),
+lengths drawn fresh, hand-counted:
+
+* a cold prompt of ``L`` tokens, ``cp = (L - 1) // 64 * 64`` off the block grid: one prefill step
+  either way; vLLM keys the checkpoint column ``c = cdiv(L, 256) - 2`` at ``cp`` and nothing at
+  ``q = cp // 256 * 256``; with ``on`` the column keeps ``q`` and the second block ``E`` is keyed
+  at ``cp``, and the step's ``SchedulerOutput`` names ``E`` and ``cp`` for each GDN KV-cache group;
+* a prompt sharing the first one's first ``q + d`` tokens (``d < cp - q``) hits ``q`` with
+  ``on``, less without; a repeat hits ``cp`` either way;
+* ``E`` goes back to the pool with its request (no block leaks: every block free once all
+  requests finished) and stays cached there;
+* no second block for a checkpoint on the block grid, a non-final chunk (a prompt over the token
+  budget) or a hit that leaves ``q`` behind.
+(The engine, with the bytes the step writes: ``e2e/test_prefill_checkpoints.py::test_second_checkpoint_keeps_the_block_boundary``.)
+"""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+pytest.importorskip("vllm")
+
+from vllm_hybrid_npu.patches import gdn_second_checkpoint as S  # noqa: E402
+
+B, UNIT = 256, 64
+ENTRIES = tuple(p.name for p in S.PATCHES)
+
+
+def _cpu_stack():
+    """This machine's stack as the CPU target (the entries' only one)."""
+    from vllm_hybrid_npu.support import Stack, detect_stack
+
+    stack = detect_stack()
+    return Stack(target="cpu", vllm=stack.vllm)
+
+
+def _outside() -> str | None:
+    from vllm_hybrid_npu.patches.registry import stack_skip_reason
+
+    return stack_skip_reason(S.PATCHES[0], _cpu_stack())
+
+
+pytestmark = pytest.mark.skipif(_outside() is not None, reason=f"{S.ENV}: {_outside()}")
+
+
+@pytest.fixture(scope="module")
+def tiny_config(tmp_path_factory):
+    from vllm_hybrid_npu_lab.presets import TINY_HYBRID, resolve_model
+
+    d = tmp_path_factory.mktemp("tiny-hybrid-second")
+    (d / "config.json").write_text(json.dumps(TINY_HYBRID))
+    return resolve_model(str(d))[1]
+
+
+class Engine:
+    """vLLM's real ``Scheduler`` for the tiny hybrid (block 256, ``--prefix-match-unit 64``, the
+    exporter's checkpoint declared), run one request at a time."""
+
+    def __init__(self, cfg, budget=2048):
+        from vllm.utils.hashing import get_hash_fn_by_name
+        from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+        from vllm.v1.core.sched.scheduler import Scheduler
+        from vllm.v1.structured_output import StructuredOutputManager
+
+        from vllm_hybrid_npu_lab.model import build_setup
+        from vllm_hybrid_npu_lab.upstream_grid import UpstreamSetting
+
+        setup = build_setup(cfg, kv_cache_bytes=64 << 20, max_model_len=4096, block_size=B,
+                            prefill_checkpoints=True, max_num_batched_tokens=budget,
+                            tune=UpstreamSetting(pmu=UNIT, ckpt=True).tune)
+        self.sched = Scheduler(vllm_config=setup.vllm_config, kv_cache_config=setup.kv_cache_config,
+                               structured_output_manager=StructuredOutputManager(setup.vllm_config),
+                               block_size=setup.scheduler_block_size,
+                               hash_block_size=setup.hash_block_size, log_stats=False)
+        assert self.sched.cache_config.block_size == B and self.sched.hash_block_size == UNIT
+        hash_fn = get_hash_fn_by_name(setup.vllm_config.cache_config.prefix_caching_hash_algo)
+        init_none_hash(hash_fn)
+        self.hasher = get_request_block_hasher(setup.hash_block_size, hash_fn)
+        self.n = 0
+        self.outputs = []
+
+    @property
+    def mamba(self):
+        from vllm.v1.core.single_type_kv_cache_manager import MambaManager
+
+        return [m for m in self.sched.kv_cache_manager.coordinator.single_type_managers
+                if isinstance(m, MambaManager)]
+
+    def run(self, prompt):
+        """Schedule ``prompt`` (token ids) to its first output token; returns ``(hit tokens,
+        prefill steps, the request)``; the request then finishes (max_tokens 1)."""
+        from vllm.sampling_params import SamplingParams
+        from vllm.v1.outputs import ModelRunnerOutput
+        from vllm.v1.request import Request
+
+        self.n += 1
+        req = Request(request_id=f"r{self.n}", prompt_token_ids=list(prompt),
+                      sampling_params=SamplingParams(max_tokens=1, ignore_eos=True),
+                      pooling_params=None, block_hasher=self.hasher)
+        self.sched.add_request(req)
+        hit, steps = None, 0
+        while self.sched.has_unfinished_requests():
+            out = self.sched.schedule()
+            self.outputs.append(out)
+            if hit is None:
+                hit = out.scheduled_new_reqs[0].num_computed_tokens
+            steps += 1
+            done = req.num_computed_tokens >= req.num_tokens
+            self.snapshot = {m.kv_cache_group_id: (list(m.req_to_blocks[req.request_id]),
+                                                    dict(vars(m).get(S.EXTRA, {})))
+                             for m in self.mamba}
+            self.sched.update_from_output(out, ModelRunnerOutput(
+                req_ids=[req.request_id], req_id_to_index={req.request_id: 0},
+                sampled_token_ids=[[7] if done else []]))
+        return hit, steps, req
+
+
+def _prompt(rng, n):
+    return [rng.randrange(1, 30000) for _ in range(n)]
+
+
+def _keys(block):
+    return block.block_hash_num_tokens if block.block_hash is not None else None
+
+
+@pytest.mark.parametrize("on", [False, True])
+def test_second_block_keeps_the_block_boundary(tiny_config, apply_entries, monkeypatch, seed, on):
+    rng = random.Random(seed)
+    # a cold prompt whose checkpoint lies inside its last block (cp % 256 != 0), 3-4 blocks
+    n = rng.choice([x for x in range(2 * B + 65, 4 * B) if ((x - 1) // UNIT * UNIT) % B and x % B])
+    cp = (n - 1) // UNIT * UNIT
+    q, c = cp // B * B, -(-n // B) - 2
+    d = rng.randrange(1, cp - q)  # a second prompt shares q + d tokens, not cp
+    where = dict(seed=seed, on=on, n=n, cp=cp, q=q, d=d)
+    monkeypatch.setenv(S.ENV, "on" if on else "off")
+    report = apply_entries(*ENTRIES, stack=_cpu_stack())
+    # the worker's entry waits for the model runner's module (not imported by a scheduler)
+    assert (set(report.applied) | set(report.pending) == set(ENTRIES)) == on, report.line()
+    assert not report.failed, report.line()
+    eng = Engine(tiny_config)
+    free0 = eng.sched.kv_cache_manager.block_pool.get_num_free_blocks()
+    first = _prompt(rng, n)
+    hit, steps, _ = eng.run(first)
+    assert (hit, steps) == (0, 1), where
+    payload = getattr(eng.outputs[0], S.ATTR, None)
+    for m in eng.mamba:
+        blocks, extra = eng.snapshot[m.kv_cache_group_id]
+        assert _keys(blocks[c]) == (q if on else cp), where
+        if on:
+            (block, at, col, state), = extra.values()
+            assert (at, col, state, _keys(block)) == (cp, c, "sent", cp), where
+            assert payload[m.kv_cache_group_id] == {"r1": (block.block_id, cp)}, where
+            assert block.ref_cnt == 0 and block.block_hash is not None, where  # freed, cached
+        else:
+            assert not extra and payload is None, where
+    assert eng.sched.kv_cache_manager.block_pool.get_num_free_blocks() == free0, where
+    hit, steps, _ = eng.run(first[:q + d] + _prompt(rng, rng.randrange(65, 2 * B)))
+    assert hit == (q if on else 0), where  # vLLM: no GDN state at q (its one state is at cp)
+    hit, steps, _ = eng.run(first)
+    assert (hit, steps) == (cp, 1), where
+    assert eng.sched.kv_cache_manager.block_pool.get_num_free_blocks() == free0, where
+
+
+def test_no_second_block_where_the_column_holds_it(tiny_config, apply_entries, monkeypatch, seed):
+    """A checkpoint on the block grid, a non-final chunk, a hit past ``q``: vLLM's blocks only."""
+    rng = random.Random(seed)
+    monkeypatch.setenv(S.ENV, "on")
+    apply_entries(*ENTRIES, stack=_cpu_stack())
+    on_grid = rng.choice([x for x in range(2 * B + 1, 2 * B + UNIT + 1)])  # cp = 512
+    long_n = rng.randrange(1100, 1500)  # over a 1,024-token budget: a non-final first chunk
+    eng = Engine(tiny_config, budget=1024)
+    free0 = eng.sched.kv_cache_manager.block_pool.get_num_free_blocks()
+    where = dict(seed=seed, on_grid=on_grid, long_n=long_n)
+    _, steps, _ = eng.run(_prompt(rng, on_grid))
+    assert steps == 1 and getattr(eng.outputs[-1], S.ATTR, None) is None, where
+    before = len(eng.outputs)
+    eng.run(_prompt(rng, long_n))
+    sent = [getattr(o, S.ATTR, None) for o in eng.outputs[before:]]
+    # the final chunk (from 1,024) takes one where its checkpoint lies inside its last block
+    cp = (long_n - 1) // UNIT * UNIT
+    final = cp % B and cp // B * B > 1024
+    assert sent[0] is None and (sent[-1] is not None) == bool(final), (where, sent)
+    # a prompt hitting past q (the first's checkpoint 832, its block's start 768): its rest
+    # cannot write 768 (already computed); its own checkpoint fails vLLM's column clause
+    first = _prompt(rng, 3 * B + 100)
+    eng.run(first)
+    before = len(eng.outputs)
+    hit, _, _ = eng.run(first[:832] + _prompt(rng, rng.randrange(129, 190)))
+    assert hit == 832, where
+    assert all(getattr(o, S.ATTR, None) is None for o in eng.outputs[before:]), where
+    assert eng.sched.kv_cache_manager.block_pool.get_num_free_blocks() == free0, where
+
+
+def test_mode_names_the_variable(monkeypatch):
+    monkeypatch.setenv(S.ENV, "yes")
+    with pytest.raises(ValueError, match=S.ENV):
+        S.mode()
+    monkeypatch.delenv(S.ENV)
+    assert S.mode() == "off"
+
+
+def test_worker_plans_both_checkpoints_by_hand():
+    """``gdn_prefill_checkpoint._with_second_blocks``: a decode row, a cold 700-token row whose
+    checkpoint 640 went to the second block 41 (its column 1 keyed at 512) and a row with a
+    junction at 256 (column 0) starting at 0 with 900 tokens, second block 42 for its checkpoint
+    896 (column 2 at 768): the rows' checkpoints by hand, the block table one column wider."""
+    import torch
+
+    from vllm_hybrid_npu.core import prefill_checkpoints as core
+    from vllm_hybrid_npu.patches import gdn_prefill_checkpoint as gdn
+
+    table = torch.tensor([[5, 0, 0, 0], [0, 11, 12, 0], [21, 0, 23, 24]], dtype=torch.int32)
+    seq_lens, qlens = [57, 700, 900], [1, 700, 900]
+    out_table, offsets, cols, junctions = gdn._with_second_blocks(
+        table, {1: (41, 640), 2: (42, 896)}, seq_lens, qlens, [0, 640, 896], [-1, 1, 2],
+        {2: [(256, 0)]}, 256)
+    assert out_table.tolist() == [[5, 0, 0, 0, 0], [0, 11, 12, 0, 41], [21, 0, 23, 24, 42]]
+    assert (offsets, cols) == ([0, 640, 896], [-1, 4, 4])
+    assert junctions == {1: [(512, 1)], 2: [(256, 0), (768, 2)]}
+    plan = core.plan_step([0, 1, 701, 1601], offsets, cols, 1, junctions=junctions)
+    assert [(r, o, out_table[r, c].item()) for r, o, c in zip(plan.rows, plan.offsets, plan.cols)] == \
+        [(1, 512, 11), (1, 640, 41), (2, 256, 21), (2, 768, 23), (2, 896, 42)]
+    # a row whose plan is not the manager's (offset 576): refused, nothing cached unwritten
+    with pytest.raises(RuntimeError, match="reserved 640"):
+        gdn._with_second_blocks(table, {1: (41, 640)}, seq_lens, qlens, [0, 576, 0], [-1, 1, -1], {}, 256)
+
+
+def test_payload_survives_the_multiprocess_executor():
+    """vLLM's multiprocess executor pickles the ``SchedulerOutput`` (``MessageQueue.enqueue``); the
+    attribute the scheduler entry sets (plain ints and strings) survives, and a scheduler output
+    without it reads as no payload."""
+    import pickle
+
+    from vllm.v1.core.sched.output import SchedulerOutput
+
+    out = SchedulerOutput.make_empty()
+    assert getattr(pickle.loads(pickle.dumps(out)), S.ATTR, None) is None
+    setattr(out, S.ATTR, {1: {"r7": (41, 640)}})
+    assert getattr(pickle.loads(pickle.dumps(out, pickle.HIGHEST_PROTOCOL)), S.ATTR) == {1: {"r7": (41, 640)}}

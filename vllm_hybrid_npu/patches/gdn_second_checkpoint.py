@@ -1,0 +1,323 @@
+"""A second GDN checkpoint block per prompt, so the block boundary's state stays cached beside the
+sub-block checkpoint: an opt-in (``VLLM_HYBRID_NPU_SECOND_CHECKPOINT=on``; issue 38 item 3).
+
+With a prefix-match unit below the block (``--prefix-match-unit 64``) the exporter writes a
+prompt's checkpoint ``cp = (L - 1) // 64 * 64`` from inside the step. vLLM 0.30's ``MambaManager``
+reserves it the block-table column ``c = cdiv(L, B) - 2``, which its full-block pass keys at
+``q = (c + 1) * B = cp // B * B`` and ``_cache_partial_tail_block`` then re-keys at ``cp``. So
+wherever ``cp`` is off the block grid, no GDN state stays cached at ``q``: a later prompt sharing
+``q`` tokens (but not ``cp``) hits less, and vLLM's host tier (the OffloadingConnector looks GDN
+states up on the block grid) finds nothing there. The lab measured the cost
+(``docs/notes/issue38-item3-cuda-2026-11-29``: a prefix-match unit of 64 with a host tier got
+fewer hits than the block's unit).
+
+``on`` gives such a prompt's final chunk one more block, ``E``, kept beside the request's blocks
+(not in its block table; vLLM's worker block table is append-only and its columns are vLLM's):
+
+* ``KVCacheManager.allocate_slots`` (``gdn-second-checkpoint-allocate``): tells the engine's
+  align-mode Mamba managers the prompt's length for this call (a final chunk only);
+* ``MambaManager.get_num_blocks_to_allocate`` / ``allocate_new_blocks`` (``-count``, ``-blocks``):
+  where vLLM reserved ``cp`` and :func:`~vllm_hybrid_npu.core.prefill_checkpoints.second_checkpoint`
+  answers ``q``, one block more is counted and taken;
+* ``MambaManager._cache_partial_tail_block`` (``-cache``): ``E`` is cached at ``cp`` (and offered
+  to a KV connector as vLLM offers the partial tail), the column keeps ``q``'s key (offered as a
+  block boundary by vLLM's own ``cache_blocks``); where the column is not keyed at ``q``,
+  vLLM's re-key runs and ``E`` is not used;
+* ``MambaManager.remove_skipped_blocks`` / ``pop_blocks_for_free`` (``-retire``, ``-free``): ``E``
+  goes back to the pool (cached, evictable) when the column does, or with the request (finish,
+  abort, preemption), placed after the column's block in the list vLLM frees in reverse;
+* ``Scheduler._update_after_schedule`` (``-send``; vLLM's and vllm-ascend's schedulers all call
+  it with the finished output): ``{KV-cache group: {request id: (E's block id, cp)}}`` for the
+  blocks taken this step, on the ``SchedulerOutput`` (attribute :data:`ATTR`; plain data, so it
+  survives the multiprocess executor's pickle);
+* the model runner's ``execute_model`` (``-receive``): read at entry, before a runner could
+  ``dataclasses.replace`` the output, held for the step's GDN metadata builders
+  (:func:`step_blocks`) and dropped when the step returns (dummy runs see none);
+* the GDN builder (``gdn_prefill_checkpoint.build_checkpoints``) plans two checkpoints in the row:
+  ``q`` into column ``c`` and ``cp`` into ``E`` (one extra block-table column, for that step's
+  plan only); vLLM's CPU GDN function runs one more round.
+
+Only where the step writes both: vLLM 0.30's CPU exporter path (target ``cpu``). CUDA's one pass
+and vllm-ascend's paths plan from their own runners: not wired yet. Default ``off`` (vLLM's
+re-key). Until: vLLM keeps the block boundary's state beside a sub-block checkpoint (RFC #52959;
+vllm-project/vllm#54076 names the gap).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import logging
+from typing import Any
+
+from vllm_hybrid_npu import envs
+from vllm_hybrid_npu.core import prefill_checkpoints as core
+from vllm_hybrid_npu.patches import gdn_prefill_checkpoint as gdn
+from vllm_hybrid_npu.patches.gdn_junction import SINGLE_TYPE, is_mamba_manager
+from vllm_hybrid_npu.support import Stack
+
+logger = logging.getLogger("vllm_hybrid_npu")
+
+#: Environment variable: ``off`` (vLLM's re-key, default) or ``on``.
+ENV = "VLLM_HYBRID_NPU_SECOND_CHECKPOINT"
+MODES = ("off", "on")
+VERSIONS = ("0.30.0",)
+TARGETS = ("cpu",)
+#: ``SchedulerOutput`` attribute: ``{group id: {request id: (block id, cp tokens)}}`` or absent.
+ATTR = "vhn_second_checkpoints"
+#: A Mamba manager's ``{request id: prompt tokens}`` for the ``allocate_slots`` call in progress.
+HINT = "_vhn_second_hint"
+#: A Mamba manager's ``{request id: [block E, cp, column, state]}``; state ``new`` (taken this
+#: step), ``keyed`` (cached at cp), ``sent`` (on the step's output), ``unused`` (not written:
+#: the column was not keyed at q, or the allocation cached nothing).
+EXTRA = "_vhn_second_blocks"
+#: A KV-cache manager's managers this applies to (a tuple, possibly empty), decided once.
+MANAGERS = "_vhn_second_managers"
+
+#: The step's payload on a worker: ``(runner, {group id: {request id: (block id, cp)}})``.
+_STEP: contextvars.ContextVar = contextvars.ContextVar("vhn_second_step", default=None)
+
+
+def mode() -> str:
+    """``$VLLM_HYBRID_NPU_SECOND_CHECKPOINT`` (default ``off``).
+
+    Raises:
+        ValueError: a value other than ``off`` or ``on`` (the message names the variable).
+    """
+    return envs.choice(ENV, MODES, "off")
+
+
+def _wanted(stack: Stack) -> str | None:
+    if mode() != "on":
+        return f"{ENV}=off (vLLM's re-key)"
+    return gdn.wanted(stack)
+
+
+def managers_of(kv_cache_manager: Any) -> tuple:
+    """The align-mode Mamba managers (vLLM 0.30's ``MambaManager`` or a subclass) of
+    ``kv_cache_manager`` (vLLM's ``KVCacheManager``) whose prompts can take a second block: a
+    prefill checkpoint declared, a prefix-match unit (the block pool's hash block) below the
+    block, no speculative blocks, no EAGLE block drop, no fine-grained prefix cache. Decided
+    once per KV-cache manager (:data:`MANAGERS`)."""
+    found = vars(kv_cache_manager).get(MANAGERS)
+    if found is None:
+        found = tuple(
+            m for m in kv_cache_manager.coordinator.single_type_managers
+            if is_mamba_manager(m) and m.mamba_cache_mode == "align"
+            and getattr(m, "has_prefill_checkpoint_blocks", False)
+            and m.block_pool.hash_block_size < m.block_size
+            and not m.num_speculative_blocks and not getattr(m, "use_eagle", False)
+            and not getattr(m, "drop_eagle_checkpoint_block", False)
+            and not getattr(m, "fine_grained_prefix_cache", False))
+        vars(kv_cache_manager)[MANAGERS] = found
+        if found:
+            logger.info("vllm-hybrid-npu: %s=on: a prompt whose GDN checkpoint lies inside its last "
+                        "block also keeps the state at that block's start (a second block per "
+                        "prompt, %d KV-cache groups)", ENV, len(found))
+    return found
+
+
+def _make_allocate(upstream: Any, stack: Stack) -> Any:
+    """Registry ``make`` of vLLM 0.30's ``KVCacheManager.allocate_slots``: for a prompt's final
+    chunk (``start + num_new_tokens == num_prompt_tokens``, ``start`` its computed tokens plus the
+    new local and external hit) each manager of :func:`managers_of` is told the prompt's length
+    for this call only (:data:`HINT`)."""
+    @functools.wraps(upstream)
+    def allocate_slots(self, request, num_new_tokens, num_new_computed_tokens=0,
+                       new_computed_blocks=None, num_lookahead_tokens=0,
+                       num_external_computed_tokens=0, *args, **kwargs):
+        call = (request, num_new_tokens, num_new_computed_tokens, new_computed_blocks,
+                num_lookahead_tokens, num_external_computed_tokens, *args)
+        start = request.num_computed_tokens + num_new_computed_tokens + num_external_computed_tokens
+        if (num_new_tokens <= 0 or start + num_new_tokens != request.num_prompt_tokens
+                or not (found := managers_of(self))):
+            return upstream(self, *call, **kwargs)
+        rid = request.request_id
+        for manager in found:
+            vars(manager).setdefault(HINT, {})[rid] = (start, request.num_prompt_tokens)
+        try:
+            return upstream(self, *call, **kwargs)
+        finally:
+            for manager in found:
+                vars(manager)[HINT].pop(rid, None)
+
+    return allocate_slots
+
+
+def _wants(manager: Any, request_id: str) -> tuple[int, int, int] | None:
+    """``(cp, column, q)`` where this allocation's chunk takes a second block, else None: the
+    manager's hint (:data:`HINT`), the checkpoint vLLM recorded in this call
+    (``MambaManager._checkpoints``), and :func:`core.second_checkpoint`."""
+    hint = vars(manager).get(HINT, {}).get(request_id)
+    checkpoint = manager._checkpoints.get(request_id) if hint else None
+    if checkpoint is None or request_id in vars(manager).get(EXTRA, {}):
+        return None
+    (start, prompt), (cp, col) = hint, checkpoint
+    q = core.second_checkpoint(start, prompt, prompt, cp, manager.block_size,
+                               manager.kv_cache_spec.prefill_checkpoint_alignment)
+    return (cp, col, q) if q and col == q // manager.block_size - 1 else None
+
+
+def _make_count(upstream: Any, stack: Stack) -> Any:
+    @functools.wraps(upstream)
+    def get_num_blocks_to_allocate(self, request_id, *args, **kwargs):
+        n = upstream(self, request_id, *args, **kwargs)
+        if kwargs.get("apply_admission_cap") or n > self.block_pool.num_gpu_blocks:
+            return n  # vLLM's admission estimate, or its "not this step"
+        return n + 1 if _wants(self, request_id) else n
+
+    return get_num_blocks_to_allocate
+
+
+def _make_blocks(upstream: Any, stack: Stack) -> Any:
+    @functools.wraps(upstream)
+    def allocate_new_blocks(self, request_id, *args, **kwargs):
+        out = upstream(self, request_id, *args, **kwargs)
+        if (want := _wants(self, request_id)) and self.block_pool.get_num_free_blocks() > 0:
+            block = self.block_pool.get_new_blocks(1)[0]
+            vars(self).setdefault(EXTRA, {})[request_id] = [block, want[0], want[1], "new"]
+        return out
+
+    return allocate_new_blocks
+
+
+def _make_cache(upstream: Any, stack: Stack) -> Any:
+    @functools.wraps(upstream)
+    def _cache_partial_tail_block(self, request, num_tokens, retention_interval):
+        extra = vars(self).get(EXTRA, {}).get(request.request_id)
+        if extra is None or extra[3] != "new":
+            return upstream(self, request, num_tokens, retention_interval)
+        block, cp, col, _ = extra
+        slot = self.req_to_blocks[request.request_id][col]
+        if (num_tokens != request.num_prompt_tokens or slot.is_null
+                or slot.block_hash_num_tokens != (col + 1) * self.block_size):
+            extra[3] = "unused"  # vLLM re-keys the column at cp; the worker writes as vLLM plans
+            return upstream(self, request, num_tokens, retention_interval)
+        extra[3] = "keyed"
+        key = self.block_pool.cache_partial_block(
+            request=request, block=block, num_tokens=cp, kv_cache_group_id=self.kv_cache_group_id,
+            block_size=self.block_size)
+        if key is not None:  # offered to a KV connector as vLLM offers a partial tail
+            self._pending_boundary_state_offloads.append(
+                (request.request_id, self.kv_cache_group_id, block, cp))
+        return key
+
+    return _cache_partial_tail_block
+
+
+def _make_retire(upstream: Any, stack: Stack) -> Any:
+    @functools.wraps(upstream)
+    def remove_skipped_blocks(self, request_id, *args, **kwargs):
+        upstream(self, request_id, *args, **kwargs)
+        extra = vars(self).get(EXTRA, {}).get(request_id)
+        if extra is not None:
+            blocks = self.req_to_blocks.get(request_id, [])
+            if extra[2] >= len(blocks) or blocks[extra[2]].is_null:  # the column went back
+                del vars(self)[EXTRA][request_id]
+                self.block_pool.free_blocks([extra[0]])
+
+    return remove_skipped_blocks
+
+
+def _make_free(upstream: Any, stack: Stack) -> Any:
+    @functools.wraps(upstream)
+    def pop_blocks_for_free(self, request_id):
+        blocks = upstream(self, request_id)
+        extra = vars(self).get(EXTRA, {}).pop(request_id, None)
+        if extra is None:
+            return blocks
+        blocks = list(blocks)  # freed in reverse: E just before the column's block
+        blocks.insert(min(extra[2] + 1, len(blocks)), extra[0])
+        return blocks
+
+    return pop_blocks_for_free
+
+
+def _make_send(upstream: Any, stack: Stack) -> Any:
+    @functools.wraps(upstream)
+    def _update_after_schedule(self, scheduler_output):
+        upstream(self, scheduler_output)
+        payload: dict[int, dict[str, tuple[int, int]]] = {}
+        for manager in vars(self.kv_cache_manager).get(MANAGERS) or ():
+            for rid, extra in vars(manager).get(EXTRA, {}).items():
+                if extra[3] == "keyed":
+                    payload.setdefault(manager.kv_cache_group_id, {})[rid] = (extra[0].block_id, extra[1])
+                    extra[3] = "sent"
+                elif extra[3] == "new":  # not cached in its allocation (a delayed KV load):
+                    extra[3] = "unused"  # a later cache call must not key it unwritten
+        if payload:
+            setattr(scheduler_output, ATTR, payload)
+
+    return _update_after_schedule
+
+
+def _make_receive(upstream: Any, stack: Stack) -> Any:
+    @functools.wraps(upstream)
+    def execute_model(self, scheduler_output, *args, **kwargs):
+        payload = getattr(scheduler_output, ATTR, None)
+        if not payload:
+            return upstream(self, scheduler_output, *args, **kwargs)
+        token = _STEP.set((self, payload))
+        try:
+            return upstream(self, scheduler_output, *args, **kwargs)
+        finally:
+            _STEP.reset(token)
+
+    return execute_model
+
+
+def step_blocks(builder: Any, num_reqs: int) -> dict[int, tuple[int, int]]:
+    """For a GDN metadata ``builder`` of the step the model runner is executing: ``{batch row:
+    (E's block id, cp tokens)}`` of the rows whose prompt took a second checkpoint block in the
+    builder's KV-cache group (rows: the runner's ``input_batch.req_ids``, vLLM 0.30's V1 runner;
+    the first ``num_reqs``). Empty outside such a step."""
+    step = _STEP.get()
+    if step is None:
+        return {}
+    runner, payload = step
+    for gid, groups in enumerate(runner.attn_groups):
+        if gid in payload and any(builder in g.metadata_builders for g in groups):
+            ids = payload[gid]
+            return {r: ids[rid] for r, rid in enumerate(runner.input_batch.req_ids[:num_reqs])
+                    if rid in ids}
+    return {}
+
+
+def entry(name: str, module: str, qualname: str, make: Any, why: str, signature: tuple) -> Any:
+    return gdn.entry(name, module, qualname, make, TARGETS, why, vllm=VERSIONS, wanted=_wanted,
+                     signature=signature,
+                     until="vLLM keeps the block boundary's state beside a sub-block checkpoint "
+                           "(RFC #52959, vllm-project/vllm#54076)")
+
+
+PATCHES = [
+    entry("gdn-second-checkpoint-allocate", "vllm.v1.core.kv_cache_manager",
+          "KVCacheManager.allocate_slots", _make_allocate,
+          f"opt-in ({ENV}=on): a prompt's final chunk tells the align-mode Mamba managers its "
+          "prompt length for this call",
+          ("self", "request", "num_new_tokens", "num_new_computed_tokens", "new_computed_blocks",
+           "num_lookahead_tokens", "num_external_computed_tokens")),
+    entry("gdn-second-checkpoint-count", SINGLE_TYPE, "MambaManager.get_num_blocks_to_allocate",
+          _make_count, "one block more where the checkpoint lies inside the prompt's last block "
+          "(core.second_checkpoint)", ("self", "request_id")),
+    entry("gdn-second-checkpoint-blocks", SINGLE_TYPE, "MambaManager.allocate_new_blocks",
+          _make_blocks, "that block, kept beside the request's blocks (not in its block table)",
+          ("self", "request_id")),
+    entry("gdn-second-checkpoint-cache", SINGLE_TYPE, "MambaManager._cache_partial_tail_block",
+          _make_cache, "the second block cached at the checkpoint; the column keeps the block "
+          "boundary's key (vLLM re-keys it at the checkpoint)",
+          ("self", "request", "num_tokens", "retention_interval")),
+    entry("gdn-second-checkpoint-retire", SINGLE_TYPE, "MambaManager.remove_skipped_blocks",
+          _make_retire, "the second block back to the pool (cached) when its column goes",
+          ("self", "request_id")),
+    entry("gdn-second-checkpoint-free", SINGLE_TYPE, "MambaManager.pop_blocks_for_free",
+          _make_free, "the second block freed with the request (finish, abort, preemption)",
+          ("self", "request_id")),
+    entry("gdn-second-checkpoint-send", "vllm.v1.core.sched.scheduler",
+          "Scheduler._update_after_schedule", _make_send, "the step's second blocks on the "
+          f"SchedulerOutput ({ATTR}: group -> request -> (block id, checkpoint))",
+          ("self", "scheduler_output")),
+    entry("gdn-second-checkpoint-receive", "vllm.v1.worker.gpu_model_runner",
+          "GPUModelRunner.execute_model", _make_receive, "the step's second blocks held for the "
+          "GDN metadata builders (the CPU runner inherits it)", ("self", "scheduler_output")),
+]
