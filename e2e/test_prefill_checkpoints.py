@@ -1665,83 +1665,95 @@ def _free_blocks(llm) -> int:
 
 
 @pytest.mark.skipif(_second_checkpoint_outside() is not None, reason=f"{_second_checkpoint_outside()}")
+@pytest.mark.parametrize("ssm_dtype", ["auto", "float32"])
 def test_second_checkpoint_keeps_the_block_boundary(tiny_model_dir, engine_args, rng,
-                                                    exact_across_schedules):
+                                                    exact_across_schedules, ssm_dtype):
     """``VLLM_HYBRID_NPU_SECOND_CHECKPOINT=on`` (``gdn-second-checkpoint-*``) on the real engine,
-    ``--prefix-match-unit 64``, vLLM's default retention. Own engines (ours, then vLLM's split),
-    last; the registry re-applied with the variable set (and again without it after). A cold
-    prompt of ``L`` tokens, ``L`` and its checkpoint ``cp = (L - 1) // 64 * 64`` off the grids
-    (``L % 64``, ``cp % B``), two to four blocks, drawn fresh:
+    ``--prefix-match-unit 64``, vLLM's default retention, the SSM cache in the target's own dtype
+    and in float32. Own engines (ours, then vLLM's split), last; the registry re-applied with the
+    variable set (and again without it after). A cold prompt of ``L`` tokens, ``L`` and its
+    checkpoint ``cp = (L - 1) // 64 * 64`` off the grids (``L % 64``, ``cp % B``), two to four
+    blocks, drawn fresh:
 
     * one prefill step (vLLM's split: three, stopping at ``q = cp // B * B`` and at ``cp``); the
       blocks the step writes are the blocks cached at ``q`` and at ``cp``, one each per GDN group
       (without the entries only ``cp``'s: ``test_prefix_match_unit_64_plans_where_the_scheduler_caches``);
     * their conv and SSM bytes equal those vLLM's split caches at ``q`` and ``cp`` (on CPU both
       run vLLM's GDN function up to ``q``, store the state in the cache dtype and go on from it:
-      equal by construction, in the target's own SSM dtype and in float32);
+      equal by construction; on CUDA, the V2 runner's one pass, within the bound of
+      ``test_prefix_match_unit_64_plans_where_the_scheduler_caches``);
     * a second prompt sharing the first ``q + d`` tokens (``0 < d < cp - q``) hits ``q``; a repeat
       of the first hits ``cp``; outputs equal fresh-salt cold runs (``_assert_same``);
     * once every request finished, the block pool has as many free blocks as before (the second
       blocks went back)."""
+    import torch
+
     from vllm_hybrid_npu.patches import apply_patches, registry
     from vllm_hybrid_npu.patches import gdn_second_checkpoint as S
 
+    extra = {} if ssm_dtype == "auto" else {"mamba_ssm_cache_dtype": ssm_dtype}
     mp = pytest.MonkeyPatch()
     mp.setenv(S.ENV, "on")
     registry.unapply_all()
     report = apply_patches()
-    got, llm = {}, None
+    llm = None
     try:
         assert not report.failed, report.line()
-        for extra in ({}, {"mamba_ssm_cache_dtype": "float32"}):
-            llm = _engine(tiny_model_dir("qwen3_next"), engine_args, "exporter", prefix_match_unit=64, **extra)
-            assert "gdn-second-checkpoint-receive" in registry.REPORT.applied, registry.REPORT.line()
-            block = _block(llm)
-            n = rng.choice([x for x in range(2 * block + 65, 4 * block)
-                            if x % 64 and ((x - 1) // 64 * 64) % block])
-            cp = (n - 1) // 64 * 64
-            q = cp // block * block
-            d = rng.randrange(1, cp - q)
-            where = f"block {block}, prompt {n}, cp {cp}, q {q}, shared {q + d}, {extra}"
-            free0 = _free_blocks(llm)
-            first = _prompt(rng, n)
-            before = block_hashes(llm)
-            with _planned_blocks() as planned:
-                (cold,), steps = _gen(llm, [first])
-            assert steps == 1, (where, steps)
-            at_q, at_cp = cached_mamba_blocks(llm, q, before), cached_mamba_blocks(llm, cp, before)
-            assert sorted(planned) == sorted([*at_q.values(), *at_cp.values()]), (where, planned, at_q, at_cp)
-            got[str(extra)] = (first, q, cp, _checkpoint_states(llm, q, before),
-                               _checkpoint_states(llm, cp, before))
-            second = first[:q + d] + _prompt(rng, rng.randrange(65, block))
-            (hit,), _ = _gen(llm, [second])
-            assert hit.num_cached_tokens == q, (where, hit.num_cached_tokens)
-            (rep,), _ = _gen(llm, [first])
-            assert rep.num_cached_tokens == cp, (where, rep.num_cached_tokens)
-            for p, o in ((first, cold), (second, hit), (first, rep)):
-                (c,), _ = _gen(llm, [p], salt=uuid.uuid4().hex)
-                _assert_same([Sequence.from_output(c.outputs[0])], [Sequence.from_output(o.outputs[0])],
-                             exact=exact_across_schedules)
-            assert _free_blocks(llm) == free0, where
-            _close(llm)
-            llm = None
+        llm = _engine(tiny_model_dir("qwen3_next"), engine_args, "exporter", prefix_match_unit=64, **extra)
+        assert {"gdn-second-checkpoint-receive", "gdn-second-checkpoint-receive-v2"} & \
+            set(registry.REPORT.applied), registry.REPORT.line()
+        assert vars(_core(llm).scheduler.kv_cache_manager).get(S.MANAGERS), \
+            "the engine turned the second block off (its exporter path writes one state per row)"
+        block = _block(llm)
+        n = rng.choice([x for x in range(2 * block + 65, 4 * block) if x % 64 and ((x - 1) // 64 * 64) % block])
+        cp = (n - 1) // 64 * 64
+        q = cp // block * block
+        d = rng.randrange(1, cp - q)
+        where = f"block {block}, prompt {n}, cp {cp}, q {q}, shared {q + d}, SSM cache {ssm_dtype}"
+        free0 = _free_blocks(llm)
+        first = _prompt(rng, n)
+        before = block_hashes(llm)
+        with _planned_blocks() as planned:
+            (cold,), steps = _gen(llm, [first])
+        assert steps == 1, (where, steps)
+        at_q, at_cp = cached_mamba_blocks(llm, q, before), cached_mamba_blocks(llm, cp, before)
+        assert sorted(planned) == sorted([*at_q.values(), *at_cp.values()]), (where, planned, at_q, at_cp)
+        ours = {q: _checkpoint_states(llm, q, before), cp: _checkpoint_states(llm, cp, before)}
+        second = first[:q + d] + _prompt(rng, rng.randrange(65, block))
+        (hit,), _ = _gen(llm, [second])
+        assert hit.num_cached_tokens == q, (where, hit.num_cached_tokens)
+        (rep,), _ = _gen(llm, [first])
+        assert rep.num_cached_tokens == cp, (where, rep.num_cached_tokens)
+        for p, o in ((first, cold), (second, hit), (first, rep)):
+            (c,), _ = _gen(llm, [p], salt=uuid.uuid4().hex)
+            _assert_same([Sequence.from_output(c.outputs[0])], [Sequence.from_output(o.outputs[0])],
+                         exact=exact_across_schedules)
+        assert _free_blocks(llm) == free0, where
     finally:
         if llm is not None:
             _close(llm)
         mp.undo()
         registry.unapply_all()
         apply_patches()
-    for extra, (first, q, cp, ours_q, ours_cp) in zip(({}, {"mamba_ssm_cache_dtype": "float32"}), got.values()):
-        split = _engine(tiny_model_dir("qwen3_next"), engine_args, "split", prefix_match_unit=64, **extra)
-        try:
-            before = block_hashes(split)
-            _, steps = _gen(split, [first])
-            assert steps == 3, f"vLLM's split took {steps} steps for a {len(first)}-token prompt"
-            for position, ours in ((q, ours_q), (cp, ours_cp)):
-                for (name, conv, ssm), (name_s, conv_s, ssm_s) in zip(ours, _checkpoint_states(split, position, before)):
-                    where = f"{extra}, prompt {len(first)}, state at {position}, {name}"
-                    assert name == name_s
-                    assert torch_equal(ssm, ssm_s), f"{where}: SSM state, {_byte_diff(ssm, ssm_s)}"
-                    assert torch_equal(conv, conv_s), f"{where}: conv, {_byte_diff(conv, conv_s)}"
-        finally:
-            _close(split)
+    split = _engine(tiny_model_dir("qwen3_next"), engine_args, "split", prefix_match_unit=64, **extra)
+    try:
+        before = block_hashes(split)
+        _, steps = _gen(split, [first])
+        assert steps == 3, f"{where}: vLLM's split took {steps} steps"
+        dtype = _ssm_cache_dtype(split)
+        for position, states in ours.items():
+            for (name, conv, ssm), (name_s, conv_s, ssm_s) in zip(states, _checkpoint_states(split, position, before)):
+                at = f"{where}, state at {position}, {name}"
+                assert name == name_s
+                if not exact_across_schedules:
+                    # CUDA: the one pass carries float32 from q to cp where the split stored q in
+                    # the cache dtype, and the input projection runs on other batch shapes: the
+                    # bound of test_prefix_match_unit_64_plans_where_the_scheduler_caches
+                    assert _within_one_rounding(conv, conv_s, torch.bfloat16), f"{at}: conv, {_byte_diff(conv, conv_s)}"
+                    assert _within_one_rounding(ssm, ssm_s, dtype, torch.bfloat16), \
+                        f"{at}: SSM state, {_byte_diff(ssm, ssm_s)}"
+                    continue
+                assert torch_equal(ssm, ssm_s), f"{at}: SSM state, {_byte_diff(ssm, ssm_s)}"
+                assert torch_equal(conv, conv_s), f"{at}: conv, {_byte_diff(conv, conv_s)}"
+    finally:
+        _close(split)

@@ -156,8 +156,9 @@ register(EnvVar(
     "block's start, so that state is not cached; `on`: a second block per such prompt keeps both "
     "(the KV-cache manager takes it beside the request's blocks, the step writes both states, the "
     "host tier is offered both), so a prompt sharing only the block's start hits there and the "
-    "host tier, which looks GDN states up on the block grid, finds it. vLLM 0.30's CPU exporter "
-    "path only (not applied on CUDA or NPU yet, nor on vLLM 0.32 / 0.33); the lab's "
+    "host tier, which looks GDN states up on the block grid, finds it. vLLM 0.30 only, where the "
+    "exporter path writes several states per row: the CPU path and CUDA's one pass on the V2 "
+    "runner (as for `VLLM_HYBRID_NPU_CUDA_JUNCTIONS`); not on the NPU yet; the lab's "
     "`second=on` key replays it ([hitrate-guide.md](hitrate-guide.md))",
 ))
 register(EnvVar(

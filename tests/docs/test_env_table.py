@@ -101,6 +101,11 @@ def _readers():
 
         return tail_split()
 
+    def second_checkpoint():
+        from vllm_hybrid_npu.patches.gdn_second_checkpoint import mode
+
+        return mode()
+
     # name -> (reader, whether it returns the setting itself, so the default can be checked;
     # COPY_IMPL's reader returns the resolved implementation, "auto" never comes back)
     # CHECKPOINTS is retired: unset gives None (no setting), not a value
@@ -111,6 +116,7 @@ def _readers():
             "VLLM_HYBRID_NPU_CUDA_JUNCTIONS": (cuda_junctions, True),
             "VLLM_HYBRID_NPU_HOST_TIER_PARTIAL_TAILS": (host_tier_partial_tails, True),
             "VLLM_HYBRID_NPU_SUB_BLOCK_TAIL_SPLIT": (sub_block_tail_split, True),
+            "VLLM_HYBRID_NPU_SECOND_CHECKPOINT": (second_checkpoint, True),
             "VLLM_HYBRID_NPU_TOKEN_BUDGET": (token_budget, True),
             "VLLM_HYBRID_NPU_COPY_IMPL": (copy_impl, False), "VLLM_HYBRID_NPU_TARGET": (target, False)}
 

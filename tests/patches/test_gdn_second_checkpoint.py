@@ -31,7 +31,7 @@ pytest.importorskip("vllm")
 from vllm_hybrid_npu.patches import gdn_second_checkpoint as S  # noqa: E402
 
 B, UNIT = 256, 64
-ENTRIES = tuple(p.name for p in S.PATCHES)
+ENTRIES = tuple(p.name for p in S.PATCHES if "cpu" in p.targets)
 
 
 def _cpu_stack():
@@ -228,6 +228,13 @@ def test_worker_plans_both_checkpoints_by_hand():
     plan = core.plan_step([0, 1, 701, 1601], offsets, cols, 1, junctions=junctions)
     assert [(r, o, out_table[r, c].item()) for r, o, c in zip(plan.rows, plan.offsets, plan.cols)] == \
         [(1, 512, 11), (1, 640, 41), (2, 256, 21), (2, 768, 23), (2, 896, 42)]
+    # a device block table (CUDA's V2 runner): the column goes up through the runner's upload
+    # (vLLM's async_tensor_h2d, pinned), once, with the rows' block ids
+    sent = []
+    up = lambda values, dtype: sent.append((list(values), dtype)) or torch.tensor(values, dtype=dtype)
+    out_table = gdn._with_second_blocks(table, {1: (41, 640)}, seq_lens, qlens, [0, 640, 0],
+                                        [-1, 1, -1], {}, 256, up)[0]
+    assert sent == [([0, 41, 0], torch.int32)] and out_table[:, 4].tolist() == [0, 41, 0]
     # a row whose plan is not the manager's (offset 576): refused, nothing cached unwritten
     with pytest.raises(RuntimeError, match="reserved 640"):
         gdn._with_second_blocks(table, {1: (41, 640)}, seq_lens, qlens, [0, 576, 0], [-1, 1, -1], {}, 256)
@@ -245,3 +252,27 @@ def test_payload_survives_the_multiprocess_executor():
     assert getattr(pickle.loads(pickle.dumps(out)), S.ATTR, None) is None
     setattr(out, S.ATTR, {1: {"r7": (41, 640)}})
     assert getattr(pickle.loads(pickle.dumps(out, pickle.HIGHEST_PROTOCOL)), S.ATTR) == {1: {"r7": (41, 640)}}
+
+
+def test_engine_without_the_path_takes_no_second_block(tiny_config, apply_entries, monkeypatch, seed):
+    """``gdn-second-checkpoint-engine``: the scheduler of an engine whose exporter path cannot
+    write both states (here CUDA's V1 model runner: ``junctions_off`` says why) turns the entries
+    off for its KV-cache manager: vLLM's keys, no payload, even with the variable on."""
+    from vllm_hybrid_npu.support import Stack
+
+    rng = random.Random(seed)
+    monkeypatch.setenv(S.ENV, "on")
+    monkeypatch.delenv("FLA_USE_FAST_OPS", raising=False)
+    cuda = [p.name for p in S.PATCHES if "cuda" in p.targets and "receive" not in p.name]
+    report = apply_entries(*cuda, stack=Stack("cuda", _cpu_stack().vllm))
+    assert set(report.applied) == set(cuda), report.line()
+    eng = Engine(tiny_config)
+    assert not eng.sched.vllm_config.use_v2_model_runner
+    assert vars(eng.sched.kv_cache_manager)[S.MANAGERS] == ()
+    n = rng.choice([x for x in range(2 * B + 65, 4 * B) if ((x - 1) // UNIT * UNIT) % B and x % B])
+    cp = (n - 1) // UNIT * UNIT
+    eng.run(_prompt(rng, n))
+    assert getattr(eng.outputs[0], S.ATTR, None) is None, (seed, n)
+    for m in eng.mamba:
+        blocks, extra = eng.snapshot[m.kv_cache_group_id]
+        assert _keys(blocks[-(-n // B) - 2]) == cp and not extra, (seed, n)

@@ -104,8 +104,12 @@ def _prepare(bt, rows):
     """``GPUModelRunner.prepare_attn`` with the entry, for a batch of request indices ``rows``;
     upstream (a stand-in) returns the group tables as ``gather_block_tables`` does."""
     upstream = lambda self, batch: tuple(t[:len(rows) + 1] for t in bt.input_block_tables)  # noqa: E731
-    return gpc._make_v2_rows(upstream, CUDA)(_runner(bt), types.SimpleNamespace(
-        idx_mapping_np=np.array(rows, dtype=np.intp)))
+    runner = _runner(bt)
+    out = gpc._make_v2_rows(upstream, CUDA)(runner, types.SimpleNamespace(
+        idx_mapping_np=np.array(rows, dtype=np.intp), req_ids=[f"r{i}" for i in rows]))
+    # the batch order by request id too (gdn_second_checkpoint.step_blocks reads it)
+    assert vars(runner)[gpc.V2_REQ_IDS] == [f"r{i}" for i in rows]
+    return out
 
 
 def test_mirror_follows_the_runners_writes(tables):
@@ -139,7 +143,9 @@ def test_junction_columns_in_batch_order_without_a_device_read(tables):
         0: [(768, 1)], 2: [(128, 2), (896, 4)]}
     runner = _runner(bt)
     runner.pcp_manager = object()  # prefill context parallel: its own tables, none mirrored here
-    gpc._make_v2_rows(lambda self, batch: None, CUDA)(runner, types.SimpleNamespace(idx_mapping_np=None))
+    gpc._make_v2_rows(lambda self, batch: None, CUDA)(runner, types.SimpleNamespace(
+        idx_mapping_np=None, req_ids=["r0"]))
+    assert vars(runner)[gpc.V2_REQ_IDS] == ()
     assert gpc._junctions(device, seq, qlen, cols, 1, B) == {}
 
 

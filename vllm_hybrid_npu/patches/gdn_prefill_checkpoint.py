@@ -219,9 +219,10 @@ def build_checkpoints(builder: Any, common: Any, metadata: Any, stack: Stack,
             valid_fn=kv.is_mamba_prefill_checkpoint_valid)
         if _junctions_on(builder, path := exporter_path(config, stack.target)[0]):
             junctions = _junctions(table, seq_lens, qlens, cols, metadata.num_decodes, spec.block_size)
-        if stack.target == "cpu" and (second := _second_blocks(builder, n)):
+        if _junctions_on(builder, path) and (second := _second_blocks(builder, n)):
             table, offsets, cols, junctions = _with_second_blocks(
-                table[:n], second, seq_lens, qlens, list(offsets), list(cols), junctions, spec.block_size)
+                table[:n], second, seq_lens, qlens, list(offsets), list(cols), junctions,
+                spec.block_size, _to_device(table.device))
     if (plan := core.plan_step(qsl, offsets, cols, metadata.num_decodes, junctions=junctions)) is None:
         return None
     method = export_method(path or exporter_path(config, stack.target)[0], spec, config)
@@ -238,12 +239,16 @@ def _second_blocks(builder: Any, num_reqs: int) -> dict[int, tuple[int, int]]:
 
 
 def _with_second_blocks(table: torch.Tensor, second: dict[int, tuple[int, int]], seq_lens: list,
-                        qlens: list, offsets: list, cols: list, junctions: dict, block: int):
+                        qlens: list, offsets: list, cols: list, junctions: dict, block: int,
+                        to_device: ops.ToDevice | None = None):
     """The step's plan inputs with each row of ``second`` (``{row: (block id E, cp)}``,
     :mod:`.gdn_second_checkpoint`) checkpointed twice: ``q = cp // block * block`` into its
     checkpoint column (which the KV-cache manager keyed at ``q``) and ``cp`` into ``E``, one
-    column appended to ``table`` (int32 [R, columns] on the host; 0, vLLM's null block, in the
-    other rows). Returns ``(table, offsets, cols, junctions)``.
+    column appended to ``table`` (int32 [R, columns], the block table of the builder's group;
+    0, vLLM's null block, in the other rows), uploaded by ``to_device`` (vLLM's
+    ``async_tensor_h2d``: pinned memory, no host sync; default: a host tensor) where ``table``
+    is device memory: only in a step with such a row. Returns ``(table, offsets, cols,
+    junctions)``.
 
     Raises:
         RuntimeError: a row's plan is not the checkpoint the manager reserved (``cp`` at column
@@ -259,8 +264,9 @@ def _with_second_blocks(table: torch.Tensor, second: dict[int, tuple[int, int]],
                                f"column {q // block - 1}")
         junctions[r] = sorted([*junctions.get(r, ()), (q - start, cols[r])])
         cols[r], extra[r] = table.shape[1], block_id
-    return (torch.cat([table, torch.tensor(extra, dtype=table.dtype)[:, None]], dim=1), offsets,
-            cols, junctions)
+    column = (to_device(extra, table.dtype) if to_device is not None
+              else torch.tensor(extra, dtype=table.dtype))
+    return torch.cat([table, column[:, None]], dim=1), offsets, cols, junctions
 
 
 def _junctions_on(builder: Any, path: str | None) -> bool:
@@ -489,6 +495,11 @@ def _make_v2_append(upstream: Any, stack: Stack) -> Any:
     return append_block_ids
 
 
+#: The V2 runner's attribute (set here) holding the step's batch order, ``input_batch.req_ids``
+#: (:func:`.gdn_second_checkpoint.step_blocks` reads it).
+V2_REQ_IDS = "_vhn_req_ids"
+
+
 def _make_v2_rows(upstream: Any, stack: Stack) -> Any:
     @functools.wraps(upstream)
     def prepare_attn(self, input_batch):
@@ -496,6 +507,7 @@ def _make_v2_rows(upstream: Any, stack: Stack) -> Any:
         for host in runner_host_tables(self.block_tables):
             if host is not None:
                 host.rows = rows
+        vars(self)[V2_REQ_IDS] = input_batch.req_ids if rows is not None else ()
         return upstream(self, input_batch)
 
     return prepare_attn
@@ -507,6 +519,7 @@ def _make_v2_dummy(upstream: Any, stack: Stack) -> Any:
         for host in runner_host_tables(self.block_tables):
             if host is not None:
                 host.rows = None  # zeroed rows (or vLLM's dummy state slots): no junction there
+        vars(self)[V2_REQ_IDS] = ()
         return upstream(self, input_batch, *args, **kwargs)
 
     return prepare_dummy_attn

@@ -62,7 +62,7 @@ logger = logging.getLogger("vllm_hybrid_npu")
 ENV = "VLLM_HYBRID_NPU_SECOND_CHECKPOINT"
 MODES = ("off", "on")
 VERSIONS = ("0.30.0",)
-TARGETS = ("cpu",)
+TARGETS = ("cpu", "cuda")
 #: ``SchedulerOutput`` attribute: ``{group id: {request id: (block id, cp tokens)}}`` or absent.
 ATTR = "vhn_second_checkpoints"
 #: A Mamba manager's ``{request id: prompt tokens}`` for the ``allocate_slots`` call in progress.
@@ -98,7 +98,9 @@ def managers_of(kv_cache_manager: Any) -> tuple:
     ``kv_cache_manager`` (vLLM's ``KVCacheManager``) whose prompts can take a second block: a
     prefill checkpoint declared, a prefix-match unit (the block pool's hash block) below the
     block, no speculative blocks, no EAGLE block drop, no fine-grained prefix cache. Decided
-    once per KV-cache manager (:data:`MANAGERS`)."""
+    once per KV-cache manager (:data:`MANAGERS`): by the engine's scheduler at its start
+    (``gdn-second-checkpoint-engine``: none where the step cannot write both states), else
+    (the lab) here."""
     found = vars(kv_cache_manager).get(MANAGERS)
     if found is None:
         found = tuple(
@@ -115,6 +117,28 @@ def managers_of(kv_cache_manager: Any) -> tuple:
                         "block also keeps the state at that block's start (a second block per "
                         "prompt, %d KV-cache groups)", ENV, len(found))
     return found
+
+
+def _make_engine(upstream: Any, stack: Stack) -> Any:
+    """Registry ``make`` of vLLM 0.30's ``Scheduler.__init__``: after it, the second block is
+    on for this engine's KV-cache manager (:func:`managers_of`) only where the exporter path
+    writes several checkpoints per row (``gdn_prefill_checkpoint.junctions_off`` is None: vLLM's
+    CPU GDN function; CUDA's one pass on vLLM 0.30's V2 runner, whose block tables the builder
+    reads through a host mirror); elsewhere (CUDA's V1 runner, FlashInfer, ``FLA_USE_FAST_OPS=1``,
+    context parallel, ``VLLM_HYBRID_NPU_CUDA_JUNCTIONS=off``) none, logged once."""
+    @functools.wraps(upstream)
+    def __init__(self, vllm_config, *args, **kwargs):
+        upstream(self, vllm_config, *args, **kwargs)
+        path = gdn.exporter_path(vllm_config, stack.target)[0]
+        why = gdn.junctions_off(vllm_config, path) if path else "no exporter path"
+        if why is None:
+            managers_of(self.kv_cache_manager)
+        else:
+            vars(self.kv_cache_manager)[MANAGERS] = ()
+            gdn._log_once("second-off", "vllm-hybrid-npu: %s=on but no second block here: %s",
+                          ENV, why)
+
+    return __init__
 
 
 def _make_allocate(upstream: Any, stack: Stack) -> Any:
@@ -278,19 +302,26 @@ def step_blocks(builder: Any, num_reqs: int) -> dict[int, tuple[int, int]]:
     for gid, groups in enumerate(runner.attn_groups):
         if gid in payload and any(builder in g.metadata_builders for g in groups):
             ids = payload[gid]
-            return {r: ids[rid] for r, rid in enumerate(runner.input_batch.req_ids[:num_reqs])
-                    if rid in ids}
+            # V2 (CUDA): the batch order recorded where the runner gathers its block tables
+            rows = vars(runner).get(gdn.V2_REQ_IDS)
+            rows = runner.input_batch.req_ids if rows is None else rows
+            return {r: ids[rid] for r, rid in enumerate(rows[:num_reqs]) if rid in ids}
     return {}
 
 
-def entry(name: str, module: str, qualname: str, make: Any, why: str, signature: tuple) -> Any:
-    return gdn.entry(name, module, qualname, make, TARGETS, why, vllm=VERSIONS, wanted=_wanted,
+def entry(name: str, module: str, qualname: str, make: Any, why: str, signature: tuple,
+          targets: tuple = TARGETS) -> Any:
+    return gdn.entry(name, module, qualname, make, targets, why, vllm=VERSIONS, wanted=_wanted,
                      signature=signature,
                      until="vLLM keeps the block boundary's state beside a sub-block checkpoint "
                            "(RFC #52959, vllm-project/vllm#54076)")
 
 
 PATCHES = [
+    entry("gdn-second-checkpoint-engine", "vllm.v1.core.sched.scheduler", "Scheduler.__init__",
+          _make_engine, f"opt-in ({ENV}=on): decides once per engine whether its exporter path "
+          "writes both states (gdn_prefill_checkpoint.junctions_off), else no second block",
+          ("self", "vllm_config", "kv_cache_config")),
     entry("gdn-second-checkpoint-allocate", "vllm.v1.core.kv_cache_manager",
           "KVCacheManager.allocate_slots", _make_allocate,
           f"opt-in ({ENV}=on): a prompt's final chunk tells the align-mode Mamba managers its "
@@ -319,5 +350,9 @@ PATCHES = [
           ("self", "scheduler_output")),
     entry("gdn-second-checkpoint-receive", "vllm.v1.worker.gpu_model_runner",
           "GPUModelRunner.execute_model", _make_receive, "the step's second blocks held for the "
-          "GDN metadata builders (the CPU runner inherits it)", ("self", "scheduler_output")),
+          "GDN metadata builders (the CPU V1 runner inherits it)", ("self", "scheduler_output"),
+          targets=("cpu",)),
+    entry("gdn-second-checkpoint-receive-v2", "vllm.v1.worker.gpu.model_runner",
+          "GPUModelRunner.execute_model", _make_receive, "the same on vLLM 0.30's V2 GPU model "
+          "runner (CUDA's one pass)", ("self", "scheduler_output"), targets=("cuda",)),
 ]
