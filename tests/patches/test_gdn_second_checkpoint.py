@@ -64,7 +64,7 @@ class Engine:
     """vLLM's real ``Scheduler`` for the tiny hybrid (block 256, ``--prefix-match-unit 64``, the
     exporter's checkpoint declared), run one request at a time."""
 
-    def __init__(self, cfg, budget=2048):
+    def __init__(self, cfg, budget=2048, scheduler="sync"):
         from vllm.utils.hashing import get_hash_fn_by_name
         from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
         from vllm.v1.core.sched.scheduler import Scheduler
@@ -76,6 +76,8 @@ class Engine:
         setup = build_setup(cfg, kv_cache_bytes=64 << 20, max_model_len=4096, block_size=B,
                             prefill_checkpoints=True, max_num_batched_tokens=budget,
                             tune=UpstreamSetting(pmu=UNIT, ckpt=True).tune)
+        if scheduler == "async":  # CUDA's default: caches again when the output comes in
+            from vllm.v1.core.sched.async_scheduler import AsyncScheduler as Scheduler
         self.sched = Scheduler(vllm_config=setup.vllm_config, kv_cache_config=setup.kv_cache_config,
                                structured_output_manager=StructuredOutputManager(setup.vllm_config),
                                block_size=setup.scheduler_block_size,
@@ -131,21 +133,23 @@ def _keys(block):
     return block.block_hash_num_tokens if block.block_hash is not None else None
 
 
+@pytest.mark.parametrize("scheduler", ["sync", "async"])
 @pytest.mark.parametrize("on", [False, True])
-def test_second_block_keeps_the_block_boundary(tiny_config, apply_entries, monkeypatch, seed, on):
+def test_second_block_keeps_the_block_boundary(tiny_config, apply_entries, monkeypatch, seed, on,
+                                               scheduler):
     rng = random.Random(seed)
     # a cold prompt whose checkpoint lies inside its last block (cp % 256 != 0), 3-4 blocks
     n = rng.choice([x for x in range(2 * B + 65, 4 * B) if ((x - 1) // UNIT * UNIT) % B and x % B])
     cp = (n - 1) // UNIT * UNIT
     q, c = cp // B * B, -(-n // B) - 2
     d = rng.randrange(1, cp - q)  # a second prompt shares q + d tokens, not cp
-    where = dict(seed=seed, on=on, n=n, cp=cp, q=q, d=d)
+    where = dict(seed=seed, on=on, n=n, cp=cp, q=q, d=d, scheduler=scheduler)
     monkeypatch.setenv(S.ENV, "on" if on else "off")
     report = apply_entries(*ENTRIES, stack=_cpu_stack())
     # the worker's entry waits for the model runner's module (not imported by a scheduler)
     assert (set(report.applied) | set(report.pending) == set(ENTRIES)) == on, report.line()
     assert not report.failed, report.line()
-    eng = Engine(tiny_config)
+    eng = Engine(tiny_config, scheduler=scheduler)
     free0 = eng.sched.kv_cache_manager.block_pool.get_num_free_blocks()
     first = _prompt(rng, n)
     hit, steps, _ = eng.run(first)

@@ -209,8 +209,14 @@ def _make_cache(upstream: Any, stack: Stack) -> Any:
     @functools.wraps(upstream)
     def _cache_partial_tail_block(self, request, num_tokens, retention_interval):
         extra = vars(self).get(EXTRA, {}).get(request.request_id)
-        if extra is None or extra[3] != "new":
+        if extra is None or extra[3] == "unused":
             return upstream(self, request, num_tokens, retention_interval)
+        if extra[3] != "new":
+            # cached already: vLLM's AsyncScheduler caches again once the step's output is in
+            # (_update_request_with_output), where vLLM's own re-key is a no-op but would move
+            # the column's key from q to cp here
+            return None if self._checkpoints.get(request.request_id) == (extra[1], extra[2]) \
+                else upstream(self, request, num_tokens, retention_interval)
         block, cp, col, _ = extra
         slot = self.req_to_blocks[request.request_id][col]
         if (num_tokens != request.num_prompt_tokens or slot.is_null
