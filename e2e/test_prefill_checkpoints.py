@@ -784,11 +784,12 @@ def test_hit_inside_a_block_run_past_its_boundary(tiny_model_dir, engine_args, r
     applies instead: ``_crossing_written``) or ``stop`` (the paths that cannot, forced here:
     ``gdn-checkpoint-mid-block-stop`` ends the chunk at ``b``, one step more, as vLLM's split).
     Checked: the hit; the steps (1 with the write, 2 with the stop); with the write every block cached at ``b`` was written by the
-    exporter; its conv and SSM bytes equal those vLLM's split caches at ``b`` (exact: both ran
-    tokens ``m..b`` from the same state in one chunk); a third prompt sharing the first ``b``
+    exporter; its conv and SSM bytes equal those vLLM's split caches at ``b`` (exact on CPU: both
+    ran tokens ``m..b`` from the same state in one chunk; on CUDA within one rounding, below);
+    a third prompt sharing the first ``b``
     tokens hits ``b`` in both engines with the output it gets computed cold. Own engines
     (exporter, vLLM's split)."""
-    states, hits = {}, {}
+    states, hits, dtypes = {}, {}, {}
     retention = {"prefix_cache_retention_interval": None} if kept_by == "retention" else {}
     for mode in ("exporter", "split"):
         llm = _engine(tiny_model_dir("qwen3_next"), engine_args, mode, prefix_match_unit=64, **retention)
@@ -825,7 +826,7 @@ def test_hit_inside_a_block_run_past_its_boundary(tiny_model_dir, engine_args, r
                     if not stops:
                         cached = cached_mamba_blocks(llm, b, before)
                         assert set(cached.values()) <= planned, (where, cached, planned)
-                states[mode] = _checkpoint_states(llm, b, before)
+                states[mode], dtypes[mode] = _checkpoint_states(llm, b, before), _ssm_cache_dtype(llm)
                 (hit,), _ = _gen(llm, [third])
                 (cold,), _ = _gen(llm, [third], salt=uuid.uuid4().hex)
             hits[mode] = hit.num_cached_tokens
@@ -834,8 +835,22 @@ def test_hit_inside_a_block_run_past_its_boundary(tiny_model_dir, engine_args, r
         finally:
             _close(llm)
     assert hits == {"exporter": b, "split": b}, (where, hits)
+    import torch
+
     for (name, conv, ssm), (name_s, conv_s, ssm_s) in zip(states["exporter"], states["split"], strict=True):
-        assert name == name_s and torch_equal(conv, conv_s), f"{where}, {name}: conv at {b}, {_byte_diff(conv, conv_s)}"
+        assert name == name_s
+        if not exact_across_schedules:
+            # CUDA: the hit's state at m came from each engine's own first prompt (the one pass,
+            # the split's two calls), and the input projection runs on other batch shapes: an
+            # H200 draw (2026-11-30, seed 476412346, hit at 448, block 192, dense retention) had
+            # 1 of 32,768 SSM elements 3.8e-6 apart at b; the bound of
+            # test_prefix_match_unit_64_plans_where_the_scheduler_caches
+            dtype = dtypes["split"]
+            assert _within_one_rounding(conv, conv_s, torch.bfloat16), f"{where}, {name}: conv at {b}, {_byte_diff(conv, conv_s)}"
+            assert _within_one_rounding(ssm, ssm_s, dtype, torch.bfloat16), \
+                f"{where}, {name}: SSM state at {b}, {_byte_diff(ssm, ssm_s)}"
+            continue
+        assert torch_equal(conv, conv_s), f"{where}, {name}: conv at {b}, {_byte_diff(conv, conv_s)}"
         assert torch_equal(ssm, ssm_s), f"{where}, {name}: SSM state at {b}, {_byte_diff(ssm, ssm_s)}"
 
 
@@ -1757,3 +1772,63 @@ def test_second_checkpoint_keeps_the_block_boundary(tiny_model_dir, engine_args,
                 assert torch_equal(conv, conv_s), f"{at}: conv, {_byte_diff(conv, conv_s)}"
     finally:
         _close(split)
+
+
+@pytest.mark.skipif(_second_checkpoint_outside() is not None, reason=f"{_second_checkpoint_outside()}")
+def test_second_checkpoint_through_the_host_tier(tiny_model_dir, engine_args, rng, exact_across_schedules):
+    """``VLLM_HYBRID_NPU_SECOND_CHECKPOINT=on`` beside vLLM's OffloadingConnector
+    (``kv_offloading_size`` 1 GiB, a device KV cache of 24 MiB, ``--prefix-match-unit 64``; issue
+    38 item 3: sub-block hits and host-tier hits add up). A cold prompt whose checkpoint ``cp``
+    lies inside its last block (two to four blocks, drawn fresh) leaves the GDN state at that
+    block's start ``q`` in its own block, offered to the host tier as a block boundary; a flood
+    of other prompts cycling the device block pool three times evicts it from the device; a
+    prompt sharing the first ``q + d`` tokens (``0 < d < cp - q``) then hits ``q`` through the
+    host tier (external prefix-cache hits; without the second block the host finds no GDN state
+    on the block grid there: the lab's ``second=on`` rows), with the output of a cold copy under a
+    fresh ``cache_salt``. Skips where the OffloadingConnector does not run (vLLM's CPU backend),
+    with vLLM's error."""
+    why = host_tier_unsupported()
+    if why:
+        pytest.skip(why)
+    from vllm_hybrid_npu.patches import apply_patches, registry
+    from vllm_hybrid_npu.patches import gdn_second_checkpoint as S
+
+    mp = pytest.MonkeyPatch()
+    mp.setenv(S.ENV, "on")
+    registry.unapply_all()
+    apply_patches()
+    llm = None
+    try:
+        llm = _engine(tiny_model_dir("qwen3_next"), engine_args, "exporter", kv_offloading_size=1.0,
+                      disable_log_stats=False, kv_cache_memory_bytes=24 << 20, prefix_match_unit=64)
+        assert vars(_core(llm).scheduler.kv_cache_manager).get(S.MANAGERS), "second block off here"
+        block = _block(llm)
+        n = rng.choice([x for x in range(2 * block + 65, 4 * block) if x % 64 and ((x - 1) // 64 * 64) % block])
+        cp = (n - 1) // 64 * 64
+        q = cp // block * block
+        d = rng.randrange(1, cp - q)
+        first = _prompt(rng, n)
+        before = block_hashes(llm)
+        _, steps = _gen(llm, [first])
+        assert steps == 1 and cached_mamba_blocks(llm, q, before), (n, q, steps)
+        num_blocks = _core(llm).vllm_config.cache_config.num_gpu_blocks
+        flood = [_prompt(rng, 4 * block) for _ in range(-(-3 * num_blocks // 4))]
+        for i in range(0, len(flood), 8):
+            _gen(llm, flood[i:i + 8])
+        ext0 = metric_counter(llm, "vllm:external_prefix_cache_hits")
+        sharer = first[:q + d] + _prompt(rng, rng.randrange(65, block))
+        (hit,), _ = _gen(llm, [sharer])
+        ext = metric_counter(llm, "vllm:external_prefix_cache_hits") - ext0
+        diag = (f"block {block}, prompt {n}, cp {cp}, q {q}, shared {q + d}: {num_blocks} device "
+                f"blocks, {len(flood)} flood prompts, external hits {ext}")
+        assert hit.num_cached_tokens == q, f"{diag}: the sharer cached {hit.num_cached_tokens}"
+        assert 0 < ext <= q, f"{diag}: the hit at q did not come through the host tier"
+        (cold,), _ = _gen(llm, [sharer], salt=uuid.uuid4().hex)
+        _assert_same([Sequence.from_output(cold.outputs[0])], [Sequence.from_output(hit.outputs[0])],
+                     exact=exact_across_schedules)
+    finally:
+        if llm is not None:
+            _close(llm)
+        mp.undo()
+        registry.unapply_all()
+        apply_patches()
