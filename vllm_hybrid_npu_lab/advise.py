@@ -59,7 +59,8 @@ best there). Where the installed vLLM has the runtime's ``VLLM_HYBRID_NPU_CHUNK_
 and 8 blocks of retention (:func:`_final_scan`: 4 replays, more only while 8 blocks wins and is
 doubled), and the runtime's two opt-ins for a prefix-match unit below the block beside the
 exporter setting with one and the most hits (``tailsplit=off``, and with a host tier ``tails=off`` and both:
-:func:`_optin_scan`, at most 3 replays); they compete for the advice, never for vLLM's split at
+:func:`_optin_scan`, at most 3 replays; on ``--target cuda`` each also with ``second=on``, and the
+seed with it alone: at most 7); they compete for the advice, never for vLLM's split at
 its best. ``--jobs`` replays the
 settings of one step (the grid, one axis's values) in parallel processes. The same search without
 a bound is the ``upstream-best`` row of ``hitrate`` (its best by hits, on the replayed requests,
@@ -80,7 +81,7 @@ from typing import Any, Callable
 
 from vllm_hybrid_npu_lab.replay import TARGET_HELP, TARGETS
 from vllm_hybrid_npu_lab.upstream_grid import (CKPT_FINAL, UpstreamSetting, final_available,
-                                                optins_available)
+                                                optins_available, policy_of)
 
 #: option axes in search order
 #: ``ret+lpt`` is one axis: the two options act together (a long-prefill threshold leaves states
@@ -357,6 +358,7 @@ def search(
     bound: StepBound | None = None,
     final: bool = False,
     optins: bool = False,
+    second: bool = False,
 ) -> SearchResult:
     """Grid over ``grid_axes``, then coordinate descent over ``axes`` from the best ``starts``
     grid settings (see module docstring), then, with ``final``, the ``ckpt=final`` scan
@@ -395,6 +397,9 @@ def search(
             (``tailsplit=off``; with a host tier also ``tails=off`` and both; vLLM 0.30) beside
             the exporter setting with such a unit and the most hits (:func:`_optin_scan`); only
             where ``exporter``.
+        second: with ``optins``, each of those also with ``second=on`` (the runtime's
+            ``VLLM_HYBRID_NPU_SECOND_CHECKPOINT=on``), and the seed with it alone: where the
+            target's runtime has it (:func:`second_available`).
 
     Raises:
         ValueError: ``start`` is not valid, ``starts`` < 1 (names ``--starts``) or
@@ -465,7 +470,7 @@ def search(
     if final and exporter:
         _final_scan(score_all, [c for c in evaluated if evaluated[c] is not None], rank, evaluated)
     if optins and exporter:
-        _optin_scan(score_all, [c for c in evaluated if evaluated[c] is not None], evaluated)
+        _optin_scan(score_all, [c for c in evaluated if evaluated[c] is not None], evaluated, second)
     return SearchResult(best=_most_hits(evaluated, start), start=start, evaluated=evaluated,
                         passes=passes, grid=grid, starts=[seed for seed, _, _ in runs],
                         endpoints=endpoints, grid_axes=tuple(gaxes), bound=bound)
@@ -502,8 +507,20 @@ def _final_scan(score_all: Callable[[list[Candidate]], list[Any]], valid: list[C
     return best
 
 
+def second_available(target: str) -> bool:
+    """Whether ``second=on`` is replayed for ``target``: the runtime applies
+    ``VLLM_HYBRID_NPU_SECOND_CHECKPOINT=on`` there (the installed vLLM is 0.30, the target
+    ``cuda``, where its one pass on the V2 runner writes the second checkpoint, as the junction
+    export: :func:`vllm_hybrid_npu_lab.replay.junctions_modelled`; vllm-ascend's paths are not
+    wired). Raises ValueError for a bad ``VLLM_HYBRID_NPU_CUDA_JUNCTIONS``."""
+    from vllm_hybrid_npu_lab.replay import junctions_modelled
+
+    return (target == "cuda" and junctions_modelled(target, True)
+            and policy_of(UpstreamSetting(pmu=64, ckpt=True, second=True)).unavailable() is None)
+
+
 def _optin_scan(score_all: Callable[[list[Candidate]], list[Any]], valid: list[Candidate],
-                evaluated: dict) -> Candidate | None:
+                evaluated: dict, second: bool = False) -> Candidate | None:
     """The runtime's opt-ins for a prefix-match unit below the block, beside the exporter's most
     hits with one: from the evaluated exporter setting with ``pmu`` set and the most token hits
     (whatever its steps: ``tailsplit=off`` exists to cut them), the same with ``tailsplit=off``
@@ -512,7 +529,9 @@ def _optin_scan(score_all: Callable[[list[Candidate]], list[Any]], valid: list[C
     (``VLLM_HYBRID_NPU_HOST_TIER_PARTIAL_TAILS=off``: the host's pages to block-grid chunks) and
     with both. At the block's unit neither changes anything (no partial tail; the column clause
     fails alone only below the block), nor ``tails=off`` without a host tier, so those are not
-    replayed; coordinate descent never varies them. Returns the scan's best by ``score_all``
+    replayed; coordinate descent never varies them. With ``second``, each of those again with
+    ``second=on`` and the seed with it alone (``VLLM_HYBRID_NPU_SECOND_CHECKPOINT=on``: the block
+    boundary below a sub-block checkpoint kept too). Returns the scan's best by ``score_all``
     (None without such a setting); the replays land in ``evaluated``."""
     exp = [c for c in valid if c.setting.ckpt and c.setting.pmu is not None and not c.setting.optin]
     if not exp:
@@ -521,6 +540,8 @@ def _optin_scan(score_all: Callable[[list[Candidate]], list[Any]], valid: list[C
     cands = [seed.with_("tail_split", False)]
     if seed.host_gib:
         cands += [seed.with_("tails", False), seed.with_("tails", False).with_("tail_split", False)]
+    if second:
+        cands += [c.with_("second", True) for c in [seed, *cands]]
     best, best_score = None, None
     for cand, sc in zip(cands, score_all(cands)):
         if sc is not None and (best_score is None or sc > best_score):
@@ -643,6 +664,8 @@ def serve_flags(cand: Candidate, block_size: int, kv_cache_gib: float, tp: int) 
         env.append("VLLM_HYBRID_NPU_HOST_TIER_PARTIAL_TAILS=off")
     if not s.tail_split:
         env.append("VLLM_HYBRID_NPU_SUB_BLOCK_TAIL_SPLIT=off")
+    if s.second:
+        env.append("VLLM_HYBRID_NPU_SECOND_CHECKPOINT=on")
     return flags, env
 
 
@@ -926,7 +949,7 @@ def advise(args: argparse.Namespace) -> dict[str, Any]:
     result = run_search(fit_replayer, start, args.host_cache_gib, jobs=args.jobs,
                         exporter=not args.no_exporter, max_passes=args.max_passes,
                         starts=args.starts, bound=bound, final=final_available(),
-                        optins=optins_available())
+                        optins=optins_available(), second=second_available(args.target))
     most = result.best  # the most fit-part hits, whatever the steps
     best = choose(result, args.hit_tolerance)  # the advice: most hits within the step bound
     check_replayer = Replayer(check, cfg, kv_cache_gib=args.kv_cache_gib, tp=args.tp,
@@ -1103,7 +1126,7 @@ def audit_check(check_replayer: "Replayer", start: Candidate, advised_cand: Cand
     res = run_search(check_replayer, start, args.host_cache_gib, jobs=args.jobs,
                      exporter=not args.no_exporter, max_passes=args.max_passes,
                      starts=args.starts, known=known, bound=bound, final=final_available(),
-                     optins=optins_available())
+                     optins=optins_available(), second=second_available(args.target))
     replays = res.replays
     new_replays = replays - sum(1 for c, r in known.items() if r is not None and c in res.evaluated)
     every = res.merged({advised_cand: advised, start: default, **known})

@@ -17,7 +17,7 @@ from vllm_hybrid_npu_lab.policies import get_policy, setup_kwargs
 from vllm_hybrid_npu_lab.presets import resolve_model
 from vllm_hybrid_npu_lab.replay import replay
 from vllm_hybrid_npu_lab.trace import TraceRequest
-from vllm_hybrid_npu_lab.upstream_grid import UpstreamSetting, final_available, parse_setting
+from vllm_hybrid_npu_lab.upstream_grid import UpstreamSetting, final_available, parse_setting, policy_of
 
 
 @pytest.fixture(scope="module")
@@ -163,12 +163,14 @@ def test_optin_scan_sits_beside_the_best_sub_block_exporter_and_never_counts_as_
     lift = {k: rng.uniform(0.06, 0.2) for k in ((True, False), (False, True), (False, False))}
     lift[(True, True)] = 0.0
 
+    second = rng.uniform(-0.05, 0.1)  # second=on's lift, either sign
+
     def evaluate(c: Candidate):
         s = c.setting
         hits = 0.3 + (0.02 if s.ckpt else 0.0) + 0.01 * c.host_gib / 8 - 0.01 * s.lpt
         if s.pmu:
             tails = s.tails or not c.host_gib  # tails=off does nothing without a host tier
-            hits += lift[(tails, s.tail_split)] - 0.05
+            hits += lift[(tails, s.tail_split)] - 0.05 + (second if s.second else 0.0)
         return {"token_hit_rate": hits, "prefill_steps_per_prompt": 1.0,
                 "extra_prefill_steps_per_prompt": 0.0}
 
@@ -190,6 +192,12 @@ def test_optin_scan_sits_beside_the_best_sub_block_exporter_and_never_counts_as_
     merged = res.merged({trap: {"token_hit_rate": 0.99, "prefill_steps_per_prompt": 1.0,
                                 "extra_prefill_steps_per_prompt": 0.0}})
     assert merged.best_split() is not None and not merged.best_split().setting.optin
+    # with second=on (the CUDA target): each of the three again with it, and the seed with it
+    # alone; the advice the best of the seven
+    both = search(evaluate, Candidate(), 8.0, bound=bound, optins=True, second=True)
+    added2 = [c for c in both.evaluated if c not in plain.evaluated]
+    assert set(added2) == want | {c.with_("second", True) for c in want | {seed}}, added2
+    assert choose(both) == max(added2, key=lambda c: both.evaluated[c]["token_hit_rate"])
     # without a host tier only tailsplit=off; without the exporter nothing
     nohost = search(evaluate, Candidate(), 0.0, bound=bound, optins=True)
     assert nohost.cost()["optins"] == 1
@@ -197,14 +205,17 @@ def test_optin_scan_sits_beside_the_best_sub_block_exporter_and_never_counts_as_
 
 
 def test_optin_settings_parse_back_and_name_their_env():
-    s = UpstreamSetting(ret=1, pmu=64, ckpt="final", tails=False, tail_split=False)
-    assert s.name == "upstream:ret=1b,pmu=64,ckpt=final,tails=off,tailsplit=off"
+    s = UpstreamSetting(ret=1, pmu=64, ckpt="final", tails=False, tail_split=False, second=True)
+    assert s.name == "upstream:ret=1b,pmu=64,ckpt=final,tails=off,tailsplit=off,second=on"
     assert parse_setting(s.name) == s
     with pytest.raises(ValueError, match="--policy"):
         parse_setting("upstream:pmu=64,ckpt,tailsplit=on")
+    with pytest.raises(ValueError, match="--policy"):
+        parse_setting("upstream:pmu=64,ckpt,second=off")
     _, env = serve_flags(Candidate(s, host_gib=256), 1088, 16, 1)
-    assert env[-2:] == ["VLLM_HYBRID_NPU_HOST_TIER_PARTIAL_TAILS=off",
-                        "VLLM_HYBRID_NPU_SUB_BLOCK_TAIL_SPLIT=off"]
+    assert env[-3:] == ["VLLM_HYBRID_NPU_HOST_TIER_PARTIAL_TAILS=off",
+                        "VLLM_HYBRID_NPU_SUB_BLOCK_TAIL_SPLIT=off",
+                        "VLLM_HYBRID_NPU_SECOND_CHECKPOINT=on"]
 
 
 def test_search_is_a_local_optimum_on_every_axis(rng):
@@ -749,3 +760,15 @@ def test_search_with_a_step_bound_finds_the_best_eligible_and_the_unconstrained_
     free = search(evaluate, Candidate(), 0.0, starts=1)
     assert free.starts == [Candidate()] and free.best == res.best
     assert free.n_eligible == free.replays  # every setting eligible without a bound
+
+
+def test_second_replayed_where_the_targets_runtime_has_it(monkeypatch):
+    # VLLM_HYBRID_NPU_SECOND_CHECKPOINT=on: the runtime writes the second checkpoint on CUDA's
+    # one pass (vLLM 0.30's V2 runner, where the junction export runs), not on vllm-ascend's paths
+    from vllm_hybrid_npu_lab.advise import second_available
+
+    monkeypatch.delenv("VLLM_HYBRID_NPU_CUDA_JUNCTIONS", raising=False)
+    runtime = policy_of(UpstreamSetting(pmu=64, ckpt=True, second=True)).unavailable() is None
+    assert second_available("cuda") == runtime and not second_available("npu")
+    monkeypatch.setenv("VLLM_HYBRID_NPU_CUDA_JUNCTIONS", "off")
+    assert not second_available("cuda")
