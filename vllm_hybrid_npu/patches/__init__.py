@@ -19,7 +19,8 @@ One module per patched upstream module (or, for ``gdn_prefill_checkpoint``, per 
   the KV-cache manager reserving its block in the split's column.
 * :mod:`.gdn_second_checkpoint` - opt-in: with ``--prefix-match-unit`` below the block, a prompt
   whose checkpoint lies inside its last block also keeps the state at that block's start, in a
-  second block (``VLLM_HYBRID_NPU_SECOND_CHECKPOINT=on``; vLLM 0.30's CPU exporter path).
+  second block (``VLLM_HYBRID_NPU_SECOND_CHECKPOINT=on``; vLLM 0.30's CPU path and CUDA's one
+  pass on the V2 runner).
 * :mod:`.vllm_kv_offload_scheduler` - opt-in: vLLM's host tier (OffloadingConnector) keeps no
   partial tail (``VLLM_HYBRID_NPU_HOST_TIER_PARTIAL_TAILS=off``; vLLM's own branch without them).
 * :mod:`.sub_block_tail_split` - opt-in: with ``--prefix-match-unit`` below the block, a prompt's

@@ -14,6 +14,9 @@ fewer hits than the block's unit).
 ``on`` gives such a prompt's final chunk one more block, ``E``, kept beside the request's blocks
 (not in its block table; vLLM's worker block table is append-only and its columns are vLLM's):
 
+* ``Scheduler.__init__`` (``gdn-second-checkpoint-engine``): on for the engine's KV-cache manager
+  only where its exporter path writes several states per row
+  (``gdn_prefill_checkpoint.junctions_off`` is None), else off, logged once;
 * ``KVCacheManager.allocate_slots`` (``gdn-second-checkpoint-allocate``): tells the engine's
   align-mode Mamba managers the prompt's length for this call (a final chunk only);
 * ``MambaManager.get_num_blocks_to_allocate`` / ``allocate_new_blocks`` (``-count``, ``-blocks``):
@@ -22,7 +25,8 @@ fewer hits than the block's unit).
 * ``MambaManager._cache_partial_tail_block`` (``-cache``): ``E`` is cached at ``cp`` (and offered
   to a KV connector as vLLM offers the partial tail), the column keeps ``q``'s key (offered as a
   block boundary by vLLM's own ``cache_blocks``); where the column is not keyed at ``q``,
-  vLLM's re-key runs and ``E`` is not used;
+  vLLM's re-key runs and ``E`` is not used; a later call while the checkpoint is the same (vLLM's
+  ``AsyncScheduler`` caches again once the step's output is in) leaves both alone;
 * ``MambaManager.remove_skipped_blocks`` / ``pop_blocks_for_free`` (``-retire``, ``-free``): ``E``
   goes back to the pool (cached, evictable) when the column does, or with the request (finish,
   abort, preemption), placed after the column's block in the list vLLM frees in reverse;
@@ -30,17 +34,20 @@ fewer hits than the block's unit).
   it with the finished output): ``{KV-cache group: {request id: (E's block id, cp)}}`` for the
   blocks taken this step, on the ``SchedulerOutput`` (attribute :data:`ATTR`; plain data, so it
   survives the multiprocess executor's pickle);
-* the model runner's ``execute_model`` (``-receive``): read at entry, before a runner could
+* the model runner's ``execute_model`` (``-receive``: vLLM's V1 GPU runner, which the CPU runner
+  inherits; ``-receive-v2``: vLLM 0.30's V2 runner on CUDA): read at entry, before a runner could
   ``dataclasses.replace`` the output, held for the step's GDN metadata builders
   (:func:`step_blocks`) and dropped when the step returns (dummy runs see none);
 * the GDN builder (``gdn_prefill_checkpoint.build_checkpoints``) plans two checkpoints in the row:
   ``q`` into column ``c`` and ``cp`` into ``E`` (one extra block-table column, for that step's
-  plan only); vLLM's CPU GDN function runs one more round.
+  plan only; uploaded with vLLM's ``async_tensor_h2d`` where the table is device memory); vLLM's
+  CPU GDN function runs one more round, CUDA's one pass stores both at their chunk starts.
 
-Only where the step writes both: vLLM 0.30's CPU exporter path (target ``cpu``). CUDA's one pass
-and vllm-ascend's paths plan from their own runners: not wired yet. Default ``off`` (vLLM's
-re-key). Until: vLLM keeps the block boundary's state beside a sub-block checkpoint (RFC #52959;
-vllm-project/vllm#54076 names the gap).
+Where the step writes both: vLLM 0.30's CPU exporter path, and CUDA's one pass on vLLM 0.30's V2
+runner where the junction export runs (``VLLM_HYBRID_NPU_CUDA_JUNCTIONS=on``, the default; the
+engine entry decides). Not vllm-ascend's paths (its V1 runner and builder are not wired), not
+vLLM 0.32 / 0.33. Default ``off`` (vLLM's re-key). Until: vLLM keeps the block boundary's state
+beside a sub-block checkpoint (RFC #52959; vllm-project/vllm#54076 names the gap).
 """
 
 from __future__ import annotations
