@@ -107,7 +107,7 @@ def _prepare(bt, rows):
     runner = _runner(bt)
     out = gpc._make_v2_rows(upstream, CUDA)(runner, types.SimpleNamespace(
         idx_mapping_np=np.array(rows, dtype=np.intp), req_ids=[f"r{i}" for i in rows]))
-    # the batch order by request id too (gdn_second_checkpoint.step_blocks reads it)
+    # the batch order by request id too (gdn_prefill_checkpoint._second_blocks reads it)
     assert vars(runner)[gpc.V2_REQ_IDS] == [f"r{i}" for i in rows]
     return out
 

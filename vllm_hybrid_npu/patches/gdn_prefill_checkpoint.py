@@ -22,6 +22,7 @@ path and method export and who planned, or why none does.
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import functools
 import itertools
@@ -230,12 +231,29 @@ def build_checkpoints(builder: Any, common: Any, metadata: Any, stack: Stack,
                               kernel_meta(builder, table.device) if method == "split" else None)
 
 
-def _second_blocks(builder: Any, num_reqs: int) -> dict[int, tuple[int, int]]:
-    """:func:`.gdn_second_checkpoint.step_blocks` (rows whose prompt took a second checkpoint
-    block this step), imported here so that this module does not import it at load."""
-    from vllm_hybrid_npu.patches.gdn_second_checkpoint import step_blocks
+#: The step a model runner is executing with second checkpoint blocks
+#: (:mod:`.gdn_second_checkpoint`'s ``-receive`` entries set it): ``(runner, {group id: {request
+#: id: (block id, cp tokens)}})``, or None.
+SECOND_STEP: contextvars.ContextVar = contextvars.ContextVar("vhn_second_step", default=None)
 
-    return step_blocks(builder, num_reqs)
+
+def _second_blocks(builder: Any, num_reqs: int) -> dict[int, tuple[int, int]]:
+    """For a GDN metadata ``builder`` of the step the model runner is executing
+    (:data:`SECOND_STEP`): ``{batch row: (block id, cp tokens)}`` of the rows whose prompt took a
+    second checkpoint block in the builder's KV-cache group (rows: the runner's
+    ``input_batch.req_ids``, vLLM 0.30's V1 runner, or the V2 runner's batch order,
+    :data:`V2_REQ_IDS`; the first ``num_reqs``). Empty outside such a step."""
+    step = SECOND_STEP.get()
+    if step is None:
+        return {}
+    runner, payload = step
+    for gid, groups in enumerate(runner.attn_groups):
+        if gid in payload and any(builder in g.metadata_builders for g in groups):
+            ids = payload[gid]
+            rows = vars(runner).get(V2_REQ_IDS)
+            rows = runner.input_batch.req_ids if rows is None else rows
+            return {r: ids[rid] for r, rid in enumerate(rows[:num_reqs]) if rid in ids}
+    return {}
 
 
 def _with_second_blocks(table: torch.Tensor, second: dict[int, tuple[int, int]], seq_lens: list,
@@ -496,7 +514,7 @@ def _make_v2_append(upstream: Any, stack: Stack) -> Any:
 
 
 #: The V2 runner's attribute (set here) holding the step's batch order, ``input_batch.req_ids``
-#: (:func:`.gdn_second_checkpoint.step_blocks` reads it).
+#: (:func:`_second_blocks` reads it).
 V2_REQ_IDS = "_vhn_req_ids"
 
 

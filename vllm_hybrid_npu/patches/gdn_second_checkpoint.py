@@ -37,7 +37,8 @@ fewer hits than the block's unit).
 * the model runner's ``execute_model`` (``-receive``: vLLM's V1 GPU runner, which the CPU runner
   inherits; ``-receive-v2``: vLLM 0.30's V2 runner on CUDA): read at entry, before a runner could
   ``dataclasses.replace`` the output, held for the step's GDN metadata builders
-  (:func:`step_blocks`) and dropped when the step returns (dummy runs see none);
+  (``gdn_prefill_checkpoint.SECOND_STEP``) and dropped when the step returns (dummy runs see
+  none);
 * the GDN builder (``gdn_prefill_checkpoint.build_checkpoints``) plans two checkpoints in the row:
   ``q`` into column ``c`` and ``cp`` into ``E`` (one extra block-table column, for that step's
   plan only; uploaded with vLLM's ``async_tensor_h2d`` where the table is device memory); vLLM's
@@ -52,7 +53,6 @@ beside a sub-block checkpoint (RFC #52959; vllm-project/vllm#54076 names the gap
 
 from __future__ import annotations
 
-import contextvars
 import functools
 import logging
 from typing import Any
@@ -81,8 +81,6 @@ EXTRA = "_vhn_second_blocks"
 #: A KV-cache manager's managers this applies to (a tuple, possibly empty), decided once.
 MANAGERS = "_vhn_second_managers"
 
-#: The step's payload on a worker: ``(runner, {group id: {request id: (block id, cp)}})``.
-_STEP: contextvars.ContextVar = contextvars.ContextVar("vhn_second_step", default=None)
 
 
 def mode() -> str:
@@ -294,32 +292,13 @@ def _make_receive(upstream: Any, stack: Stack) -> Any:
         payload = getattr(scheduler_output, ATTR, None)
         if not payload:
             return upstream(self, scheduler_output, *args, **kwargs)
-        token = _STEP.set((self, payload))
+        token = gdn.SECOND_STEP.set((self, payload))
         try:
             return upstream(self, scheduler_output, *args, **kwargs)
         finally:
-            _STEP.reset(token)
+            gdn.SECOND_STEP.reset(token)
 
     return execute_model
-
-
-def step_blocks(builder: Any, num_reqs: int) -> dict[int, tuple[int, int]]:
-    """For a GDN metadata ``builder`` of the step the model runner is executing: ``{batch row:
-    (E's block id, cp tokens)}`` of the rows whose prompt took a second checkpoint block in the
-    builder's KV-cache group (rows: the runner's ``input_batch.req_ids``, vLLM 0.30's V1 runner;
-    the first ``num_reqs``). Empty outside such a step."""
-    step = _STEP.get()
-    if step is None:
-        return {}
-    runner, payload = step
-    for gid, groups in enumerate(runner.attn_groups):
-        if gid in payload and any(builder in g.metadata_builders for g in groups):
-            ids = payload[gid]
-            # V2 (CUDA): the batch order recorded where the runner gathers its block tables
-            rows = vars(runner).get(gdn.V2_REQ_IDS)
-            rows = runner.input_batch.req_ids if rows is None else rows
-            return {r: ids[rid] for r, rid in enumerate(rows[:num_reqs]) if rid in ids}
-    return {}
 
 
 def entry(name: str, module: str, qualname: str, make: Any, why: str, signature: tuple,
