@@ -250,7 +250,8 @@ def tail_split_off_scheduler(base: type) -> type:
 def apply_second_checkpoint(scheduler: Any) -> bool:
     """Bind the runtime's ``gdn-second-checkpoint-*`` entries
     (:mod:`vllm_hybrid_npu.patches.gdn_second_checkpoint`, ``VLLM_HYBRID_NPU_SECOND_CHECKPOINT=on``;
-    vLLM 0.30, the CPU exporter path) on ``scheduler``, its KV-cache manager and the Mamba
+    vLLM 0.30: the runtime's CPU path and CUDA's one pass on the V2 runner) on ``scheduler``, its
+    KV-cache manager and the Mamba
     managers they apply to (``managers_of``): a prompt whose checkpoint lies inside its last block
     also keeps the state at that block's start, in a second block. The worker's entry has no
     part in a replay. Returns False where the installed vLLM is outside the entries' versions or

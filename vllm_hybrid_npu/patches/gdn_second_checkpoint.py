@@ -72,7 +72,8 @@ VERSIONS = ("0.30.0",)
 TARGETS = ("cpu", "cuda")
 #: ``SchedulerOutput`` attribute: ``{group id: {request id: (block id, cp tokens)}}`` or absent.
 ATTR = "vhn_second_checkpoints"
-#: A Mamba manager's ``{request id: prompt tokens}`` for the ``allocate_slots`` call in progress.
+#: A Mamba manager's ``{request id: (chunk start, prompt tokens)}`` for the ``allocate_slots``
+#: call in progress (a prompt's final chunk only).
 HINT = "_vhn_second_hint"
 #: A Mamba manager's ``{request id: [block E, cp, column, state]}``; state ``new`` (taken this
 #: step), ``keyed`` (cached at cp), ``sent`` (on the step's output), ``unused`` (not written:
@@ -134,8 +135,8 @@ def _make_engine(upstream: Any, stack: Stack) -> Any:
     @functools.wraps(upstream)
     def __init__(self, vllm_config, *args, **kwargs):
         upstream(self, vllm_config, *args, **kwargs)
-        path = gdn.exporter_path(vllm_config, stack.target)[0]
-        why = gdn.junctions_off(vllm_config, path) if path else "no exporter path"
+        path, why = gdn.exporter_path(vllm_config, stack.target)
+        why = gdn.junctions_off(vllm_config, path) if path else why
         if why is None:
             managers_of(self.kv_cache_manager)
         else:
