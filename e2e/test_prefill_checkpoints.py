@@ -1573,6 +1573,24 @@ def _new_mamba_keys(llm, before) -> dict[int, set[int]]:
     return out
 
 
+@contextlib.contextmanager
+def _registry_with(name: str, value: str):
+    """The plugin's registry re-applied in this process with the variable ``name`` set to
+    ``value`` (an opt-in read at load), yielding the load report; on exit the variable is undone
+    and the registry re-applied without it."""
+    from vllm_hybrid_npu.patches import apply_patches, registry
+
+    mp = pytest.MonkeyPatch()
+    mp.setenv(name, value)
+    registry.unapply_all()
+    try:
+        yield apply_patches()
+    finally:
+        mp.undo()
+        registry.unapply_all()
+        apply_patches()
+
+
 def _tail_split_entry_outside() -> str | None:
     """Why ``sub-block-tail-split-off`` (``VLLM_HYBRID_NPU_SUB_BLOCK_TAIL_SPLIT=off``; vLLM 0.30
     only) is not for the installed stack, as the plugin's load decides, or None."""
@@ -1606,62 +1624,56 @@ def test_sub_block_tail_split_off_runs_the_last_chunk_whole(tiny_model_dir, engi
       (the state there is right);
     * every output equals the same prompt computed cold under a fresh ``cache_salt``
       (``_assert_same``: exact on CPU)."""
-    from vllm_hybrid_npu.patches import apply_patches, registry
+    from vllm_hybrid_npu.patches import registry
     from vllm_hybrid_npu.patches import sub_block_tail_split as T
 
-    mp = pytest.MonkeyPatch()
-    mp.setenv(T.SPLIT_ENV, "off")
-    registry.unapply_all()
-    report = apply_patches()
     llm = None
-    try:
-        assert T.ENTRY in report.applied or T.ENTRY in report.pending, report.line()
-        llm = _engine(tiny_model_dir("qwen3_next"), engine_args, "exporter", prefix_match_unit=64,
-                      prefix_cache_retention_interval=None)
-        assert T.ENTRY in registry.REPORT.applied, registry.REPORT.line()
-        block = _block(llm)
-        n = rng.choice([x for x in range(65, block) if x % 64])
-        m = block + 64 * rng.randrange(1, block // 64)
-        n1 = m + rng.randrange(1, 64)
-        n2 = rng.choice([x for x in range(2 * block + 65, 3 * block) if x % 64])
-        where = f"block {block}, cold {n}, hit at {m} ({n1}-token first prompt), second {n2}"
-        cold_p = _prompt(rng, n)
-        before = block_hashes(llm)
-        with _planned_blocks() as planned:
-            (cold,), steps = _gen(llm, [cold_p])
-        assert steps == 1 and not planned, (where, steps, planned)
-        assert (n - 1) // 64 * 64 not in _new_mamba_keys(llm, before), (where, _new_mamba_keys(llm, before))
-        (rep,), steps = _gen(llm, [cold_p])
-        assert rep.num_cached_tokens == 0 and steps == 1, (where, rep.num_cached_tokens, steps)
-        _assert_same([Sequence.from_output(cold.outputs[0])], [Sequence.from_output(rep.outputs[0])],
-                     exact=True, cross_schedule=False)
+    with _registry_with(T.SPLIT_ENV, "off") as report:
+        try:
+            assert T.ENTRY in report.applied or T.ENTRY in report.pending, report.line()
+            llm = _engine(tiny_model_dir("qwen3_next"), engine_args, "exporter", prefix_match_unit=64,
+                          prefix_cache_retention_interval=None)
+            assert T.ENTRY in registry.REPORT.applied, registry.REPORT.line()
+            block = _block(llm)
+            n = rng.choice([x for x in range(65, block) if x % 64])
+            m = block + 64 * rng.randrange(1, block // 64)
+            n1 = m + rng.randrange(1, 64)
+            n2 = rng.choice([x for x in range(2 * block + 65, 3 * block) if x % 64])
+            where = f"block {block}, cold {n}, hit at {m} ({n1}-token first prompt), second {n2}"
+            cold_p = _prompt(rng, n)
+            before = block_hashes(llm)
+            with _planned_blocks() as planned:
+                (cold,), steps = _gen(llm, [cold_p])
+            assert steps == 1 and not planned, (where, steps, planned)
+            assert (n - 1) // 64 * 64 not in _new_mamba_keys(llm, before), (where, _new_mamba_keys(llm, before))
+            (rep,), steps = _gen(llm, [cold_p])
+            assert rep.num_cached_tokens == 0 and steps == 1, (where, rep.num_cached_tokens, steps)
+            _assert_same([Sequence.from_output(cold.outputs[0])], [Sequence.from_output(rep.outputs[0])],
+                         exact=True, cross_schedule=False)
 
-        first = _prompt(rng, n1)
-        _gen(llm, [first])
-        second = first[:m] + _prompt(rng, n2 - m)
-        before = block_hashes(llm)
-        with _planned_blocks() as planned:
-            (out,), steps = _gen(llm, [second])
-        stops = not _crossing_written(llm)
-        assert out.num_cached_tokens == m, (where, out.num_cached_tokens)
-        assert steps == (2 if stops else 1), (where, steps, "stops at 2B" if stops else "")
-        keys = _new_mamba_keys(llm, before)
-        assert (n2 - 1) // 64 * 64 not in keys, (where, keys)
-        if not stops:
-            assert set(cached_mamba_blocks(llm, 2 * block, before).values()) <= planned, where
-        third = second[:2 * block] + _prompt(rng, rng.randrange(65, block))
-        (hit,), _ = _gen(llm, [third])
-        assert hit.num_cached_tokens == 2 * block, (where, hit.num_cached_tokens)
-        for p, o in ((second, out), (third, hit)):
-            (c,), _ = _gen(llm, [p], salt=uuid.uuid4().hex)
-            _assert_same([Sequence.from_output(c.outputs[0])], [Sequence.from_output(o.outputs[0])],
-                         exact=exact_across_schedules)
-    finally:
-        if llm is not None:
-            _close(llm)
-        mp.undo()
-        registry.unapply_all()
-        apply_patches()
+            first = _prompt(rng, n1)
+            _gen(llm, [first])
+            second = first[:m] + _prompt(rng, n2 - m)
+            before = block_hashes(llm)
+            with _planned_blocks() as planned:
+                (out,), steps = _gen(llm, [second])
+            stops = not _crossing_written(llm)
+            assert out.num_cached_tokens == m, (where, out.num_cached_tokens)
+            assert steps == (2 if stops else 1), (where, steps, "stops at 2B" if stops else "")
+            keys = _new_mamba_keys(llm, before)
+            assert (n2 - 1) // 64 * 64 not in keys, (where, keys)
+            if not stops:
+                assert set(cached_mamba_blocks(llm, 2 * block, before).values()) <= planned, where
+            third = second[:2 * block] + _prompt(rng, rng.randrange(65, block))
+            (hit,), _ = _gen(llm, [third])
+            assert hit.num_cached_tokens == 2 * block, (where, hit.num_cached_tokens)
+            for p, o in ((second, out), (third, hit)):
+                (c,), _ = _gen(llm, [p], salt=uuid.uuid4().hex)
+                _assert_same([Sequence.from_output(c.outputs[0])], [Sequence.from_output(o.outputs[0])],
+                             exact=exact_across_schedules)
+        finally:
+            if llm is not None:
+                _close(llm)
 
 
 def _second_checkpoint_outside() -> str | None:
@@ -1703,53 +1715,47 @@ def test_second_checkpoint_keeps_the_block_boundary(tiny_model_dir, engine_args,
       blocks went back)."""
     import torch
 
-    from vllm_hybrid_npu.patches import apply_patches, registry
+    from vllm_hybrid_npu.patches import registry
     from vllm_hybrid_npu.patches import gdn_second_checkpoint as S
 
     extra = {} if ssm_dtype == "auto" else {"mamba_ssm_cache_dtype": ssm_dtype}
-    mp = pytest.MonkeyPatch()
-    mp.setenv(S.ENV, "on")
-    registry.unapply_all()
-    report = apply_patches()
     llm = None
-    try:
-        assert not report.failed, report.line()
-        llm = _engine(tiny_model_dir("qwen3_next"), engine_args, "exporter", prefix_match_unit=64, **extra)
-        assert {"gdn-second-checkpoint-receive", "gdn-second-checkpoint-receive-v2"} & \
-            set(registry.REPORT.applied), registry.REPORT.line()
-        assert vars(_core(llm).scheduler.kv_cache_manager).get(S.MANAGERS), \
-            "the engine turned the second block off (its exporter path writes one state per row)"
-        block = _block(llm)
-        n = rng.choice([x for x in range(2 * block + 65, 4 * block) if x % 64 and ((x - 1) // 64 * 64) % block])
-        cp = (n - 1) // 64 * 64
-        q = cp // block * block
-        d = rng.randrange(1, cp - q)
-        where = f"block {block}, prompt {n}, cp {cp}, q {q}, shared {q + d}, SSM cache {ssm_dtype}"
-        free0 = _free_blocks(llm)
-        first = _prompt(rng, n)
-        before = block_hashes(llm)
-        with _planned_blocks() as planned:
-            (cold,), steps = _gen(llm, [first])
-        assert steps == 1, (where, steps)
-        at_q, at_cp = cached_mamba_blocks(llm, q, before), cached_mamba_blocks(llm, cp, before)
-        assert sorted(planned) == sorted([*at_q.values(), *at_cp.values()]), (where, planned, at_q, at_cp)
-        ours = {q: _checkpoint_states(llm, q, before), cp: _checkpoint_states(llm, cp, before)}
-        second = first[:q + d] + _prompt(rng, rng.randrange(65, block))
-        (hit,), _ = _gen(llm, [second])
-        assert hit.num_cached_tokens == q, (where, hit.num_cached_tokens)
-        (rep,), _ = _gen(llm, [first])
-        assert rep.num_cached_tokens == cp, (where, rep.num_cached_tokens)
-        for p, o in ((first, cold), (second, hit), (first, rep)):
-            (c,), _ = _gen(llm, [p], salt=uuid.uuid4().hex)
-            _assert_same([Sequence.from_output(c.outputs[0])], [Sequence.from_output(o.outputs[0])],
-                         exact=exact_across_schedules)
-        assert _free_blocks(llm) == free0, where
-    finally:
-        if llm is not None:
-            _close(llm)
-        mp.undo()
-        registry.unapply_all()
-        apply_patches()
+    with _registry_with(S.ENV, "on") as report:
+        try:
+            assert not report.failed, report.line()
+            llm = _engine(tiny_model_dir("qwen3_next"), engine_args, "exporter", prefix_match_unit=64, **extra)
+            assert {"gdn-second-checkpoint-receive", "gdn-second-checkpoint-receive-v2"} & \
+                set(registry.REPORT.applied), registry.REPORT.line()
+            assert vars(_core(llm).scheduler.kv_cache_manager).get(S.MANAGERS), \
+                "the engine turned the second block off (its exporter path writes one state per row)"
+            block = _block(llm)
+            n = rng.choice([x for x in range(2 * block + 65, 4 * block) if x % 64 and ((x - 1) // 64 * 64) % block])
+            cp = (n - 1) // 64 * 64
+            q = cp // block * block
+            d = rng.randrange(1, cp - q)
+            where = f"block {block}, prompt {n}, cp {cp}, q {q}, shared {q + d}, SSM cache {ssm_dtype}"
+            free0 = _free_blocks(llm)
+            first = _prompt(rng, n)
+            before = block_hashes(llm)
+            with _planned_blocks() as planned:
+                (cold,), steps = _gen(llm, [first])
+            assert steps == 1, (where, steps)
+            at_q, at_cp = cached_mamba_blocks(llm, q, before), cached_mamba_blocks(llm, cp, before)
+            assert sorted(planned) == sorted([*at_q.values(), *at_cp.values()]), (where, planned, at_q, at_cp)
+            ours = {q: _checkpoint_states(llm, q, before), cp: _checkpoint_states(llm, cp, before)}
+            second = first[:q + d] + _prompt(rng, rng.randrange(65, block))
+            (hit,), _ = _gen(llm, [second])
+            assert hit.num_cached_tokens == q, (where, hit.num_cached_tokens)
+            (rep,), _ = _gen(llm, [first])
+            assert rep.num_cached_tokens == cp, (where, rep.num_cached_tokens)
+            for p, o in ((first, cold), (second, hit), (first, rep)):
+                (c,), _ = _gen(llm, [p], salt=uuid.uuid4().hex)
+                _assert_same([Sequence.from_output(c.outputs[0])], [Sequence.from_output(o.outputs[0])],
+                             exact=exact_across_schedules)
+            assert _free_blocks(llm) == free0, where
+        finally:
+            if llm is not None:
+                _close(llm)
     split = _engine(tiny_model_dir("qwen3_next"), engine_args, "split", prefix_match_unit=64, **extra)
     try:
         before = block_hashes(split)
@@ -1790,45 +1796,38 @@ def test_second_checkpoint_through_the_host_tier(tiny_model_dir, engine_args, rn
     why = host_tier_unsupported()
     if why:
         pytest.skip(why)
-    from vllm_hybrid_npu.patches import apply_patches, registry
     from vllm_hybrid_npu.patches import gdn_second_checkpoint as S
 
-    mp = pytest.MonkeyPatch()
-    mp.setenv(S.ENV, "on")
-    registry.unapply_all()
-    apply_patches()
     llm = None
-    try:
-        llm = _engine(tiny_model_dir("qwen3_next"), engine_args, "exporter", kv_offloading_size=1.0,
-                      disable_log_stats=False, kv_cache_memory_bytes=24 << 20, prefix_match_unit=64)
-        assert vars(_core(llm).scheduler.kv_cache_manager).get(S.MANAGERS), "second block off here"
-        block = _block(llm)
-        n = rng.choice([x for x in range(2 * block + 65, 4 * block) if x % 64 and ((x - 1) // 64 * 64) % block])
-        cp = (n - 1) // 64 * 64
-        q = cp // block * block
-        d = rng.randrange(1, cp - q)
-        first = _prompt(rng, n)
-        before = block_hashes(llm)
-        _, steps = _gen(llm, [first])
-        assert steps == 1 and cached_mamba_blocks(llm, q, before), (n, q, steps)
-        num_blocks = _core(llm).vllm_config.cache_config.num_gpu_blocks
-        flood = [_prompt(rng, 4 * block) for _ in range(-(-3 * num_blocks // 4))]
-        for i in range(0, len(flood), 8):
-            _gen(llm, flood[i:i + 8])
-        ext0 = metric_counter(llm, "vllm:external_prefix_cache_hits")
-        sharer = first[:q + d] + _prompt(rng, rng.randrange(65, block))
-        (hit,), _ = _gen(llm, [sharer])
-        ext = metric_counter(llm, "vllm:external_prefix_cache_hits") - ext0
-        diag = (f"block {block}, prompt {n}, cp {cp}, q {q}, shared {q + d}: {num_blocks} device "
-                f"blocks, {len(flood)} flood prompts, external hits {ext}")
-        assert hit.num_cached_tokens == q, f"{diag}: the sharer cached {hit.num_cached_tokens}"
-        assert 0 < ext <= q, f"{diag}: the hit at q did not come through the host tier"
-        (cold,), _ = _gen(llm, [sharer], salt=uuid.uuid4().hex)
-        _assert_same([Sequence.from_output(cold.outputs[0])], [Sequence.from_output(hit.outputs[0])],
-                     exact=exact_across_schedules)
-    finally:
-        if llm is not None:
-            _close(llm)
-        mp.undo()
-        registry.unapply_all()
-        apply_patches()
+    with _registry_with(S.ENV, "on"):
+        try:
+            llm = _engine(tiny_model_dir("qwen3_next"), engine_args, "exporter", kv_offloading_size=1.0,
+                          disable_log_stats=False, kv_cache_memory_bytes=24 << 20, prefix_match_unit=64)
+            assert vars(_core(llm).scheduler.kv_cache_manager).get(S.MANAGERS), "second block off here"
+            block = _block(llm)
+            n = rng.choice([x for x in range(2 * block + 65, 4 * block) if x % 64 and ((x - 1) // 64 * 64) % block])
+            cp = (n - 1) // 64 * 64
+            q = cp // block * block
+            d = rng.randrange(1, cp - q)
+            first = _prompt(rng, n)
+            before = block_hashes(llm)
+            _, steps = _gen(llm, [first])
+            assert steps == 1 and cached_mamba_blocks(llm, q, before), (n, q, steps)
+            num_blocks = _core(llm).vllm_config.cache_config.num_gpu_blocks
+            flood = [_prompt(rng, 4 * block) for _ in range(-(-3 * num_blocks // 4))]
+            for i in range(0, len(flood), 8):
+                _gen(llm, flood[i:i + 8])
+            ext0 = metric_counter(llm, "vllm:external_prefix_cache_hits")
+            sharer = first[:q + d] + _prompt(rng, rng.randrange(65, block))
+            (hit,), _ = _gen(llm, [sharer])
+            ext = metric_counter(llm, "vllm:external_prefix_cache_hits") - ext0
+            diag = (f"block {block}, prompt {n}, cp {cp}, q {q}, shared {q + d}: {num_blocks} device "
+                    f"blocks, {len(flood)} flood prompts, external hits {ext}")
+            assert hit.num_cached_tokens == q, f"{diag}: the sharer cached {hit.num_cached_tokens}"
+            assert 0 < ext <= q, f"{diag}: the hit at q did not come through the host tier"
+            (cold,), _ = _gen(llm, [sharer], salt=uuid.uuid4().hex)
+            _assert_same([Sequence.from_output(cold.outputs[0])], [Sequence.from_output(hit.outputs[0])],
+                         exact=exact_across_schedules)
+        finally:
+            if llm is not None:
+                _close(llm)
