@@ -1,5 +1,5 @@
 """``VLLM_HYBRID_NPU_SECOND_CHECKPOINT=on`` (:mod:`vllm_hybrid_npu.patches.gdn_second_checkpoint`,
-vLLM 0.30, the CPU exporter path): a prompt whose GDN checkpoint ``cp`` lies inside its last block
+vLLM 0.30, the CPU path and CUDA's one pass): a prompt whose GDN checkpoint ``cp`` lies inside its last block
 keeps the state at that block's start ``q`` too, in a second block outside the block table.
 
 On vLLM's real ``Scheduler`` and KV-cache manager (tiny hybrid, block 256, ``--prefix-match-unit
@@ -35,7 +35,8 @@ ENTRIES = tuple(p.name for p in S.PATCHES if "cpu" in p.targets)
 
 
 def _cpu_stack():
-    """This machine's stack as the CPU target (the entries' only one)."""
+    """This machine's stack as the CPU target (whose entries these tests drive; CUDA's differ by
+    the V2 runner's receive entry only)."""
     from vllm_hybrid_npu.support import Stack, detect_stack
 
     stack = detect_stack()
