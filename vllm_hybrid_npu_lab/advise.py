@@ -507,15 +507,17 @@ def _final_scan(score_all: Callable[[list[Candidate]], list[Any]], valid: list[C
     return best
 
 
-def second_available(target: str) -> bool:
-    """Whether ``second=on`` is replayed for ``target``: the runtime applies
-    ``VLLM_HYBRID_NPU_SECOND_CHECKPOINT=on`` there (the installed vLLM is 0.30, the target
-    ``cuda``, where its one pass on the V2 runner writes the second checkpoint, as the junction
-    export: :func:`vllm_hybrid_npu_lab.replay.junctions_modelled`; vllm-ascend's paths are not
-    wired). Raises ValueError for a bad ``VLLM_HYBRID_NPU_CUDA_JUNCTIONS``."""
+def second_available(target: str, connector: bool) -> bool:
+    """Whether ``second=on`` is replayed for ``target`` (``cuda``, ``npu``) with a host tier
+    (``connector``: its KV connector) or without: the runtime applies
+    ``VLLM_HYBRID_NPU_SECOND_CHECKPOINT=on`` there (the installed vLLM is 0.30) and its step
+    writes the second checkpoint where it exports junction states
+    (:func:`vllm_hybrid_npu_lab.replay.junctions_modelled`: CUDA's one pass on the V2 runner,
+    also beside a host tier; vllm-ascend's V1 runner without a KV connector). Raises ValueError
+    for a bad ``VLLM_HYBRID_NPU_CUDA_JUNCTIONS``."""
     from vllm_hybrid_npu_lab.replay import junctions_modelled
 
-    return (target == "cuda" and junctions_modelled(target, True)
+    return (junctions_modelled(target, connector)
             and policy_of(UpstreamSetting(pmu=64, ckpt=True, second=True)).unavailable() is None)
 
 
@@ -949,7 +951,7 @@ def advise(args: argparse.Namespace) -> dict[str, Any]:
     result = run_search(fit_replayer, start, args.host_cache_gib, jobs=args.jobs,
                         exporter=not args.no_exporter, max_passes=args.max_passes,
                         starts=args.starts, bound=bound, final=final_available(),
-                        optins=optins_available(), second=second_available(args.target))
+                        optins=optins_available(), second=second_available(args.target, bool(args.host_cache_gib)))
     most = result.best  # the most fit-part hits, whatever the steps
     best = choose(result, args.hit_tolerance)  # the advice: most hits within the step bound
     check_replayer = Replayer(check, cfg, kv_cache_gib=args.kv_cache_gib, tp=args.tp,
@@ -1126,7 +1128,7 @@ def audit_check(check_replayer: "Replayer", start: Candidate, advised_cand: Cand
     res = run_search(check_replayer, start, args.host_cache_gib, jobs=args.jobs,
                      exporter=not args.no_exporter, max_passes=args.max_passes,
                      starts=args.starts, known=known, bound=bound, final=final_available(),
-                     optins=optins_available(), second=second_available(args.target))
+                     optins=optins_available(), second=second_available(args.target, bool(args.host_cache_gib)))
     replays = res.replays
     new_replays = replays - sum(1 for c, r in known.items() if r is not None and c in res.evaluated)
     every = res.merged({advised_cand: advised, start: default, **known})

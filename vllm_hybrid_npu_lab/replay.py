@@ -269,6 +269,11 @@ def replay(
             and apply_junction_entries(sched, target)):
         setattr(sched, RULE, None)
         setattr(sched.kv_cache_manager, RULE, None)
+        # nor a second checkpoint block (second=on), as the runtime's engine entry decides
+        # (gdn-second-checkpoint-engine: none where the step exports no junction state)
+        from vllm_hybrid_npu.patches.gdn_second_checkpoint import MANAGERS
+
+        vars(sched.kv_cache_manager)[MANAGERS] = ()
     # vllm-ascend's own scheduler changes on the NPU, outermost (every setting): a KV consumer's
     # chunk stays whole after a computed prefix, one block more for a synchronous external hit
     ascend_stats: dict[str, int] = {}

@@ -37,9 +37,10 @@ can pass to ``vllm serve`` (vLLM 0.30, ``vllm/config/cache.py`` / ``vllm/config/
 * ``second=on``: the runtime's ``VLLM_HYBRID_NPU_SECOND_CHECKPOINT=on`` (vLLM 0.30): with ``ckpt``
   and ``pmu`` below the block, a prompt whose checkpoint lies inside its last block keeps the
   state at that block's start too, in a second block, cached and offered to the host tier
-  (:func:`vllm_hybrid_npu_lab.exporter.second_checkpoint_scheduler`). The runtime has it on the
-  CPU exporter path only, so ``advise`` (CUDA, NPU targets) does not replay it; ``hitrate
-  --policy`` does, to say what wiring it on those paths would give.
+  (:func:`vllm_hybrid_npu_lab.exporter.second_checkpoint_scheduler`). The runtime has it where
+  its step exports junction states (the replay binds it there only, as the engine decides:
+  CUDA's one pass, also beside a host tier; the NPU without a KV connector), so ``advise``
+  replays it in its opt-in scan there (``advise.second_available``).
 * ``enable_mamba_fine_grained_prefix_cache`` (the junction checkpoint for EAGLE siblings) acts
   only with EAGLE/MTP and a finer prefix match unit; the lab replays no speculative decoding,
   so it is not in the grid.
@@ -78,7 +79,7 @@ class UpstreamSetting:
     prompt's last chunk failing vLLM's checkpoint check by its column clause alone runs whole);
     ``second``: ``True`` for the runtime's ``VLLM_HYBRID_NPU_SECOND_CHECKPOINT=on`` (a prompt whose
     checkpoint lies inside its last block keeps that block's start too, in a second block; the
-    runtime has it on the CPU exporter path only)."""
+    runtime has it where its step exports junction states)."""
 
     ret: int | None = 0
     lpt: int = 0
@@ -205,7 +206,7 @@ def policy_of(setting: UpstreamSetting) -> Policy:
     if setting.second:
         what += (" (second=on: VLLM_HYBRID_NPU_SECOND_CHECKPOINT=on, a prompt's checkpoint inside "
                  "its last block takes a second block, the block's start stays cached; the "
-                 "runtime's CPU exporter path only)")
+                 "runtime's paths that export junction states)")
     chunk = setting.chunk_checkpoints
     factory = functools.partial(_exporter_scheduler, chunk) if chunk else _upstream_scheduler
     if not setting.tails:

@@ -43,6 +43,16 @@ cold prompt of ``64 < p < 256`` tokens off the 64-token grid (its checkpoint fai
 its column clause alone), then its exact repeat. Recorded: whether the entry applied, the split's
 wrapper chain, the scheduler module's ``is_mamba_prefill_checkpoint_valid`` (ours or vLLM's) and
 the KV-cache manager module's, each request's prefill chunks and hits.
+
+``--mode second --order ... --second on|off`` (issue 38 item 3): the plugin's
+``gdn-second-checkpoint-*`` entries (``VLLM_HYBRID_NPU_SECOND_CHECKPOINT``) with the same
+vllm-ascend patches, in either order, ``--prefix-match-unit 64``, block 256, the checkpoint
+declared, the NPU target (the runtime's engine entry decides, from the NPU stack's exporter
+path, in the replay's ``Scheduler.__init__``): a cold prompt A of ``577 <= p <= 640`` tokens
+(trace blocks 1, 2: its checkpoint 576 inside its last block), a sharer B of ``769 <= m <= 1023``
+tokens sharing trace block 1 (512 tokens), then A again. Recorded: whether the entries applied,
+which class carries the manager wrappers, the engine's managers, each step's second blocks on the
+``SchedulerOutput``, each request's prefill chunks and hits, the free blocks at the end.
 """
 
 from __future__ import annotations
@@ -68,15 +78,16 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, required=True)
     ap.add_argument("--policy", default="lean")
     ap.add_argument("--balance", choices=("on", "off"), default="on")
-    ap.add_argument("--mode", choices=("policy", "junction", "tailsplit"), default="policy")
+    ap.add_argument("--mode", choices=("policy", "junction", "tailsplit", "second"), default="policy")
     ap.add_argument("--order", choices=("ascend-first", "registry-first"), default="ascend-first")
     ap.add_argument("--junctions", choices=("on", "off"), default="on")
     ap.add_argument("--tail-split", choices=("on", "off"), default="off")
+    ap.add_argument("--second", choices=("on", "off"), default="on")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     result = {"seed": args.seed, "policy": args.policy, "balance": args.balance, "error": None}
     try:
-        {"junction": run_junction, "tailsplit": run_tailsplit}.get(args.mode, run)(args, result)
+        {"junction": run_junction, "tailsplit": run_tailsplit, "second": run_second}.get(args.mode, run)(args, result)
     except BaseException:
         result["error"] = traceback.format_exc()
     Path(args.out).write_text(json.dumps(result, indent=1, default=str))
@@ -341,6 +352,67 @@ def run_tailsplit(args, result) -> None:
 
     res = replay(reqs, setup, Recording, carry_outputs=False, target="npu")
     result["cached_per_request"], result["chunks"] = list(res.cached_per_request), chunks
+
+
+def run_second(args, result) -> None:
+    os.environ["VLLM_HYBRID_NPU_SECOND_CHECKPOINT"] = args.second
+    report = _apply_in_order(args.order)
+    result["failed"], result["applied"] = dict(report.failed), list(report.applied)
+    import vllm.v1.core.single_type_kv_cache_manager as stm
+
+    from vllm_hybrid_npu.patches import gdn_second_checkpoint as S
+    from vllm_hybrid_npu.patches.registry import is_ours
+
+    ascend_manager = stm.MambaManager  # AscendMambaManager (the module's name rebound)
+    vllm_manager = ascend_manager.__mro__[1]
+    result["managers_classes"] = [f"{c.__module__}.{c.__qualname__}" for c in (ascend_manager, vllm_manager)]
+    attrs = ("allocate_new_blocks", "_cache_partial_tail_block", "remove_skipped_blocks",
+             "pop_blocks_for_free")
+    result["wrapped_by"] = {
+        attr: [c.__qualname__ for c in (ascend_manager, vllm_manager) if is_ours(vars(c).get(attr))]
+        for attr in attrs}
+
+    from vllm_hybrid_npu_lab.model import build_setup
+    from vllm_hybrid_npu_lab.presets import TINY_HYBRID
+    from vllm_hybrid_npu_lab.replay import replay
+    from vllm_hybrid_npu_lab.trace import TraceRequest
+    from vllm_hybrid_npu_lab.upstream_grid import UpstreamSetting
+
+    rng = random.Random(args.seed)
+    setup = build_setup(TINY_HYBRID, kv_cache_bytes=64 << 20, max_model_len=8192, block_size=256,
+                        max_num_batched_tokens=8192, prefill_checkpoints=True,
+                        tune=UpstreamSetting(pmu=64, ckpt=True).tune)
+    p, m = rng.randrange(577, 641), rng.randrange(769, 1024)
+    result["prompts"] = [p, m, p]
+    result["block_size"], result["hash_block_size"] = setup.block_size, setup.hash_block_size
+    reqs = [TraceRequest(10_000.0 * i, n, 4, h) for i, (n, h) in enumerate(
+        [(p, (1, 2)), (m, (1, 3)), (p, (1, 2))])]
+    chunks: dict[str, list] = {}
+    payloads: list = []
+    seen: dict = {}
+
+    class Recording(setup.vllm_config.scheduler_config.get_scheduler_cls()):
+        def schedule(self, *a, **k):
+            seen["scheduler"] = self
+            result["engine_managers"] = [
+                f"{type(x).__module__}.{type(x).__qualname__}"
+                for x in vars(self.kv_cache_manager).get(S.MANAGERS) or ()]
+            so = super().schedule(*a, **k)
+            if (pay := getattr(so, S.ATTR, None)) is not None:
+                payloads.append({str(g): {r: list(v) for r, v in x.items()} for g, x in pay.items()})
+            for rid, n in so.num_scheduled_tokens.items():
+                req = self.requests[rid]
+                start = req.num_computed_tokens - n  # schedule() advanced it
+                if start < req.num_prompt_tokens:
+                    chunks.setdefault(rid, []).append([start, n])
+            return so
+
+    res = replay(reqs, setup, Recording, carry_outputs=False, target="npu")
+    pool = seen["scheduler"].kv_cache_manager.block_pool
+    result["cached_per_request"], result["chunks"], result["payloads"] = list(res.cached_per_request), chunks, payloads
+    result["free_blocks"], result["pool_blocks"] = pool.get_num_free_blocks(), pool.num_gpu_blocks
+    result["extra_left"] = sum(len(vars(x).get(S.EXTRA, {})) for x in
+                               seen["scheduler"].kv_cache_manager.coordinator.single_type_managers)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,13 @@ The sub-block tail split (issue 38 item 3, ``sched_replay.py --mode tailsplit``)
 name, so a cold prompt within one block, off the 64-token grid, runs in one chunk and its repeat
 hits nothing; the control (the variable ``on``) keeps vLLM's stop at its last 64-token boundary,
 which its repeat hits.
+
+The second checkpoint block (issue 38 item 3, ``sched_replay.py --mode second``): the plugin's
+``gdn-second-checkpoint-*`` entries with the same vllm-ascend patches, in both orders, at
+``--prefix-match-unit 64``, block 256: a cold prompt whose checkpoint (576) lies inside its last
+block keeps the block boundary 512 in its column and 576 in a second block, so a sharer of 512
+tokens hits 512 (vLLM's re-key: 0) and the prompt's repeat hits 576; every block back in the
+pool at the end. The control (the variable ``off``) keeps vLLM's re-key.
 """
 
 from __future__ import annotations
@@ -185,3 +192,55 @@ def test_tail_split_off_runs_through_vllm_ascends_split(tailsplit):
         assert not tailsplit["scheduler_valid_ours"]
         tail = p // 64 * 64
         assert chunks["0"] == [[0, tail], [tail, p - tail]] and cached == [0, tail], (where, p, chunks, cached)
+
+
+# ------------------------------------------------------- second checkpoint block (issue 38)
+@pytest.fixture(scope="module", params=[("ascend-first", "on"), ("registry-first", "on"),
+                                        ("ascend-first", "off")],
+                ids=["ascend-first", "registry-first", "control-rekey"])
+def second(request, tmp_path_factory):
+    """``sched_replay.py --mode second``: ``VLLM_HYBRID_NPU_SECOND_CHECKPOINT`` with
+    vllm-ascend's scheduler-side platform patches, in either order; the control keeps vLLM's
+    re-key (``off``)."""
+    order, on = request.param
+    res = _sched_replay(tmp_path_factory, "second", order=order, second=on)
+    res["order"], res["on"] = order, on == "on"
+    return res
+
+
+def test_second_checkpoint_block_with_vllm_ascends_manager(second):
+    assert second["failed"] == {}
+    p, m, _ = second["prompts"]
+    where = f"seed {SEED}, {second['order']}, second {'on' if second['on'] else 'off'}: {p}, {m}"
+    assert (second["block_size"], second["hash_block_size"]) == (256, 64)
+    assert 576 < p <= 640 and 768 < m < 1024, where  # premises: checkpoints 576 and 768 < cp < 1024
+    ascend, vllm = second["managers_classes"]
+    assert ascend == "vllm_ascend.patch.platform.patch_mamba_manager.AscendMambaManager"
+    names = {"engine", "allocate", "count", "blocks", "cache", "retire", "free", "send"}
+    applied = {n.rsplit("-", 1)[1] for n in second["applied"] if n.startswith("gdn-second-checkpoint-")}
+    chunks, cached = second["chunks"], second["cached_per_request"]
+    # one step per prompt either way (the sharer's junction at 512 is exported inside its step
+    # without the second block); the repeat hits the prompt's checkpoint either way
+    assert chunks == {"0": [[0, p]], "1": [[512 if second["on"] else 0, m - (512 if second["on"] else 0)]],
+                      "2": [[576, p - 576]]}, (where, chunks)
+    if second["on"]:
+        assert applied == names, (where, second["applied"])
+        owner = "AscendMambaManager" if second["order"] == "ascend-first" else "MambaManager"
+        assert set(map(tuple, second["wrapped_by"].values())) == {(owner,)}, second["wrapped_by"]
+        # the engine entry took vllm-ascend's managers (one per GDN KV-cache group)
+        assert second["engine_managers"] and set(second["engine_managers"]) == {ascend}, where
+        assert cached == [0, 512, 576], where
+        # each cold prompt's final chunk took one second block per GDN group, sent once, at its
+        # checkpoint inside its last block; the repeat's chunk (from 576) none
+        cp_b = (m - 1) // 64 * 64
+        assert [sorted({rid for g in pay.values() for rid in g}) for pay in second["payloads"]] \
+            == [["0"], ["1"]], (where, second["payloads"])
+        assert [{v[1] for g in pay.values() for v in g.values()} for pay in second["payloads"]] \
+            == [{576}, {cp_b}], (where, second["payloads"])
+        assert all(len(pay) == len(second["engine_managers"]) for pay in second["payloads"]), where
+    else:
+        assert not applied, (where, second["applied"])
+        assert second["engine_managers"] == [] and second["payloads"] == [], where
+        assert cached == [0, 0, 576], where  # vLLM's re-key: nothing at 512
+    # nothing leaked: every block but the null block back in the pool (cached ones evictable)
+    assert second["free_blocks"] == second["pool_blocks"] - 1 and second["extra_left"] == 0, where

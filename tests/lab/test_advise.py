@@ -763,12 +763,14 @@ def test_search_with_a_step_bound_finds_the_best_eligible_and_the_unconstrained_
 
 
 def test_second_replayed_where_the_targets_runtime_has_it(monkeypatch):
-    # VLLM_HYBRID_NPU_SECOND_CHECKPOINT=on: the runtime writes the second checkpoint on CUDA's
-    # one pass (vLLM 0.30's V2 runner, where the junction export runs), not on vllm-ascend's paths
+    # VLLM_HYBRID_NPU_SECOND_CHECKPOINT=on: the runtime writes the second checkpoint where its
+    # step exports junction states: CUDA's one pass (vLLM 0.30's V2 runner), beside a host tier
+    # too; vllm-ascend's V1 runner without a KV connector (a host tier's turns it off there)
     from vllm_hybrid_npu_lab.advise import second_available
 
     monkeypatch.delenv("VLLM_HYBRID_NPU_CUDA_JUNCTIONS", raising=False)
     runtime = policy_of(UpstreamSetting(pmu=64, ckpt=True, second=True)).unavailable() is None
-    assert second_available("cuda") == runtime and not second_available("npu")
+    assert second_available("cuda", True) == second_available("cuda", False) == runtime
+    assert second_available("npu", False) == runtime and not second_available("npu", True)
     monkeypatch.setenv("VLLM_HYBRID_NPU_CUDA_JUNCTIONS", "off")
-    assert not second_available("cuda")
+    assert not second_available("cuda", True) and not second_available("cuda", False)

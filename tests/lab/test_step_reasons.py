@@ -247,7 +247,8 @@ def test_tailsplit_off_keeps_a_column_only_invalid_final_chunk_whole(cfg, rng):
     assert res.prefill_steps_per_prompt == 3 and by == {"checkpoint_invalid": 2}, q
 
 
-def test_second_on_keeps_the_block_boundary_for_a_sharer(cfg, rng):
+@pytest.mark.parametrize("target", ["cuda", "npu"])
+def test_second_on_keeps_the_block_boundary_for_a_sharer(cfg, rng, target, monkeypatch):
     # The runtime's VLLM_HYBRID_NPU_SECOND_CHECKPOINT=on (the lab's second=on, vLLM 0.30). Block
     # 256, unit 64, exporter declared, retention 0. A cold prompt of p tokens, 577 <= p <= 640
     # (trace blocks 1, 2): its checkpoint 576 lies inside block 2; vLLM reserves it column 1,
@@ -256,18 +257,24 @@ def test_second_on_keeps_the_block_boundary_for_a_sharer(cfg, rng):
     # a second block takes 576: the sharer hits 512. The sharer has 769-1,023 tokens: without
     # second=on the junction at 512 is exported inside its one step (the CUDA target's junction
     # entries), with it its chunk from 512 reserves its own checkpoint (column 2 past 1): one
-    # step per prompt either way.
+    # step per prompt either way. The same on the NPU target (vllm-ascend's V1 runner, no KV
+    # connector). Where the step exports no junction state (CUDA with
+    # VLLM_HYBRID_NPU_CUDA_JUNCTIONS=off) the engine takes no second block: as without it.
     from vllm_hybrid_npu_lab.upstream_grid import parse_setting, policy_of
 
     if policy_of(parse_setting("upstream:pmu=64,ckpt,second=on")).unavailable():
         pytest.skip("second=on: the runtime entries are vLLM 0.30's")
     p, m = rng.randrange(577, 641), rng.randrange(769, 1024)
     rows = [(p, [1, 2]), (m, [1, 3])]
-    res, by = _replay(cfg, rows, "upstream:pmu=64,ckpt")
+    res, by = _replay(cfg, rows, "upstream:pmu=64,ckpt", target=target)
     assert res.cached_per_request == [0, 0] and res.prefill_steps_per_prompt == 1, (p, m, by)
-    res, by = _replay(cfg, rows, "upstream:pmu=64,ckpt,second=on")
+    res, by = _replay(cfg, rows, "upstream:pmu=64,ckpt,second=on", target=target)
     assert res.cached_per_request == [0, 512] and res.prefill_steps_per_prompt == 1, (p, m, by)
     assert parse_setting("upstream:pmu=64,ckpt,second=on").optin
+    if target == "cuda":
+        monkeypatch.setenv("VLLM_HYBRID_NPU_CUDA_JUNCTIONS", "off")
+        res, by = _replay(cfg, rows, "upstream:pmu=64,ckpt,second=on", target=target)
+        assert res.cached_per_request == [0, 0], (p, m, by)
 
 
 def test_tailsplit_off_reads_its_reasons_through_the_runtime_entries(cfg, rng):

@@ -35,19 +35,23 @@ fewer hits than the block's unit).
   blocks taken this step, on the ``SchedulerOutput`` (attribute :data:`ATTR`; plain data, so it
   survives the multiprocess executor's pickle);
 * the model runner's ``execute_model`` (``-receive``: vLLM's V1 GPU runner, which the CPU runner
-  inherits; ``-receive-v2``: vLLM 0.30's V2 runner on CUDA): read at entry, before a runner could
+  inherits; ``-receive-v2``: vLLM 0.30's V2 runner on CUDA; ``-receive-ascend``: vllm-ascend
+  0.30.0rc2's V1 ``NPUModelRunner``, which overrides it): read at entry, before a runner could
   ``dataclasses.replace`` the output, held for the step's GDN metadata builders
   (``gdn_prefill_checkpoint.SECOND_STEP``) and dropped when the step returns (dummy runs see
   none);
 * the GDN builder (``gdn_prefill_checkpoint.build_checkpoints``) plans two checkpoints in the row:
   ``q`` into column ``c`` and ``cp`` into ``E`` (one extra block-table column, for that step's
   plan only; uploaded with vLLM's ``async_tensor_h2d`` where the table is device memory); vLLM's
-  CPU GDN function runs one more round, CUDA's one pass stores both at their chunk starts.
+  CPU GDN function and vllm-ascend's three prefill paths (``ops.run_split``) run one more round,
+  CUDA's one pass stores both at their chunk starts.
 
-Where the step writes both: vLLM 0.30's CPU exporter path, and CUDA's one pass on vLLM 0.30's V2
-runner where the junction export runs (``VLLM_HYBRID_NPU_CUDA_JUNCTIONS=on``, the default; the
-engine entry decides). Not vllm-ascend's paths (its V1 runner and builder are not wired), not
-vLLM 0.32 / 0.33. Default ``off`` (vLLM's re-key). Until: vLLM keeps the block boundary's state
+Where the step writes both: vLLM 0.30's CPU exporter path, CUDA's one pass on vLLM 0.30's V2
+runner where the junction export runs (``VLLM_HYBRID_NPU_CUDA_JUNCTIONS=on``, the default), and
+vllm-ascend 0.30.0rc2's V1 runner where its junction export runs (not its V2 runner, decode
+context parallel or a KV transfer connector: ``junctions_off``); the engine entry decides. The
+NPU is replayed on CPU only (``tests/ascend``: vllm-ascend's scheduler patches and
+``AscendMambaManager``, its GDN builder and forward on each prefill path). Not vLLM 0.32 / 0.33. Default ``off`` (vLLM's re-key). Until: vLLM keeps the block boundary's state
 beside a sub-block checkpoint (RFC #52959; vllm-project/vllm#54076 names the gap).
 """
 
@@ -69,7 +73,7 @@ logger = logging.getLogger("vllm_hybrid_npu")
 ENV = "VLLM_HYBRID_NPU_SECOND_CHECKPOINT"
 MODES = ("off", "on")
 VERSIONS = ("0.30.0",)
-TARGETS = ("cpu", "cuda")
+TARGETS = ("cpu", "cuda", "npu")
 #: ``SchedulerOutput`` attribute: ``{group id: {request id: (block id, cp tokens)}}`` or absent.
 ATTR = "vhn_second_checkpoints"
 #: A Mamba manager's ``{request id: (chunk start, prompt tokens)}`` for the ``allocate_slots``
@@ -130,8 +134,10 @@ def _make_engine(upstream: Any, stack: Stack) -> Any:
     on for this engine's KV-cache manager (:func:`managers_of`) only where the exporter path
     writes several checkpoints per row (``gdn_prefill_checkpoint.junctions_off`` is None: vLLM's
     CPU GDN function; CUDA's one pass on vLLM 0.30's V2 runner, whose block tables the builder
-    reads through a host mirror); elsewhere (CUDA's V1 runner, FlashInfer, ``FLA_USE_FAST_OPS=1``,
-    context parallel, ``VLLM_HYBRID_NPU_CUDA_JUNCTIONS=off``) none, logged once."""
+    reads through a host mirror; vllm-ascend's V1 runner, ``ascend`` in the engine-core process);
+    elsewhere (CUDA's V1 runner, FlashInfer, ``FLA_USE_FAST_OPS=1``, context parallel,
+    ``VLLM_HYBRID_NPU_CUDA_JUNCTIONS=off``, vllm-ascend's V2 runner or a KV transfer connector)
+    none, logged once."""
     @functools.wraps(upstream)
     def __init__(self, vllm_config, *args, **kwargs):
         upstream(self, vllm_config, *args, **kwargs)
@@ -303,9 +309,11 @@ def _make_receive(upstream: Any, stack: Stack) -> Any:
 
 
 def entry(name: str, module: str, qualname: str, make: Any, why: str, signature: tuple,
-          targets: tuple = TARGETS) -> Any:
+          targets: tuple = TARGETS, **kw: Any) -> Any:
+    """A behaviour-changing ``gdn-second-checkpoint-*`` entry (vLLM 0.30; gated by
+    :data:`ENV` and ``gdn_prefill_checkpoint.wanted``)."""
     return gdn.entry(name, module, qualname, make, targets, why, vllm=VERSIONS, wanted=_wanted,
-                     signature=signature,
+                     signature=signature, **kw,
                      until="vLLM keeps the block boundary's state beside a sub-block checkpoint "
                            "(RFC #52959, vllm-project/vllm#54076)")
 
@@ -348,4 +356,8 @@ PATCHES = [
     entry("gdn-second-checkpoint-receive-v2", "vllm.v1.worker.gpu.model_runner",
           "GPUModelRunner.execute_model", _make_receive, "the same on vLLM 0.30's V2 GPU model "
           "runner (CUDA's one pass)", ("self", "scheduler_output"), targets=("cuda",)),
+    entry("gdn-second-checkpoint-receive-ascend", "vllm_ascend.worker.model_runner_v1",
+          "NPUModelRunner.execute_model", _make_receive, "the same on vllm-ascend's V1 NPU model "
+          "runner (it overrides vLLM's execute_model)", ("self", "scheduler_output"),
+          targets=("npu",), vllm_ascend=gdn.ASCEND_VERSIONS),
 ]
