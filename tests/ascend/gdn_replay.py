@@ -63,6 +63,13 @@ table held by vllm-ascend's own ``vllm_ascend/worker/block_table.py`` ``BlockTab
 its device tensor). Checked against vLLM's ``K + 1``-step split: the planned checkpoints are the
 constructed ones, vllm-ascend's op runs once per round, every exported conv and SSM block, every
 output and every other cache byte are the split's; a plan one token earlier is caught.
+
+Second-checkpoint draws (``--second-draws``, issue 38 item 3; :func:`second_rows`): at
+``--prefix-match-unit 64``, block 128, rows whose checkpoint ``cp`` lies inside the prompt's last
+block off the block grid, each given a second block (a new block id) by a scheduler output the
+step reads through the plugin's runner wrapper (``gdn_second_checkpoint._make_receive``, the
+``-receive*`` entries' make): checked as the junction draws, against vLLM's split stopping at the
+block boundary ``q`` and at ``cp``, the state at ``cp`` in the second block.
 """
 
 from __future__ import annotations
@@ -812,6 +819,35 @@ def junction_rows(rng, block):
     return rows
 
 
+def second_rows(rng, block=128):
+    """A batch for the second-checkpoint draw (``--prefix-match-unit 64``, block 128; issue 38
+    item 3, :mod:`vllm_hybrid_npu.patches.gdn_second_checkpoint`): a decode row first, then two
+    or three rows whose prompt checkpoint ``cp = (L - 1) // 64 * 64`` lies inside the prompt's
+    last block, off the block grid (``cp = q + 64``, ``q`` that block's start, past the row's
+    start ``c``), and maybe one whose checkpoint is on the grid (``plain``: no second block).
+    Rows as :func:`junction_rows`'; a second row's cuts are ``q`` in the column vLLM 0.30
+    reserves for ``cp`` (``q // block - 1``, keyed at ``q`` by the KV-cache manager) and ``cp``
+    in the second block (column None here: the one column the builder appends). The first
+    second row leaves a null column between ``c`` and ``q``. Every segment is 2 tokens or more."""
+    rows = [(rng.randint(1, 300), 1, [], None)]  # a decode row
+    kinds = ["second", "second"] + rng.sample(["second", "plain"], rng.randint(0, 2))
+    rng.shuffle(kinds)
+    first = True
+    for kind in kinds:
+        c = block * rng.randint(0, 2)
+        big = rng.randint(2 if first and kind == "second" else 1, 3)  # blocks from c to q
+        first = first and kind != "second"
+        q = c + block * big
+        if kind == "second":
+            cuts = [(q - c, q // block - 1), (q + 64 - c, None)]
+            end = q + 64 + rng.randint(2, 64)  # (end - 1) // 64 * 64 == q + 64
+        else:
+            cuts = [(q - c, q // block - 1)]
+            end = q + rng.randint(2, 64)  # (end - 1) // 64 * 64 == q: on the block grid
+        rows.append((c, end - c, cuts, None))
+    return rows
+
+
 def align_tables(real, width):
     """Block-table rows of ``width`` columns, ``real[r]`` the columns of row ``r`` holding a block
     (None: all), numbered from 1 in row order, every other column 0 (vLLM's null block); returns
@@ -835,7 +871,7 @@ def junction_tables(rows, block):
         max(-(-(c + q) // block) for c, q, _, _ in rows) + 1)
 
 
-def junction_draw(rng, gen, layer, builder_mod, path, ssm_dtype):
+def junction_draw(rng, gen, layer, builder_mod, path, ssm_dtype, second=False):
     """One junction batch (:func:`junction_rows`) on ``path`` with an SSM cache of
     ``ssm_dtype``, the block table held by vllm-ascend's own ``BlockTable`` (host copy ``.cpu``,
     the "device" copy ``.gpu`` committed per step, handed to the builder as
@@ -843,16 +879,31 @@ def junction_draw(rng, gen, layer, builder_mod, path, ssm_dtype):
     for host reads of the device table), the same step without it, and vLLM's ``K + 1``-step split
     (each step stops every row at its next cut; between steps align mode's copy of the running
     state into the block the next step reads), all from the same caches; a control plan one
-    token earlier at every cut."""
+    token earlier at every cut.
+
+    ``second``: a :func:`second_rows` batch at ``--prefix-match-unit 64`` instead, the step run
+    through the plugin's ``gdn-second-checkpoint-receive`` wrapper with a scheduler output that
+    names each second row's block (a new block id, outside the block table) and checkpoint,
+    for a runner whose attention group holds the builder: the split stops at ``q`` and ``cp``
+    and the second block must hold the state at ``cp``."""
     import torch
     from vllm_ascend.worker.block_table import BlockTable
     from vllm_hybrid_npu.patches import gdn_prefill_checkpoint as gpc
 
-    block = rng.choice([64, 128])
+    block = 128 if second else rng.choice([64, 128])
     builder = make_builder(builder_mod, block, ssm_dtype, host=path != "chunk")
-    rows = junction_rows(rng, block)
+    if second:
+        builder.vllm_config.cache_config.prefix_match_unit = 64
+    rows = (second_rows if second else junction_rows)(rng, block)
     table_rows, nb = junction_tables(rows, block)
     width = len(table_rows[0])
+    # the second blocks: new ids after the table's, in one column past its width
+    extra = {r: nb + i for i, r in enumerate(r for r, row in enumerate(rows) if any(
+        col is None for _, col in row[2]))}
+    rows = [(c, q, [(o, width if col is None else col) for o, col in cuts], t)
+            for c, q, cuts, t in rows]
+    ext_rows = [row + [extra.get(r, 0)] for r, row in enumerate(table_rows)]
+    nb += len(extra)
     bt = BlockTable(block, len(rows), width, 1 << 14, False, torch.device("cpu"), kernel_sizes=[block])
 
     def device_table(step_rows):  # the runner: rows into the host table, committed, device view
@@ -886,8 +937,22 @@ def junction_draw(rng, gen, layer, builder_mod, path, ssm_dtype):
                                                 inputs, caches, False)
     reads = []
     dev = device_table(everyone)
-    ck, out_p, conv_p, ssm_p, calls_p = run_step(layer, builder, step_rows, dev, inputs, caches,
-                                                 reads=reads)
+
+    def planned_step():
+        return run_step(layer, builder, step_rows, dev, inputs, caches, reads=reads)
+
+    if second:  # through the runner entry's wrapper, as vllm-ascend's execute_model gets it
+        from vllm_hybrid_npu.patches import gdn_second_checkpoint as S
+
+        runner = types.SimpleNamespace(
+            attn_groups=[[types.SimpleNamespace(metadata_builders=[builder])]],
+            input_batch=types.SimpleNamespace(req_ids=[f"req-{r}" for r in everyone]))
+        output = types.SimpleNamespace(**{S.ATTR: {0: {
+            f"req-{r}": (blk, rows[r][0] + rows[r][2][-1][0]) for r, blk in extra.items()}}})
+        receive = S._make_receive(lambda runner_, output_: planned_step(), None)
+        ck, out_p, conv_p, ssm_p, calls_p = receive(runner, output)
+    else:
+        ck, out_p, conv_p, ssm_p, calls_p = planned_step()
     host = gpc.host_block_table(dev)
     control_reads = []
     with HostReads(dev, control_reads):
@@ -918,7 +983,7 @@ def junction_draw(rng, gen, layer, builder_mod, path, ssm_dtype):
     checks = []
     for r, (c, q, cuts, _) in enumerate(rows):
         for k, (off, col) in enumerate(cuts):
-            blk = table_rows[r][col]
+            blk = ext_rows[r][col]
             conv_k, ssm_k = stored[r, k]
             want_conv[blk], want_ssm[blk] = conv_k, ssm_k
             checks.append({"row": r, "cut": k, "offset": off, "column": col, "block": blk,
@@ -939,7 +1004,7 @@ def junction_draw(rng, gen, layer, builder_mod, path, ssm_dtype):
         cols = [cuts[-1][1] if cuts else -1 for _, _, cuts, _ in rows]
         junctions = {r: [(o - 1, col) for o, col in cuts[:-1]] for r, (_, _, cuts, _) in enumerate(rows) if cuts}
         return ops.build_metadata(plan_step(qsl, offsets, cols, 1, junctions=junctions),
-                                  torch.tensor(table_rows, dtype=torch.int32),
+                                  torch.tensor(ext_rows, dtype=torch.int32),
                                   lambda v, d: torch.tensor(v, dtype=d), "split",
                                   _kernel_meta(builder, torch.device("cpu")))
 
@@ -955,8 +1020,10 @@ def junction_draw(rng, gen, layer, builder_mod, path, ssm_dtype):
         # or its running column's), by the construction
         "null_columns_looked_at": sum(
             1 for r, (c, q, cuts, _) in enumerate(rows) if r and q > 1
-            for col in range(c // block, cuts[-1][1] if cuts and c % block == 0 else (c + q - 1) // block)
+            for col in range(c // block, max(x for _, x in cuts if x < width)
+                             if cuts and c % block == 0 else (c + q - 1) // block)
             if table_rows[r][col] == 0),
+        "second_blocks": {str(r): blk for r, blk in extra.items()},
         "checkpoints": checks, "vllm_ascend_choice": sorted(calls_n),
         "kernel_calls": [calls_n, calls_p], "host_reads": reads, "host_read_control": control_reads,
         "host_copy": host.untyped_storage().data_ptr() == bt.block_table.cpu.untyped_storage().data_ptr(),
@@ -1022,6 +1089,8 @@ def main(argv=None) -> int:
     ap.add_argument("--draws", type=int, default=3, help="draws per path and SSM cache dtype")
     ap.add_argument("--junction-draws", type=int, default=1,
                     help="junction batches (several checkpoints per row) per path and dtype")
+    ap.add_argument("--second-draws", type=int, default=1,
+                    help="second-checkpoint batches (--prefix-match-unit 64) per path and dtype")
     ap.add_argument("--paths", default="chunk,fused",
                     help="comma-separated from chunk, fused, fla-npu (fla-npu alone: the stub "
                          "package then has the fused op, which vllm-ascend prefers)")
@@ -1057,6 +1126,11 @@ def main(argv=None) -> int:
                 "junction_draws": {
                     str(dt).replace("torch.", ""): [junction_draw(rng, gen, layer, builder_mod, path, dt)
                                                     for _ in range(args.junction_draws)]
+                    for dt in (torch.bfloat16, torch.float32)},
+                "second_draws": {
+                    str(dt).replace("torch.", ""): [
+                        junction_draw(rng, gen, layer, builder_mod, path, dt, second=True)
+                        for _ in range(args.second_draws)]
                     for dt in (torch.bfloat16, torch.float32)},
             }
         cls._fused_chunk_available = False

@@ -15,6 +15,14 @@ finds exactly the constructed checkpoints in the table's host copy (no host read
 table), vllm-ascend's op runs once per round (``K + 1`` for ``K`` checkpoints in a row), and the
 exported conv and SSM bytes equal vLLM's ``K + 1``-step split.
 
+Second-checkpoint batches (issue 38 item 3, ``--prefix-match-unit 64``, block 128): rows whose
+prompt checkpoint ``cp`` lies inside the prompt's last block, off the block grid, each given a
+second block through the plugin's runner wrapper (``gdn-second-checkpoint-receive*``'s
+``_make_receive``; the scheduler output names the block and ``cp``): the plan writes the block
+boundary ``q`` into the column the KV-cache manager keyed at ``q`` and ``cp`` into the second
+block (one appended table column), vllm-ascend's op runs three rounds, and every byte equals
+vLLM's split stopping at ``q`` and ``cp``.
+
 Fresh seed per session, printed in every failure; rerun with ``VLLM_HYBRID_NPU_TEST_SEED=<seed>``.
 The vllm-ascend sdist is fetched with pip and cached (``tests/ascend/upstream.py``).
 """
@@ -31,6 +39,7 @@ HERE = Path(__file__).resolve().parent
 from ascend.replay_run import SEED, run_replay  # tests/ascend/replay_run.py
 DRAWS = 2
 JUNCTION_DRAWS = 1  # junction batches per path and SSM cache dtype
+SECOND_DRAWS = 1  # second-checkpoint batches per path and SSM cache dtype
 #: the replay's op counter of each vllm-ascend prefill path
 OP = {"chunk": "ascendc_fwd_h", "fused": "fused_cann", "fla-npu": "fla_npu"}
 #: a one-token tail: vllm-ascend's recurrent kernel (the split's decode) against its chunk pipeline
@@ -44,7 +53,8 @@ def replay(paths: str) -> dict:
     if paths not in _results:
         out = Path(os.environ.get("TMPDIR", "/tmp")) / f"vhn-gdn-replay-{os.getpid()}-{paths}.json"
         cmd = [sys.executable, str(HERE / "gdn_replay.py"), "--seed", str(SEED),
-               "--draws", str(DRAWS), "--junction-draws", str(JUNCTION_DRAWS), "--paths", paths,
+               "--draws", str(DRAWS), "--junction-draws", str(JUNCTION_DRAWS),
+               "--second-draws", str(SECOND_DRAWS), "--paths", paths,
                "--out", str(out)]
         _results[paths] = run_replay(cmd, out, timeout=900)
     return _results[paths]
@@ -116,6 +126,34 @@ def test_junction_states_equal_the_split(path, dtype):
             assert c["conv_equal"] and c["ssm_equal"], (where, c)
         assert len(d["checkpoints"]) == sum(len(c) for c in d["constructed"]), where
         # no one-token segment by construction: outputs and every cache byte exactly the split's
+        assert d["outputs_equal"] and d["caches_equal"], where
+        assert d["control_caught"], where
+
+
+@pytest.mark.parametrize("path", ["chunk", "fused", "fla-npu"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_second_checkpoint_states_equal_the_split(path, dtype):
+    run = run_of(path)
+    for i, d in enumerate(run["second_draws"][dtype]):
+        where = (f"seed {SEED}, {path}, SSM cache {dtype}, second draw {i}: block "
+                 f"{d['block_size']}, rows (context, query) {d['rows']}, cuts {d['constructed']}")
+        width = len(d["tables"][0])
+        seconds = {int(r) for r in d["second_blocks"]}
+        # premises (by construction): two rows or more with a second block, each cut at q (the
+        # column vLLM 0.30 reserves for cp) and at cp = q + 64 in the appended column
+        assert len(seconds) >= 2 and d["null_columns_looked_at"], where
+        for r in seconds:
+            (q, col), (cp, extra) = d["constructed"][r]
+            assert cp == q + 64 and extra == width and col == (d["rows"][r][0] + q) // 128 - 1, where
+        # the plan: q in the column and cp in the second block, from the scheduler output
+        assert d["planned"] == d["constructed"], where
+        assert d["host_copy"] and d["host_reads"] == [], where
+        assert d["vllm_ascend_choice"] == [OP[path]], where
+        assert d["kernel_calls"] == [{OP[path]: 1}, {OP[path]: 3}], where
+        for c in d["checkpoints"]:
+            assert c["block_differed_before"], (where, c)
+            assert c["conv_equal"] and c["ssm_equal"], (where, c)
+        assert len(d["checkpoints"]) == sum(len(c) for c in d["constructed"]), where
         assert d["outputs_equal"] and d["caches_equal"], where
         assert d["control_caught"], where
 

@@ -162,3 +162,30 @@ def test_platform_device_type_is_npu(src):
         if isinstance(n, ast.AnnAssign) and ast.unparse(n.target) == "device_type"
     ]
     assert values == ["'npu'"]
+
+
+def test_second_checkpoint_entries_find_what_they_wrap(src):
+    """``gdn-second-checkpoint-receive-ascend`` wraps ``NPUModelRunner.execute_model`` (0.30.0rc2:
+    it overrides vLLM's, whose wrapper it then never calls) and reads ``scheduler_output`` by
+    that name; ``_second_blocks`` finds the GDN builder in ``attn_groups[kv_cache_gid]``'s
+    ``metadata_builders`` and the rows in ``input_batch.req_ids`` (vLLM's names, which the runner
+    keeps); ``-send`` wraps ``Scheduler._update_after_schedule``: every override or rebinding of it
+    in vllm-ascend calls the one it replaces."""
+    if src["__version__"] != "0.30.0rc2":
+        pytest.skip("the second checkpoint block is wired on 0.30.0rc2 only")
+    cls = _class(_tree(src, RUNNER), "NPUModelRunner")
+    assert _params(_method(cls, "execute_model")) == ["self", "scheduler_output", "intermediate_tensors"]
+    text = ast.unparse(cls)
+    assert "self.attn_groups[kv_cache_gid]" in text and ".metadata_builders" in text
+    assert "self.input_batch.req_ids" in text
+    found = 0
+    for rel, code in src.items():
+        if rel.startswith("vllm_ascend/") and "_update_after_schedule" in code:
+            for fn in ast.walk(ast.parse(code)):
+                if isinstance(fn, ast.FunctionDef) and fn.name.endswith("_update_after_schedule") \
+                        and not fn.name.startswith("_patch_"):
+                    body = ast.unparse(fn)
+                    found += 1
+                    assert ("super()._update_after_schedule(" in body
+                            or "original_update_after_schedule(" in body), (rel, fn.name)
+    assert found >= 2  # dyntra_lb_scheduler's override and patch_pp_mtp's rebinding
