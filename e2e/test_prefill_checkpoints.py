@@ -1591,17 +1591,22 @@ def _registry_with(name: str, value: str):
         apply_patches()
 
 
-def _tail_split_entry_outside() -> str | None:
-    """Why ``sub-block-tail-split-off`` (``VLLM_HYBRID_NPU_SUB_BLOCK_TAIL_SPLIT=off``; vLLM 0.30
-    only) is not for the installed stack, as the plugin's load decides, or None."""
-    from vllm_hybrid_npu.patches import sub_block_tail_split as T
+def _entries_outside(module: str) -> str | None:
+    """Why the first registry entry of ``vllm_hybrid_npu.patches.<module>`` (an opt-in's: its
+    entries share their stacks) is not for the installed stack, as the plugin's load decides, or
+    None: ``sub_block_tail_split`` (``VLLM_HYBRID_NPU_SUB_BLOCK_TAIL_SPLIT=off``; vLLM 0.30),
+    ``gdn_second_checkpoint`` (``VLLM_HYBRID_NPU_SECOND_CHECKPOINT=on``; vLLM 0.30)."""
+    import importlib
+
     from vllm_hybrid_npu.patches.registry import stack_skip_reason
     from vllm_hybrid_npu.support import detect_stack
 
-    return stack_skip_reason(T.PATCHES[0], detect_stack())
+    entries = importlib.import_module(f"vllm_hybrid_npu.patches.{module}").PATCHES
+    return stack_skip_reason(entries[0], detect_stack())
 
 
-@pytest.mark.skipif(_tail_split_entry_outside() is not None, reason=f"{_tail_split_entry_outside()}")
+@pytest.mark.skipif(_entries_outside("sub_block_tail_split") is not None,
+                    reason=f"{_entries_outside('sub_block_tail_split')}")
 def test_sub_block_tail_split_off_runs_the_last_chunk_whole(tiny_model_dir, engine_args, rng,
                                                             exact_across_schedules):
     """``VLLM_HYBRID_NPU_SUB_BLOCK_TAIL_SPLIT=off`` (registry entry ``sub-block-tail-split-off``)
@@ -1676,22 +1681,12 @@ def test_sub_block_tail_split_off_runs_the_last_chunk_whole(tiny_model_dir, engi
                 _close(llm)
 
 
-def _second_checkpoint_outside() -> str | None:
-    """Why the ``gdn-second-checkpoint-*`` entries (``VLLM_HYBRID_NPU_SECOND_CHECKPOINT=on``; vLLM
-    0.30, the CPU exporter path) are not for the installed stack, as the plugin's load decides,
-    or None."""
-    from vllm_hybrid_npu.patches import gdn_second_checkpoint as S
-    from vllm_hybrid_npu.patches.registry import stack_skip_reason
-    from vllm_hybrid_npu.support import detect_stack
-
-    return stack_skip_reason(S.PATCHES[0], detect_stack())
-
-
 def _free_blocks(llm) -> int:
     return _core(llm).scheduler.kv_cache_manager.block_pool.get_num_free_blocks()
 
 
-@pytest.mark.skipif(_second_checkpoint_outside() is not None, reason=f"{_second_checkpoint_outside()}")
+@pytest.mark.skipif(_entries_outside("gdn_second_checkpoint") is not None,
+                    reason=f"{_entries_outside('gdn_second_checkpoint')}")
 @pytest.mark.parametrize("ssm_dtype", ["auto", "float32"])
 def test_second_checkpoint_keeps_the_block_boundary(tiny_model_dir, engine_args, rng,
                                                     exact_across_schedules, ssm_dtype):
@@ -1780,7 +1775,8 @@ def test_second_checkpoint_keeps_the_block_boundary(tiny_model_dir, engine_args,
         _close(split)
 
 
-@pytest.mark.skipif(_second_checkpoint_outside() is not None, reason=f"{_second_checkpoint_outside()}")
+@pytest.mark.skipif(_entries_outside("gdn_second_checkpoint") is not None,
+                    reason=f"{_entries_outside('gdn_second_checkpoint')}")
 def test_second_checkpoint_through_the_host_tier(tiny_model_dir, engine_args, rng, exact_across_schedules):
     """``VLLM_HYBRID_NPU_SECOND_CHECKPOINT=on`` beside vLLM's OffloadingConnector
     (``kv_offloading_size`` 1 GiB, a device KV cache of 24 MiB, ``--prefix-match-unit 64``; issue

@@ -176,19 +176,22 @@ def apply_junction_entries(scheduler: Any, target: str = "npu") -> bool:
         return True  # the runtime's class-level entries read the rule set above
     entries = {p.name: p for p in J.PATCHES}
     stack = Stack(target=target, vllm=base_version(vllm.__version__))
-
-    def bind(obj: Any, attr: str, name: str, upstream: Any = None) -> None:
-        # over a runtime entry bound on this instance before (apply_second_checkpoint), else
-        # the class's method
-        upstream = upstream or getattr(vars(obj).get(attr), "__func__", None) or getattr(type(obj), attr)
-        setattr(obj, attr, types.MethodType(entries[name].make(upstream, stack), obj))
-
-    bind(scheduler, "_mamba_block_aligned_split", "gdn-junction-split", inner)
-    bind(kv, "allocate_slots", "gdn-junction-allocate")
+    bind_entry(scheduler, "_mamba_block_aligned_split", entries["gdn-junction-split"], stack, inner)
+    bind_entry(kv, "allocate_slots", entries["gdn-junction-allocate"], stack)
     for mgr in rule.managers:
-        bind(mgr, "get_num_blocks_to_allocate", "gdn-junction-count")
-        bind(mgr, "allocate_new_blocks", "gdn-junction-blocks")
+        bind_entry(mgr, "get_num_blocks_to_allocate", entries["gdn-junction-count"], stack)
+        bind_entry(mgr, "allocate_new_blocks", entries["gdn-junction-blocks"], stack)
     return True
+
+
+def bind_entry(obj: Any, attr: str, patch: Any, stack: Any, upstream: Any = None) -> None:
+    """Bind a runtime registry entry ``patch`` (a :class:`~vllm_hybrid_npu.patches.registry.Patch`)
+    on the instance ``obj`` alone (its class untouched): its ``make`` over ``upstream``, else over
+    a runtime entry bound on this instance before (another ``apply_*`` here), else over the
+    class's ``attr``; ``stack`` (a :class:`~vllm_hybrid_npu.support.Stack`) as the registry
+    passes it."""
+    upstream = upstream or getattr(vars(obj).get(attr), "__func__", None) or getattr(type(obj), attr)
+    setattr(obj, attr, types.MethodType(patch.make(upstream, stack), obj))
 
 
 def exporter_scheduler(base: type, chunk_checkpoints: str = "all") -> type:
@@ -250,9 +253,8 @@ def tail_split_off_scheduler(base: type) -> type:
 def apply_second_checkpoint(scheduler: Any) -> bool:
     """Bind the runtime's ``gdn-second-checkpoint-*`` entries
     (:mod:`vllm_hybrid_npu.patches.gdn_second_checkpoint`, ``VLLM_HYBRID_NPU_SECOND_CHECKPOINT=on``;
-    vLLM 0.30: the runtime's CPU path and CUDA's one pass on the V2 runner) on ``scheduler``, its
-    KV-cache manager and the Mamba
-    managers they apply to (``managers_of``): a prompt whose checkpoint lies inside its last block
+    vLLM 0.30: where the runtime's step exports junction states) on ``scheduler``, its KV-cache
+    manager and the Mamba managers they apply to (``managers_of``): a prompt whose checkpoint lies inside its last block
     also keeps the state at that block's start, in a second block. The worker's entry has no
     part in a replay. Returns False where the installed vLLM is outside the entries' versions or
     no manager qualifies (no exporter, a prefix-match unit at the block); True when bound, or
@@ -273,18 +275,13 @@ def apply_second_checkpoint(scheduler: Any) -> bool:
         return True
     entries = {p.name.rsplit("-", 1)[1]: p for p in S.PATCHES}
     stack = Stack(target="cpu", vllm=base_version(vllm.__version__))
-
-    def bind(obj: Any, attr: str, key: str) -> None:
-        upstream = getattr(vars(obj).get(attr), "__func__", None) or getattr(type(obj), attr)
-        setattr(obj, attr, types.MethodType(entries[key].make(upstream, stack), obj))
-
-    bind(scheduler, "_update_after_schedule", "send")
-    bind(kv, "allocate_slots", "allocate")
+    bind_entry(scheduler, "_update_after_schedule", entries["send"], stack)
+    bind_entry(kv, "allocate_slots", entries["allocate"], stack)
     for mgr in managers:
         for attr, key in (("get_num_blocks_to_allocate", "count"), ("allocate_new_blocks", "blocks"),
                           ("_cache_partial_tail_block", "cache"),
                           ("remove_skipped_blocks", "retire"), ("pop_blocks_for_free", "free")):
-            bind(mgr, attr, key)
+            bind_entry(mgr, attr, entries[key], stack)
     return True
 
 
