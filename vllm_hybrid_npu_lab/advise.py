@@ -951,7 +951,8 @@ def advise(args: argparse.Namespace) -> dict[str, Any]:
     result = run_search(fit_replayer, start, args.host_cache_gib, jobs=args.jobs,
                         exporter=not args.no_exporter, max_passes=args.max_passes,
                         starts=args.starts, bound=bound, final=final_available(),
-                        optins=optins_available(), second=second_available(args.target, bool(args.host_cache_gib)))
+                        optins=optins_available(),
+                        second=second_available(args.target, bool(args.host_cache_gib)))
     most = result.best  # the most fit-part hits, whatever the steps
     best = choose(result, args.hit_tolerance)  # the advice: most hits within the step bound
     check_replayer = Replayer(check, cfg, kv_cache_gib=args.kv_cache_gib, tp=args.tp,
@@ -1128,7 +1129,8 @@ def audit_check(check_replayer: "Replayer", start: Candidate, advised_cand: Cand
     res = run_search(check_replayer, start, args.host_cache_gib, jobs=args.jobs,
                      exporter=not args.no_exporter, max_passes=args.max_passes,
                      starts=args.starts, known=known, bound=bound, final=final_available(),
-                     optins=optins_available(), second=second_available(args.target, bool(args.host_cache_gib)))
+                     optins=optins_available(),
+                     second=second_available(args.target, bool(args.host_cache_gib)))
     replays = res.replays
     new_replays = replays - sum(1 for c, r in known.items() if r is not None and c in res.evaluated)
     every = res.merged({advised_cand: advised, start: default, **known})

@@ -254,8 +254,8 @@ def apply_second_checkpoint(scheduler: Any) -> bool:
     """Bind the runtime's ``gdn-second-checkpoint-*`` entries
     (:mod:`vllm_hybrid_npu.patches.gdn_second_checkpoint`, ``VLLM_HYBRID_NPU_SECOND_CHECKPOINT=on``;
     vLLM 0.30: where the runtime's step exports junction states) on ``scheduler``, its KV-cache
-    manager and the Mamba managers they apply to (``managers_of``): a prompt whose checkpoint lies inside its last block
-    also keeps the state at that block's start, in a second block. The worker's entry has no
+    manager and the Mamba managers they apply to (``managers_of``): a prompt whose checkpoint
+    lies inside its last block also keeps the state at that block's start, in a second block. The worker's entry has no
     part in a replay. Returns False where the installed vLLM is outside the entries' versions or
     no manager qualifies (no exporter, a prefix-match unit at the block); True when bound, or
     when the runtime applied them process-wide."""

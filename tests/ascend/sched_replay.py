@@ -409,7 +409,8 @@ def run_second(args, result) -> None:
 
     res = replay(reqs, setup, Recording, carry_outputs=False, target="npu")
     pool = seen["scheduler"].kv_cache_manager.block_pool
-    result["cached_per_request"], result["chunks"], result["payloads"] = list(res.cached_per_request), chunks, payloads
+    result["cached_per_request"] = list(res.cached_per_request)
+    result["chunks"], result["payloads"] = chunks, payloads
     result["free_blocks"], result["pool_blocks"] = pool.get_num_free_blocks(), pool.num_gpu_blocks
     result["extra_left"] = sum(len(vars(x).get(S.EXTRA, {})) for x in
                                seen["scheduler"].kv_cache_manager.coordinator.single_type_managers)

@@ -221,8 +221,8 @@ def test_second_checkpoint_block_with_vllm_ascends_manager(second):
     chunks, cached = second["chunks"], second["cached_per_request"]
     # one step per prompt either way (the sharer's junction at 512 is exported inside its step
     # without the second block); the repeat hits the prompt's checkpoint either way
-    assert chunks == {"0": [[0, p]], "1": [[512 if second["on"] else 0, m - (512 if second["on"] else 0)]],
-                      "2": [[576, p - 576]]}, (where, chunks)
+    hit = 512 if second["on"] else 0
+    assert chunks == {"0": [[0, p]], "1": [[hit, m - hit]], "2": [[576, p - 576]]}, (where, chunks)
     if second["on"]:
         assert applied == names, (where, second["applied"])
         owner = "AscendMambaManager" if second["order"] == "ascend-first" else "MambaManager"

@@ -51,8 +51,9 @@ runner where the junction export runs (``VLLM_HYBRID_NPU_CUDA_JUNCTIONS=on``, th
 vllm-ascend 0.30.0rc2's V1 runner where its junction export runs (not its V2 runner, decode
 context parallel or a KV transfer connector: ``junctions_off``); the engine entry decides. The
 NPU is replayed on CPU only (``tests/ascend``: vllm-ascend's scheduler patches and
-``AscendMambaManager``, its GDN builder and forward on each prefill path). Not vLLM 0.32 / 0.33. Default ``off`` (vLLM's re-key). Until: vLLM keeps the block boundary's state
-beside a sub-block checkpoint (RFC #52959; vllm-project/vllm#54076 names the gap).
+``AscendMambaManager``, its GDN builder and forward on each prefill path). Not vLLM 0.32 / 0.33.
+Default ``off`` (vLLM's re-key). Until: vLLM keeps the block boundary's state beside a sub-block
+checkpoint (RFC #52959; vllm-project/vllm#54076 names the gap).
 """
 
 from __future__ import annotations
