@@ -343,15 +343,21 @@ def run_tailsplit(args, result) -> None:
     class Recording(setup.vllm_config.scheduler_config.get_scheduler_cls()):
         def schedule(self, *a, **k):
             so = super().schedule(*a, **k)
-            for rid, n in so.num_scheduled_tokens.items():
-                req = self.requests[rid]
-                start = req.num_computed_tokens - n  # schedule() advanced it
-                if start < req.num_prompt_tokens:
-                    chunks.setdefault(rid, []).append([start, n])
+            _record_prefill_chunks(self, so, chunks)
             return so
 
     res = replay(reqs, setup, Recording, carry_outputs=False, target="npu")
     result["cached_per_request"], result["chunks"] = list(res.cached_per_request), chunks
+
+
+def _record_prefill_chunks(scheduler, output, chunks: dict) -> None:
+    """Append each prompt chunk of the step ``output`` (a ``SchedulerOutput`` that
+    ``scheduler.schedule()`` just returned) to ``chunks[request id]`` as ``[start, tokens]``."""
+    for rid, n in output.num_scheduled_tokens.items():
+        req = scheduler.requests[rid]
+        start = req.num_computed_tokens - n  # schedule() advanced it (_update_after_schedule)
+        if start < req.num_prompt_tokens:
+            chunks.setdefault(rid, []).append([start, n])
 
 
 def run_second(args, result) -> None:
@@ -400,11 +406,7 @@ def run_second(args, result) -> None:
             so = super().schedule(*a, **k)
             if (pay := getattr(so, S.ATTR, None)) is not None:
                 payloads.append({str(g): {r: list(v) for r, v in x.items()} for g, x in pay.items()})
-            for rid, n in so.num_scheduled_tokens.items():
-                req = self.requests[rid]
-                start = req.num_computed_tokens - n  # schedule() advanced it
-                if start < req.num_prompt_tokens:
-                    chunks.setdefault(rid, []).append([start, n])
+            _record_prefill_chunks(self, so, chunks)
             return so
 
     res = replay(reqs, setup, Recording, carry_outputs=False, target="npu")

@@ -113,21 +113,26 @@ def test_junction_states_equal_the_split(path, dtype):
         # premises (by construction): two rows or more with several checkpoints, null columns
         # where the builder looks
         assert sum(len(c) > 1 for c in d["constructed"]) >= 2 and d["null_columns_looked_at"], where
-        # the plan: exactly the constructed (offset, column) per row, from the host copy
-        assert d["planned"] == d["constructed"], where
-        assert d["host_copy"] and d["host_reads"] == [], where
+        _several_checkpoints_equal_the_split(d, path, where)
         assert d["host_read_control"] == ["tolist"], where  # the recorder sees a read
-        # vllm-ascend's op: once without the plan, once per round with it
-        rounds = 1 + max(len(c) for c in d["constructed"])
-        assert d["vllm_ascend_choice"] == [OP[path]], where
-        assert d["kernel_calls"] == [{OP[path]: 1}, {OP[path]: rounds}], where
-        for c in d["checkpoints"]:
-            assert c["block_differed_before"], (where, c)
-            assert c["conv_equal"] and c["ssm_equal"], (where, c)
-        assert len(d["checkpoints"]) == sum(len(c) for c in d["constructed"]), where
-        # no one-token segment by construction: outputs and every cache byte exactly the split's
-        assert d["outputs_equal"] and d["caches_equal"], where
-        assert d["control_caught"], where
+
+
+def _several_checkpoints_equal_the_split(d: dict, path: str, where: str) -> None:
+    """The checks of a draw with several checkpoints in a row (``junction_draw``'s result)."""
+    # the plan: exactly the constructed (offset, column) per row, from the host copy
+    assert d["planned"] == d["constructed"], where
+    assert d["host_copy"] and d["host_reads"] == [], where
+    # vllm-ascend's op: once without the plan, once per round with it
+    rounds = 1 + max(len(c) for c in d["constructed"])
+    assert d["vllm_ascend_choice"] == [OP[path]], where
+    assert d["kernel_calls"] == [{OP[path]: 1}, {OP[path]: rounds}], where
+    for c in d["checkpoints"]:
+        assert c["block_differed_before"], (where, c)
+        assert c["conv_equal"] and c["ssm_equal"], (where, c)
+    assert len(d["checkpoints"]) == sum(len(c) for c in d["constructed"]), where
+    # no one-token segment by construction: outputs and every cache byte exactly the split's
+    assert d["outputs_equal"] and d["caches_equal"], where
+    assert d["control_caught"], where
 
 
 @pytest.mark.parametrize("path", ["chunk", "fused", "fla-npu"])
@@ -145,17 +150,10 @@ def test_second_checkpoint_states_equal_the_split(path, dtype):
         for r in seconds:
             (q, col), (cp, extra) = d["constructed"][r]
             assert cp == q + 64 and extra == width and col == (d["rows"][r][0] + q) // 128 - 1, where
-        # the plan: q in the column and cp in the second block, from the scheduler output
-        assert d["planned"] == d["constructed"], where
-        assert d["host_copy"] and d["host_reads"] == [], where
-        assert d["vllm_ascend_choice"] == [OP[path]], where
-        assert d["kernel_calls"] == [{OP[path]: 1}, {OP[path]: 3}], where
-        for c in d["checkpoints"]:
-            assert c["block_differed_before"], (where, c)
-            assert c["conv_equal"] and c["ssm_equal"], (where, c)
-        assert len(d["checkpoints"]) == sum(len(c) for c in d["constructed"]), where
-        assert d["outputs_equal"] and d["caches_equal"], where
-        assert d["control_caught"], where
+        # the plan: q in the column and cp in the second block, from the scheduler output;
+        # three rounds (the most checkpoints in a row: two)
+        assert max(len(c) for c in d["constructed"]) == 2, where
+        _several_checkpoints_equal_the_split(d, path, where)
 
 
 def test_path_decisions():
