@@ -157,9 +157,11 @@ register(EnvVar(
     "(the KV-cache manager takes it beside the request's blocks, the step writes both states, the "
     "host tier is offered both), so a prompt sharing only the block's start hits there and the "
     "host tier, which looks GDN states up on the block grid, finds it. vLLM 0.30 only, where the "
-    "exporter path writes several states per row: the CPU path and CUDA's one pass on the V2 "
-    "runner (as for `VLLM_HYBRID_NPU_CUDA_JUNCTIONS`); not on the NPU yet; the lab's "
-    "`second=on` key replays it ([hitrate-guide.md](hitrate-guide.md))",
+    "exporter path writes several states per row: the CPU path, CUDA's one pass on the V2 "
+    "runner (as for `VLLM_HYBRID_NPU_CUDA_JUNCTIONS`) and vllm-ascend 0.30.0rc2's V1 runner "
+    "without a KV connector (replayed on CPU only; beside the host tier the NPU's junction "
+    "export and this are off); the lab's `second=on` key replays it "
+    "([hitrate-guide.md](hitrate-guide.md))",
 ))
 register(EnvVar(
     name="VLLM_HYBRID_NPU_CUDA_JUNCTIONS",
