@@ -179,14 +179,15 @@ def test_a_row_covering_some_entries_skips_the_others_as_outside_the_matrix(monk
 def test_vllm_033_rows_are_the_entries_listing_it():
     """vLLM 0.33.0: the configuration checks, the step counters and the prefill-checkpoint
     exporter through vLLM's own plan (spec, layer alignment, plan, regather, the CPU and
-    Triton/FLA state writes, the stop at a block boundary after a hit inside a block); not the
-    copy kernel, nor the entries 0.33 does itself (the block
-    rounding) or has (the retention rule)."""
+    Triton/FLA state writes, the stop at a block boundary after a hit inside a block) and the
+    CPU runner's seeded-chunk entry (0.33's V1 runner rewinds generators by offset); not the
+    copy kernel, nor the entries 0.33 does itself (the block rounding) or has (the retention
+    rule)."""
     want = {"config-checks", "config-checks-flag", "step-counters", "step-counters-stats",
             "step-counters-free", "step-counters-pop", "gdn-checkpoint-spec",
             "gdn-checkpoint-alignment", "gdn-checkpoint-plan", "gdn-checkpoint-regather",
             "gdn-checkpoint-cpu", "gdn-checkpoint-triton", "gdn-checkpoint-fla-split",
-            "gdn-checkpoint-fla-h", "gdn-checkpoint-mid-block-stop"}
+            "gdn-checkpoint-fla-h", "gdn-checkpoint-mid-block-stop", "cpu-seeded-chunk"}
     rows = [r for r in support.SUPPORT_MATRIX if r.vllm == "0.33.0"]
     assert {r.target for r in rows} == {"cpu", "cuda"}
     assert all(set(r.entries) == want for r in rows)
@@ -228,6 +229,7 @@ import vllm.v1.engine.core
 import vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn
 import vllm.v1.attention.backends.gdn_attn
 import vllm.model_executor.layers.mamba.ops.cpu.gdn_attention
+import vllm.v1.worker.cpu_model_runner  # the CPU worker's runner: the seeded-chunk entry applies
 from vllm_hybrid_npu.patches import registry
 r = p._report
 print("RESULT " + json.dumps({
@@ -267,7 +269,7 @@ def test_cpu_default_keeps_vllms_copy_kernel():
     if vllm.__version__.startswith("0.30."):  # vLLM 0.32 has the retention rule itself
         expected |= {"gdn-checkpoint-retention", "gdn-junction-split", "gdn-junction-allocate",
                      "gdn-junction-count", "gdn-junction-blocks"}
-    expected |= {"engine-core-block-size-record", "engine-core-block-size"}
+    expected |= {"engine-core-block-size-record", "engine-core-block-size", "cpu-seeded-chunk"}
     assert expected <= set(r["applied"])
     assert r["skipped"]["gdn-checkpoint-triton"] == "not for target cpu"
     assert r["skipped"]["gdn-checkpoint-alignment"].startswith("not for vLLM")

@@ -10,6 +10,9 @@ One module per patched upstream module (or, for ``gdn_prefill_checkpoint``, per 
 * :mod:`.vllm_ascend_mamba_utils` - vllm-ascend's copy launchers (batched and layerwise).
 * :mod:`.worker_warmup` - the workers' ``compile_or_warm_up_model``: our kernel compiled at
   start-up.
+* :mod:`.vllm_v1_worker_cpu_model_runner` - ``CPUModelRunner.sample_tokens``: a seeded request
+  whose prompt is chunked keeps its CPU generator through the steps whose token vLLM discards
+  (vLLM rewinds by a Philox offset, which CPU generators lack: the engine core died).
 * :mod:`.gdn_prefill_checkpoint` - GDN prefill checkpoints through vLLM's own interface
   (``MambaSpec.num_prefill_checkpoint_blocks``): no block-aligned split in align mode (CPU, CUDA).
 * :mod:`.resend_tail` - vLLM 0.32's resend boundary for a prompt's partial attention tail, on
@@ -67,6 +70,7 @@ PATCH_MODULES = (
     "vllm_hybrid_npu.patches.vllm_mamba_utils",
     "vllm_hybrid_npu.patches.vllm_ascend_mamba_utils",
     "vllm_hybrid_npu.patches.worker_warmup",
+    "vllm_hybrid_npu.patches.vllm_v1_worker_cpu_model_runner",
     "vllm_hybrid_npu.patches.gdn_prefill_checkpoint",
     "vllm_hybrid_npu.patches.resend_tail",
     "vllm_hybrid_npu.patches.gdn_junction",
