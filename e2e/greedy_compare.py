@@ -185,3 +185,108 @@ def assert_same(ref: list[Sequence], got: list[Sequence], exact: bool, cross_sch
         assert tie.ok, "\n".join(c.errors + tie.errors) + "\n" + tie.summary()
         return
     assert c.ok, "\n".join(c.errors) + "\n" + c.summary()
+
+
+
+#: nats of logprob: how far below another candidate's noisy score the sampled token's may lie
+#: in :func:`seed_draw_errors` with exponential noise (float32 in vLLM, float64 here).
+SEED_DRAW_SLACK = 1e-3
+
+
+def cpu_sampler_noise() -> str:
+    """Which noise the installed vLLM's CPU sampler draws from a seeded request's generator
+    (``TopKTopPSampler.forward_cpu``): ``"exponential"`` (vLLM 0.30: one float32
+    ``exponential_`` of the vocabulary per step, ``argmax(softmax(logits / T) / q)``) or
+    ``"gumbel"`` (vLLM 0.32 / 0.33: one ``torch.randint(0, 2**31)`` per step, the seed of
+    ``torch.ops._C.fused_gumbel_argmax``'s per-token noise)."""
+    import inspect
+
+    from vllm.v1.sample.ops.topk_topp_sampler import TopKTopPSampler
+
+    return "gumbel" if "fused_gumbel_argmax" in inspect.getsource(TopKTopPSampler.forward_cpu) \
+        else "exponential"
+
+
+def seed_draw_errors(seq: Sequence, seed: int, temperature: float, vocab_size: int,
+                     label: str = "") -> list[str]:
+    """Where a token of ``seq`` (a sequence sampled with ``seed`` and ``temperature``, with the
+    raw top logprobs vLLM returns) is not the one the seed's ``t``-th draw picks among the
+    candidates returned at position ``t`` (empty list: every token is). A generator that a
+    discarded step advanced, or that was rewound wrongly, gives other draws. A request with
+    ``n > 1`` gives its ``k``-th sequence ``seed + k`` (vLLM's ``ParentRequest``).
+
+    Exponential noise (:func:`cpu_sampler_noise`): the token of the largest
+    ``logprob / T - log q[token]``, within :data:`SEED_DRAW_SLACK` (float32 in vLLM, float64
+    here). Gumbel noise: vLLM's own kernel on the candidates' ``logprob / T`` (the others at
+    -1e30), one call per position.
+    """
+    import math
+
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    kind = cpu_sampler_noise()
+    errors = []
+    for t, (tok, pos) in enumerate(zip(seq.tokens, seq.logprobs)):
+        if kind == "exponential":
+            q = torch.empty(vocab_size, dtype=torch.float32)
+            q.exponential_(generator=gen)
+            score = {x: lp / temperature - math.log(float(q[x])) for x, lp in pos.items()}
+            best = max(score, key=score.get)
+            ok = score[tok] >= score[best] - SEED_DRAW_SLACK / temperature
+        else:
+            import vllm._custom_ops  # noqa: F401  (registers torch.ops._C)
+
+            step_seed = torch.randint(0, 2**31, (1,), generator=gen, dtype=torch.long)
+            logits = torch.full((1, vocab_size), -1e30, dtype=torch.float32)
+            for x, lp in pos.items():
+                logits[0, x] = lp / temperature
+            best = int(torch.ops._C.fused_gumbel_argmax(logits, step_seed)[0])
+            ok = best == tok
+        if not ok:
+            errors.append(f"{label} position {t}: sampled {tok} but the seed's draw picks {best} "
+                          f"among the {len(pos)} candidates")
+    return errors
+
+
+def compare_sampled(ref: list[Sequence], got: list[Sequence], bound: float) -> Comparison:
+    """Two runs of the same seeded requests (each token the seed's draw in its own run,
+    :func:`seed_draw_errors`): token for token up to a first difference, each shared token's
+    logprob within ``bound`` of the other run's; a first difference passes only where both
+    tokens are among both runs' candidates and each has a logprob within ``bound`` across the
+    runs (the same noise picked differently only because the logits moved that little). Never
+    raises on a mismatch; the :class:`Comparison`'s ``errors`` say what broke the rule."""
+    if len(ref) != len(got):
+        raise ValueError(f"{len(ref)} reference requests but {len(got)} compared ones")
+    c = Comparison()
+    for r, (a, b) in enumerate(zip(ref, got)):
+        c.requests += 1
+        errors_before = len(c.errors)
+        if len(a.tokens) != len(b.tokens):
+            c.errors.append(f"request {r}: {len(a.tokens)} vs {len(b.tokens)} tokens")
+            continue
+        first = next((i for i, (x, y) in enumerate(zip(a.tokens, b.tokens)) if x != y), None)
+        for i in range(len(a.tokens) if first is None else first):
+            c.positions += 1
+            d = abs(a.logprobs[i][a.tokens[i]] - b.logprobs[i][b.tokens[i]])
+            c.max_chosen_diff = max(c.max_chosen_diff, d)
+            if d > bound:
+                c.errors.append(f"request {r} position {i}: token {a.tokens[i]}'s logprob moved "
+                                f"{d:.4f} > {bound}")
+        if first is None:
+            c.identical += len(c.errors) == errors_before
+            continue
+        c.positions += 1
+        ta, tb = a.tokens[first], b.tokens[first]
+        la, lb = a.logprobs[first], b.logprobs[first]
+        if not {ta, tb} <= la.keys() & lb.keys():
+            c.errors.append(f"request {r} position {first}: token {ta} vs {tb}, not among both "
+                            f"runs' candidates")
+            continue
+        moved = max(abs(la[ta] - lb[ta]), abs(la[tb] - lb[tb]))
+        if moved > bound:
+            c.errors.append(f"request {r} position {first}: token {ta} vs {tb} with logprobs "
+                            f"moved {moved:.4f} > {bound}")
+        else:
+            c.near_ties.append((r, first, la[ta] - la[tb], lb[tb] - lb[ta]))
+    return c
