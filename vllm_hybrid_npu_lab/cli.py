@@ -73,7 +73,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"policies to replay: 'default' (= {DEFAULT_POLICY}, the documented default), "
         f"'{UPSTREAM_BEST}' (the advisor's search over vLLM's options on these requests, best "
         "setting reported; see 'advise'), any upstream setting 'upstream:ret=dense|<k>b,"
-        f"lpt=<k>b,pmu=<tokens>,ckpt|ckpt=final', or registered names: {', '.join(POLICIES)}",
+        f"lpt=<k>b,pmu=<tokens>,ckpt|ckpt=final', or registered names: {', '.join(sorted(POLICIES))}",
     )
     parser.add_argument("--limit", type=int, default=None, help="replay only the first N requests")
     parser.add_argument(
