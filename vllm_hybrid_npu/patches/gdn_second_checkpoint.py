@@ -148,7 +148,7 @@ def _make_engine(upstream: Any, stack: Stack) -> Any:
             managers_of(self.kv_cache_manager)
         else:
             vars(self.kv_cache_manager)[MANAGERS] = ()
-            gdn._log_once("second-off", "vllm-hybrid-npu: %s=on but no second block here: %s",
+            gdn._log_once("second-off", "second block: %s=on, but none here: %s",
                           ENV, why)
 
     return __init__
