@@ -170,7 +170,7 @@ register(EnvVar(
     default="on",
     read_by="`patches.gdn_prefill_checkpoint.junctions_off` (CUDA's Triton/FLA path) and the "
     "registry entries `gdn-checkpoint-v2-host-*` (at load)",
-    effect="`on` (default since 2026-11-29, when its e2e tests passed on an H200): on vLLM 0.30's "
+    effect="`on` (the default): on vLLM 0.30's "
     "V2 GPU model runner the one pass also writes the state at a shared-prefix junction, at the "
     "block boundary a chunk started mid-block crosses and where a chunk under a shared token "
     "budget ends, so vLLM's stops there are lifted, as on CPU and vllm-ascend's paths (the "
@@ -198,7 +198,7 @@ register(EnvVar(
     kind="",
     default="unset",
     read_by="`core.placement.check_checkpoints_env` (at plugin load, `patches.apply_patches`)",
-    effect="retired (issue 20): checkpoint placement is vLLM's on every target, the plugin "
+    effect="retired: checkpoint placement is vLLM's on every target, the plugin "
     "installs no scheduler. `upstream` is accepted with a deprecation warning and changes "
     "nothing; any other value (`lean`, `tail`, `adaptive`, `gdn`, ...) stops the plugin's load "
     "with an error naming the variable (`gdn`'s also names "

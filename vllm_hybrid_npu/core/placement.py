@@ -1,6 +1,6 @@
-"""Checkpoint placement is vLLM's: the retired ``VLLM_HYBRID_NPU_CHECKPOINTS`` (issue 20).
+"""Checkpoint placement is vLLM's: the retired ``VLLM_HYBRID_NPU_CHECKPOINTS``.
 
-Until 2026-11-25 ``VLLM_HYBRID_NPU_CHECKPOINTS=lean`` installed a scheduler of the plugin's own
+Formerly ``VLLM_HYBRID_NPU_CHECKPOINTS=lean`` installed a scheduler of the plugin's own
 (registry entry ``checkpoint-policy``, ``SchedulerConfig.get_scheduler_cls``) that added
 align-mode chunk ends and chose which GDN/Mamba states to keep. The runtime no longer changes
 scheduling on any target: vLLM's scheduler and its own flags place the checkpoints

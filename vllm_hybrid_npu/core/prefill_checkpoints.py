@@ -127,9 +127,9 @@ def junction_checkpoint(start: int, end: int, num_prompt_tokens: int, junction: 
 
 def budget_chunk_end(start: int, end: int, prefill_end: int, alignment: int = ALIGNMENT) -> int:
     """The end (tokens) of a prefill chunk offered ``[start, end)`` by the token budget when the
-    step exports the GDN state at every block boundary the chunk crosses (issue 38 item 4): a
-    non-final chunk (``end < prefill_end``) ends on the checkpoint alignment grid, not on the
-    block, so the next chunk starts where the exporter can cut (``start`` must be on that grid;
+    step exports the GDN state at every block boundary the chunk crosses: a non-final chunk
+    (``end < prefill_end``) ends on the checkpoint alignment grid, not on the block, so the next
+    chunk starts where the exporter can cut (``start`` must be on that grid;
     vLLM 0.30's ``Scheduler._mamba_block_aligned_split`` floors it to the block, and stops a chunk
     starting mid-block at the next block boundary); the final chunk keeps ``end``. Returns
     ``start`` when nothing is left."""
@@ -182,8 +182,8 @@ def second_checkpoint(start: int, end: int, num_prompt_tokens: int, checkpoint_p
     column is the one vLLM's full-block pass keys at ``q = cp // block * block``
     (``(column + 1) * block``); ``MambaManager._cache_partial_tail_block`` then re-keys that block
     at ``cp``, so the state at ``q``, which the host tier's lookup on the block grid and a later
-    prompt sharing ``q`` tokens need, is not cached. A second block (issue 38 item 3,
-    :mod:`vllm_hybrid_npu.patches.gdn_second_checkpoint`) takes ``cp`` and the column keeps ``q``.
+    prompt sharing ``q`` tokens need, is not cached. A second block
+    (:mod:`vllm_hybrid_npu.patches.gdn_second_checkpoint`) takes ``cp`` and the column keeps ``q``.
 
     ``q`` when: the chunk ends at the prompt's end (``end == num_prompt_tokens``), ``cp`` is off
     the block grid, ``q`` lies strictly inside the chunk and on the ``alignment`` grid from
@@ -202,7 +202,7 @@ def junction_columns(start: int, seq_len: int, block: int, checkpoint_col: int,
     -1, the running state's column ``cdiv(seq_len, block) - 1``). In align mode vLLM leaves those
     columns null; the KV-cache manager entry of :func:`junction_checkpoint` puts a block in the
     junction's column. ``offset`` is from the row's first token in the step (``start``, tokens).
-    A row starting off the block grid (a chunk run past its next block boundary, issue 38 item 4)
+    A row starting off the block grid (a chunk run past its next block boundary)
     starts at the initial state's column ``start // block``: its block (the running state's so
     far, vLLM's own) takes the state at that boundary, as a chunk vLLM ended there would leave it;
     :func:`crossed_checkpoint` says where the other block is."""

@@ -1,4 +1,4 @@
-"""The token budget in align mode: no extra engine step for a chunked cold prefill (issue 30).
+"""The token budget in align mode: no extra engine step for a chunked cold prefill.
 
 Pure logic (no vLLM import at module load). In align mode vLLM ends every chunk of a chunked
 prefill but the last on a block boundary (``Scheduler._mamba_block_aligned_split``, vLLM 0.30.0
@@ -7,8 +7,8 @@ and 0.32.0: ``aligned_end = end // block_size * block_size``), so with a token b
 loses the budget's remainder: vLLM's default budget of 16,384 tokens and Qwen3.5-35B-A3B's block
 of 1,088 (H100, FlashAttention, with the prefill-checkpoint exporter) give chunks of 15 x 1,088 =
 16,320 tokens, so a 32,768-token prompt takes 16,320 + 16,320 + 128, three steps where caching
-off takes two (measured on the H100 on 2026-11-27, docs/cuda.md). A budget rounded up to the next
-block multiple (17,408) gives two.
+off takes two (docs/patches.md#token-budget). A budget rounded up to the next block multiple
+(17,408) gives two.
 
 The hybrid block is fixed only in the worker, after the model is built
 (``Platform.update_block_size_for_backend``, after ``Worker.load_model``), while the model

@@ -42,7 +42,7 @@ called by the model runner, the copy plan and its staging. ``docs/patches.md`` i
 
 ``VLLM_HYBRID_NPU_PATCHES=none`` applies nothing (upstream unchanged; the load line says so).
 
-Checkpoint placement is vLLM's on every target (issue 20): the plugin installs no scheduler. Two
+Checkpoint placement is vLLM's on every target: the plugin installs no scheduler. Two
 things move a chunk's end, both where a step exports the state vLLM would have stopped for: the
 prefill-checkpoint declaration (vLLM's own interface drops the split at a cold prompt's end) and
 the junction entries (:mod:`.gdn_junction`, one rule for the scheduler and the KV-cache manager).

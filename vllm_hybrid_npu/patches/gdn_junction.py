@@ -30,7 +30,7 @@ block hash, retention rule and host-tier offer as the split's step end. One rule
   (``ops.run_split``), runs in one more round; CUDA's one-pass chunk-state kernel stores it at
   its chunk start in the same pass.
 
-The same entries end a prefill chunk where the token budget ends (issue 38 item 4), where vLLM
+The same entries end a prefill chunk where the token budget ends, where vLLM
 floors a non-final chunk to the block and stops a chunk started mid-block at its next boundary
 (``Scheduler._mamba_block_aligned_split``'s invariant: slot ``p`` holds the state after ``(p + 1) *
 block`` tokens). The chunk ends on the 64-token checkpoint grid (:meth:`JunctionRule.budget_end`)
@@ -229,8 +229,8 @@ def _make_allocate(upstream: Any, stack: Stack) -> Any:
     within the prompt (``core.junction_checkpoint`` answers ``""`` for ``jf <= start`` and for
     ``jf`` past the prompt) and no crossed checkpoint is planned for it (a request with output
     tokens: :meth:`JunctionRule.crossed` answers 0), so asking the rule there changed nothing
-    and cost a decode step one rule call per request with a junction (issue 37 item 3,
-    docs/notes/issue37-decode-host-cpu-2026-11-29)."""
+    and cost a decode step one rule call per request with a junction (docs/gdn-checkpoints.md,
+    "Decode steps")."""
     @functools.wraps(upstream)
     def allocate_slots(self, request, num_new_tokens, num_new_computed_tokens=0,
                        new_computed_blocks=None, num_lookahead_tokens=0,

@@ -347,8 +347,8 @@ def junctions_off(vllm_config: Any, path: str | None) -> str | None:
     return None
 
 
-#: Environment variable: CUDA's junction export (default ``on`` since its e2e tests passed on an
-#: H200, 2026-11-29, docs/cuda.md section 0k; ``off`` keeps vLLM's stops on CUDA).
+#: Environment variable: CUDA's junction export (default ``on``; ``off`` keeps vLLM's stops on
+#: CUDA).
 CUDA_JUNCTIONS_ENV = "VLLM_HYBRID_NPU_CUDA_JUNCTIONS"
 CUDA_JUNCTIONS_MODES = ("off", "on")
 
@@ -604,7 +604,7 @@ def make_forward(upstream: Any, stack: Stack) -> Any:
     without checkpoints (every decode-only step) reads the step's GDN metadata and calls
     upstream: nothing else, once per GDN layer where the layer runs eagerly (vLLM's module
     ``vllm.forward_context`` is bound here, at the entry's application, not imported per call:
-    an import statement cost about 0.8 us per layer and step on CPython 3.11, issue 37 item 3)."""
+    an import statement would cost host time on every layer and step)."""
     import vllm.forward_context as forward_context
 
     @functools.wraps(upstream)
@@ -662,11 +662,11 @@ _FLA_H_SPACES: dict[tuple, frozenset] = {}
 #: launches our chunk-state kernel with :data:`LONG_ROW_CONFIGS`' configuration for the GPU.
 LONG_ROW_CHUNKS = 128
 #: compute capability -> our kernel's launch configuration for long rows (:func:`step_config`),
-#: where measured: on an H200 (sm_90), one row of 8,192 / 32,768 tokens, four warm calls pooled
-#: (docs/notes/issue37-h200-2026-11-29k): BV 32, 4 warps, 3 stages took 197 / 723 us against
-#: 868 / 3,430 us at the BV 64, 2 warps, 2 stages vLLM's autotuner had picked on its one 64-token
-#: warm-up prefill (``_warmup_prefill_kernels``; its key has no length), and every configuration of
-#: vLLM's space gave the same bits (``benchmarks/gdn_chunk_states.py --bits``), ours and vLLM's.
+#: where measured: on an H200 (sm_90) BV 32, 4 warps, 3 stages runs a long row several times
+#: faster than the configuration vLLM's autotuner picks on its one 64-token warm-up prefill
+#: (``_warmup_prefill_kernels``; its key has no length), and every configuration of vLLM's space
+#: gives the same bits (``benchmarks/gdn_chunk_states.py --bits``), ours and vLLM's (timings in
+#: docs/benchmarks.md).
 LONG_ROW_CONFIGS: dict[tuple[int, int], dict] = {(9, 0): {"bv": 32, "num_warps": 4, "num_stages": 3}}
 
 
@@ -1045,7 +1045,7 @@ PATCHES = [
           "one pass on vLLM 0.30's V2 runner from a start on the 64-token grid)",
           signature=("self", "request", "num_new_tokens", "num_new_local_computed_tokens",
                      "num_external_computed_tokens"),
-          until="the one-pass kernel's several checkpoints per row (issue 38 item 2) run on every "
+          until="the one-pass kernel's several checkpoints per row run on every "
                 "CUDA runner and vLLM version (vLLM 0.30's V2 runner only so far)"),
     entry("gdn-checkpoint-retention", "vllm.v1.core.single_type_kv_cache_manager",
           "MambaManager._cache_partial_tail_block", _make_retention, ("cpu", "cuda", "npu"),

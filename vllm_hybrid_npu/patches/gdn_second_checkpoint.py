@@ -1,5 +1,5 @@
 """A second GDN checkpoint block per prompt, so the block boundary's state stays cached beside the
-sub-block checkpoint: an opt-in (``VLLM_HYBRID_NPU_SECOND_CHECKPOINT=on``; issue 38 item 3).
+sub-block checkpoint: an opt-in (``VLLM_HYBRID_NPU_SECOND_CHECKPOINT=on``).
 
 With a prefix-match unit below the block (``--prefix-match-unit 64``) the exporter writes a
 prompt's checkpoint ``cp = (L - 1) // 64 * 64`` from inside the step. vLLM 0.30's ``MambaManager``
@@ -7,9 +7,9 @@ reserves it the block-table column ``c = cdiv(L, B) - 2``, which its full-block 
 ``q = (c + 1) * B = cp // B * B`` and ``_cache_partial_tail_block`` then re-keys at ``cp``. So
 wherever ``cp`` is off the block grid, no GDN state stays cached at ``q``: a later prompt sharing
 ``q`` tokens (but not ``cp``) hits less, and vLLM's host tier (the OffloadingConnector looks GDN
-states up on the block grid) finds nothing there. The lab measured the cost
-(``docs/notes/issue38-item3-cuda-2026-11-29``: a prefix-match unit of 64 with a host tier got
-fewer hits than the block's unit).
+states up on the block grid) finds nothing there: in the lab's replays a prefix-match unit of 64
+with a host tier gets fewer hits than the block's unit (docs/gdn-checkpoints.md, "The host tier
+with a prefix-match unit below the block").
 
 ``on`` gives such a prompt's final chunk one more block, ``E``, kept beside the request's blocks
 (not in its block table; vLLM's worker block table is append-only and its columns are vLLM's):

@@ -7,8 +7,8 @@ partial attention tail block at ``num_prompt_tokens // unit * unit``
 prompt whose length is a multiple of the unit (and not of the block) the two differ: the
 attention entry lies at the prompt's end, which a resend (matching at most ``num_prompt_tokens -
 1`` tokens) never reaches, and the checkpoint has no attention entry, so the resend hit 0 tokens
-(measured on CPU with AVX-512-BF16, 2026-11-27: an 896-token prompt at block 384, unit 64: 0
-cached against vLLM's split's 768). vLLM 0.32 registers the tail at ``(num_prompt_tokens - 1) // unit * unit``.
+(docs/patches.md, ``resend-tail``). vLLM 0.32 registers the tail at ``(num_prompt_tokens - 1) //
+unit * unit``.
 
 The rule changes only requests whose Mamba manager holds a prefill checkpoint at that boundary
 (engines declaring ``MambaSpec.num_prefill_checkpoint_blocks``: ours, or vLLM 0.30's own for

@@ -1,5 +1,5 @@
 """A prompt's last chunk kept whole where only the checkpoint's column stops it: an opt-in
-(``VLLM_HYBRID_NPU_SUB_BLOCK_TAIL_SPLIT=off``; issue 38 item 3).
+(``VLLM_HYBRID_NPU_SUB_BLOCK_TAIL_SPLIT=off``).
 
 With a prefix-match unit below the block (``--prefix-match-unit``) and a GDN prefill checkpoint
 declared (the plugin's exporter), vLLM 0.30's ``Scheduler._mamba_block_aligned_split`` keeps a
@@ -9,10 +9,9 @@ state's (``(start - 1) // B``): a chunk that spans at most one column past its s
 prompt of at most one block, a hit leaving at most about a block) fails it, and the split then
 stops the chunk at the prompt's last prefix-match boundary (``tail_boundary``), or first at the
 next block boundary after a start inside a block, so that align mode caches the GDN state there:
-one or two more prefill steps than caching off. On the shared trace's check part (Qwen3.5-35B-A3B,
-16 GiB + 256 GiB host, the exporter at ``--prefix-match-unit 64``, lab replays of 2026-11-29,
-``docs/notes/issue38-skipinv-2026-11-29``) that clause alone cost 0.23 extra prefill steps per
-prompt.
+one or two more prefill steps than caching off. In the lab's replays of the shared trace with a
+host tier and the exporter at ``--prefix-match-unit 64`` that clause alone costs extra prefill
+steps (docs/hitrate-guide.md, "The last chunk kept whole").
 
 ``off`` rebinds the name the scheduler module imported (``vllm.v1.core.sched.scheduler.
 is_mamba_prefill_checkpoint_valid``; only ``_mamba_block_aligned_split`` reads it there) to vLLM's
@@ -30,7 +29,7 @@ so the entry applies there as well; where the ``gdn-checkpoint-mid-block-stop`` 
 started inside a block at its next boundary (paths that do not write the crossed boundary's
 state), it still does. One edge stays: after a start inside a block, vLLM floors a shared-prefix
 junction's stop from the start, so a junction more than a block past it stops the whole chunk at
-``start + block``, where nothing is cached (review 2026-11-30; still fewer steps than the split).
+``start + block``, where nothing is cached (still fewer steps than the split).
 The default ``on`` is vLLM's behaviour (entry skipped). Whether ``off`` pays depends on the
 traffic (fewer steps, one state fewer per such prompt): the lab's
 ``tailsplit=off`` key replays it. Until: vLLM's split weighs that state against the step.
@@ -109,7 +108,7 @@ PATCHES = [
         "checkpoint declared, a prompt's last chunk that fails vLLM's checkpoint check by its "
         "column clause alone runs whole (vLLM's internal-checkpoint path) instead of stopping at "
         "its last prefix-match boundary; that state is not cached (the KV-cache manager keeps "
-        "vLLM's answer); lab: docs/notes/issue38-skipinv-2026-11-29",
+        "vLLM's answer); lab: docs/hitrate-guide.md",
         until="vLLM's split weighs the sub-block state against the extra prefill step",
         make=_make,
         wanted=_wanted,

@@ -18,7 +18,7 @@
   otherwise.
 * ``token-budget-default``, ``token-budget``, ``token-budget-check`` (vLLM 0.30.0, 0.32.0; CPU and
   CUDA, where the GDN prefill-checkpoint exporter applies): no extra engine step for a chunked
-  cold prefill in align mode (issue 30, :mod:`vllm_hybrid_npu.core.token_budget`). vLLM ends
+  cold prefill in align mode (:mod:`vllm_hybrid_npu.core.token_budget`). vLLM ends
   every non-final chunk on a block boundary, so a token budget that is not a block multiple costs
   a step per chunk boundary (16,384 tokens at Qwen3.5's block of 1,088: a 32,768-token prompt in
   3 steps, caching off 2). ``EngineArgs._set_default_max_num_seqs_and_batched_tokens_args`` is

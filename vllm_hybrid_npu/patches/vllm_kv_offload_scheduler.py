@@ -1,16 +1,15 @@
 """vLLM's host tier (the OffloadingConnector) without partial tails: an opt-in
-(``VLLM_HYBRID_NPU_HOST_TIER_PARTIAL_TAILS=off``; issue 38 item 3).
+(``VLLM_HYBRID_NPU_HOST_TIER_PARTIAL_TAILS=off``).
 
 With a prefix-match unit below the block (``--prefix-match-unit``), vLLM 0.30's OffloadingConnector
 also stores a request's *partial tail* on the host tier: at a boundary off the block grid, one
 attention page and each GDN group's state (``OffloadingConnectorScheduler.
 _build_partial_tail_store_jobs``), and looks such tails up (``_lookup``), wherever its scheduler
 config says ``SchedulerOffloadConfig.supports_partial_tail``. Each tail takes host pages a
-block-grid chunk could hold. On the shared trace's check part (Qwen3.5-35B-A3B, 16 GiB + 256 GiB
-host, retention 1 block, lab replays of 2026-11-30, ``docs/notes/issue38-item3-junction-2026-11-30``)
-the tails crowd block-grid pages out: token hits rise from 36.82% to 39.93% with the exporter at
-``--prefix-match-unit 64`` and from 39.38% to 42.03% at ``--prefix-match-unit 32`` without it when
-no tail is kept; at the block's unit (no tails) nothing changes.
+block-grid chunk could hold. On the shared trace with a host tier the tails crowd block-grid
+pages out: in the lab's replays token hits rise when no tail is kept, with the exporter at
+``--prefix-match-unit 64`` and at ``--prefix-match-unit 32`` without it; at the block's unit (no
+tails) nothing changes.
 
 vLLM already has that branch: it builds the config with ``supports_partial_tail`` False for
 EAGLE/MTP draft groups, decode context parallel, windowed groups and chunks of several blocks.
@@ -22,7 +21,7 @@ boundaries (``_build_aligned_boundary_store_jobs``), lookups and eviction stay v
 ``AscendOffloadingConnector`` under vLLM's name ``OffloadingConnector``: a subclass with vLLM's
 scheduler side (its own worker only), so the entry applies there as well. Whether it pays
 depends on the traffic: the lab's ``tails=off`` key replays it (``vllm-hybrid-npu-lab hitrate
---policy upstream:...,tails=off``; numbers in ``docs/notes/host-tier-tails-2026-11-30``).
+--policy upstream:...,tails=off``; numbers in ``docs/hitrate-guide.md``).
 Until: vLLM's host tier weighs partial tails against block-grid pages itself.
 """
 
@@ -105,7 +104,7 @@ PATCHES = [
         vllm=VERSIONS,
         why=f"opt-in ({TAILS_ENV}=off): the host tier keeps no partial tail (vLLM's own branch "
         "without them), leaving its pages to block-grid chunks; with --prefix-match-unit below "
-        "the block the lab measured more hits (docs/notes/issue38-item3-junction-2026-11-30)",
+        "the block the lab measured more hits (docs/hitrate-guide.md)",
         until="vLLM's host tier weighs partial tails against block-grid pages",
         make=_make_from_spec,
         wanted=_wanted,

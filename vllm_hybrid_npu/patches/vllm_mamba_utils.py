@@ -9,8 +9,8 @@ faster: ``batch_memcpy`` -> :func:`vllm_hybrid_npu.ops.batch_memcpy` (bounded gr
 over the SMs, 16-byte accesses; 1.3x to 20x vLLM 0.30's one-program-per-copy kernel on an H100,
 ``docs/benchmarks.md``).
 
-On CUDA, vLLM 0.30's V2 model runner (its default for Qwen3-Next / Qwen3.5 on an H100, seen
-2026-11-23, docs/cuda.md) copies align-mode states in its own fused kernel
+On CUDA, vLLM 0.30's V2 model runner (its default for Qwen3-Next / Qwen3.5 on an H100,
+docs/cuda.md) copies align-mode states in its own fused kernel
 (``preprocess_mamba_align_fused_kernel``) and never calls ``batch_memcpy``: there the entry is
 applied but off the path (the warm-up entry logs it); the V1 runner (``VLLM_USE_V2_MODEL_RUNNER=0``)
 calls it.

@@ -5,10 +5,7 @@ Patches (vLLM 0.23.0, 0.30.0, 0.32.0, 0.33.0; every target, since they only read
 * ``vllm.v1.core.sched.scheduler:Scheduler.schedule`` (``step-counters``): after upstream's
   ``schedule()`` returns its ``SchedulerOutput``, counts in plain ints (a) the align-mode state
   moves of the step and their bytes and (b) the missed prompt tokens, by reason, of each request
-  scheduled for the first time. O(scheduled requests) Python per step, no tensor, no host sync
-  (cProfile of a 600-request Mooncake-trace replay through vLLM 0.30.0's Scheduler, Qwen3.5-35B
-  specs, 2026-11-23: 0.19 s of ours against 19.0 s in ``schedule`` + ``update_from_output``, about
-  1 %; a profile, not a benchmark).
+  scheduled for the first time. O(scheduled requests) Python per step, no tensor, no host sync.
 * ``vllm.v1.core.sched.scheduler:Scheduler.make_stats`` (``step-counters-stats``): attaches the
   counts since the previous call to upstream's ``SchedulerStats`` as
   ``SchedulerStats.vllm_hybrid_npu`` (declared by :func:`vllm_hybrid_npu.metrics.

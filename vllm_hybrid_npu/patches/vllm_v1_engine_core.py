@@ -9,9 +9,8 @@ sets ``block_size = 128`` for every configuration without ``--block-size``
 (``vllm/platforms/cpu.py``, 0.30.0 and 0.32.0). ``Scheduler._mamba_block_aligned_split`` reads
 ``cache_config.block_size`` on every prefill chunk: it then ends chunks on 128-token boundaries
 instead of the hybrid block's, one more prefill step for a prompt whose last chunk starts on its
-checkpoint or whose hit is followed by less than a block (measured with the demo's server on the
-2-core Intel Xeon, 2026-11-28: 4 of its 9 requests took two steps where one does; vLLM's split
-took three steps for a cold prompt where it takes two). The in-process engine (the e2e tests,
+checkpoint or whose hit is followed by less than a block (docs/patches.md, "The engine core's
+block size on CPU"). The in-process engine (the e2e tests,
 ``VLLM_ENABLE_V1_MULTIPROCESSING=0``) shares the object vLLM set and is not affected, nor are
 platforms whose ``check_and_update_config`` keeps a set block size (CUDA; vllm-ascend sets 128
 only where it is None).

@@ -37,7 +37,7 @@ ARCHS = ("qwen3_next", "qwen3_5")
 GDN_MEMORY = {"short": None, "long": (0.001, 0.01)}
 
 #: Bumped whenever the generated checkpoint changes, so cached default builds are rebuilt.
-#: 2 (2026-11-23): Qwen3-Next has 2 routed experts and routes every token to both.
+#: 2: Qwen3-Next has 2 routed experts and routes every token to both.
 FORMAT_VERSION = 2
 
 #: Routed experts of the tiny Qwen3-Next; by default every token goes to all of them.
