@@ -198,7 +198,8 @@ def cpu_sampler_noise() -> str:
     (``TopKTopPSampler.forward_cpu``): ``"exponential"`` (vLLM 0.30: one float32
     ``exponential_`` of the vocabulary per step, ``argmax(softmax(logits / T) / q)``) or
     ``"gumbel"`` (vLLM 0.32 / 0.33: one ``torch.randint(0, 2**31)`` per step, the seed of
-    ``torch.ops._C.fused_gumbel_argmax``'s per-token noise)."""
+    ``torch.ops._C.fused_gumbel_argmax``'s per-token noise). vLLM's opt-in float64 noise
+    (``ModelConfig.use_fp64_gumbel``, off by default) is not modelled."""
     import inspect
 
     from vllm.v1.sample.ops.topk_topp_sampler import TopKTopPSampler
@@ -211,7 +212,9 @@ def seed_draw_errors(seq: Sequence, seed: int, temperature: float, vocab_size: i
                      label: str = "") -> list[str]:
     """Where a token of ``seq`` (a sequence sampled with ``seed`` and ``temperature``, with the
     raw top logprobs vLLM returns) is not the one the seed's ``t``-th draw picks among the
-    candidates returned at position ``t`` (empty list: every token is). A generator that a
+    candidates returned at position ``t`` (empty list: every token is). With the whole
+    vocabulary's logprobs returned the check is the sampler's own argmax; with the top ``k``
+    only, a necessary condition. A generator that a
     discarded step advanced, or that was rewound wrongly, gives other draws. A request with
     ``n > 1`` gives its ``k``-th sequence ``seed + k`` (vLLM's ``ParentRequest``).
 

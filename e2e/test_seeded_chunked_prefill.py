@@ -11,10 +11,10 @@ temperature 0.8, ``n`` 1 and 2):
   :data:`BUDGET` tokens, so the prompt takes several steps; on the caching-on server the second
   request hits the first one's prefix.
 
-Every request answers 200 and every server is healthy afterwards. The seed's promise is checked
-two ways: every sampled token is the one the seed's own draws pick among the candidates vLLM
-returns (:func:`greedy_compare.seed_draw_errors`: a generator advanced by a discarded step fails
-it), and the chunked runs equal the reference token for token on CPU, a first difference
+Every request answers 200 and every server is healthy afterwards. The servers return the
+logprobs of the whole vocabulary, and the seed's promise is checked two ways: every sampled token
+is the one the seed's own draws pick over the vocabulary (:func:`greedy_compare.seed_draw_errors`:
+a generator advanced by a discarded step fails it), and the chunked runs equal the reference token for token on CPU, a first difference
 accepted only where both tokens' logprobs moved less than :data:`greedy_compare.TIE_NATS`
 between the runs (:func:`greedy_compare.compare_sampled`).
 """
@@ -35,7 +35,6 @@ from vllm_hybrid_npu.tools.server import PREFIX_CACHING_ARGS, VllmServer
 BUDGET = 768
 TEMPERATURE = 0.8
 MAX_TOKENS = 8
-TOP_LOGPROBS = 20  # vLLM's default max_logprobs
 
 
 @pytest.fixture(scope="module")
@@ -46,9 +45,10 @@ def draw(request, seed_for):
             "seed": rng.randrange(2**31)}
 
 
-def _complete(base_url: str, prompt: list[int], seed: int, n: int) -> tuple[int, list[Sequence]]:
+def _complete(base_url: str, prompt: list[int], seed: int, n: int,
+              logprobs: int) -> tuple[int, list[Sequence]]:
     body = {"model": "model", "prompt": prompt, "max_tokens": MAX_TOKENS, "n": n, "seed": seed,
-            "temperature": TEMPERATURE, "ignore_eos": True, "logprobs": TOP_LOGPROBS,
+            "temperature": TEMPERATURE, "ignore_eos": True, "logprobs": logprobs,
             "return_tokens_as_token_ids": True}
     r = requests.post(base_url + "/v1/completions", json=body, timeout=600)
     if r.status_code != 200:
@@ -69,11 +69,12 @@ def _id(token: str) -> int:
     return int(token.removeprefix("token_id:"))
 
 
-def _serve(model, args, requests_n: tuple[int, ...], draw) -> tuple[list, int]:
-    """Start a server with ``args``, send the draw with each ``n`` in order; returns
-    ([(status, sequences)], the health status afterwards)."""
-    with VllmServer(model, list(args)).start() as server:
-        answers = [_complete(server.base_url, draw["prompt"], draw["seed"], n) for n in requests_n]
+def _serve(model, args, requests_n: tuple[int, ...], draw, vocab: int) -> tuple[list, int]:
+    """Start a server with ``args``, send the draw with each ``n`` in order, the whole
+    vocabulary's logprobs returned; returns ([(status, sequences)], the health status after)."""
+    with VllmServer(model, [*args, "--max-logprobs", str(vocab)]).start() as server:
+        answers = [_complete(server.base_url, draw["prompt"], draw["seed"], n, vocab)
+                   for n in requests_n]
         health = requests.get(server.base_url + "/health", timeout=10).status_code
     return answers, health
 
@@ -93,14 +94,15 @@ def test_seeded_chunked_prompt_keeps_the_server_and_the_seed(tiny_model_dir, ser
     runs = {
         "reference (caching off, unchunked)": _serve(
             model, ["--no-enable-prefix-caching", *base, "--max-num-batched-tokens", "8192"],
-            (1, 2), draw),
+            (1, 2), draw, vocab),
         "caching off, chunked": _serve(
             model, ["--no-enable-prefix-caching", *base, "--max-num-batched-tokens", str(BUDGET)],
-            (1, 2), draw),
-        # the n = 2 request is cold; the n = 1 request after it hits its prefix
+            (1, 2), draw, vocab),
+        # the n = 2 request is cold; the n = 1 request after it hits its prefix (the suffix left
+        # after the hit is under one block, so it may take one step)
         "caching on, chunked": _serve(
             model, [*PREFIX_CACHING_ARGS, *base, "--max-num-batched-tokens", str(BUDGET)],
-            (2, 1), draw),
+            (2, 1), draw, vocab),
     }
     for label, (answers, health) in runs.items():
         assert [status for status, _ in answers] == [200, 200], f"{label}: {answers}"
@@ -119,4 +121,5 @@ def test_seeded_chunked_prompt_keeps_the_server_and_the_seed(tiny_model_dir, ser
             if not c.ok:  # a first difference only where the logits moved that little
                 c = compare_sampled(ref[n], per_n[n],
                                     bound=TIE_NATS if exact_across_schedules else CHUNKING_BOUND)
+                print(f"  against the reference: {c.summary()}")
             assert c.ok, "\n".join(c.errors) + "\n" + c.summary()

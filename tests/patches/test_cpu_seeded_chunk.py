@@ -27,7 +27,8 @@ VOCAB = 64
 def _upstream(self, grammar_output):
     q = torch.empty(self.input_batch.num_reqs, VOCAB)
     for row, gen in self.input_batch.generators.items():
-        q[row].exponential_(generator=gen)
+        if row < self.input_batch.num_reqs:
+            q[row].exponential_(generator=gen)
     for row in np.nonzero(self.discard_request_mask.np[: self.input_batch.num_reqs])[0]:
         gen = self.input_batch.generators.get(int(row))
         if gen is not None:
@@ -42,9 +43,10 @@ def _runner(rng, num_reqs: int, fail: bool = False):
     rows = list(range(num_reqs))
     for row in rng.sample(rows, rng.randint(0, num_reqs)):
         discard[row] = True
-    discard[num_reqs:] = True  # stale rows past num_reqs are not read
+    discard[num_reqs:] = True  # stale entries past num_reqs (the buffer is max_num_reqs long)
     generators = {row: torch.Generator().manual_seed(rng.randrange(2**31))
                   for row in rng.sample(rows, rng.randint(0, num_reqs))}
+    generators[num_reqs] = torch.Generator().manual_seed(rng.randrange(2**31))  # a stale row
     return SimpleNamespace(input_batch=SimpleNamespace(generators=generators, num_reqs=num_reqs),
                            discard_request_mask=SimpleNamespace(np=discard), fail=fail)
 
@@ -71,7 +73,9 @@ def test_discarded_rows_keep_their_state_kept_rows_draw_once(rng, fail):
         # the same generator objects on the same rows afterwards, also when upstream raised
         assert runner.input_batch.generators == gens
         for row, gen in gens.items():
-            if discard[row]:
+            if row >= runner.input_batch.num_reqs:  # stale: neither held out nor drawn from
+                assert torch.equal(gen.get_state(), before[row]), f"stale row {row}"
+            elif discard[row]:
                 assert torch.equal(gen.get_state(), before[row]), f"row {row} advanced"
             else:  # one draw of VOCAB, as an unwrapped step would
                 ref = torch.Generator()

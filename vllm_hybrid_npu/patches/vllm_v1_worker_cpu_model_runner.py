@@ -16,8 +16,10 @@ the rewind): while it runs, the CPU generators of the rows whose token is discar
 also when it raises. Invariant: a CPU generator advances only in a step whose token its request
 keeps, so the first kept token of a chunked prompt draws what an unchunked prompt's first token
 draws (the seed's tokens do not depend on the chunking). The discarded token of that step is drawn
-from the unseeded noise. Nothing else changes: rows with no generator, rows whose token is kept,
-non-CPU generators and steps with no seeded request run upstream's code as it is.
+from the unseeded noise. Rows whose token is kept keep their generators, non-CPU generators are
+left alone, and a step with no held-out generator runs upstream's code as it is; where every
+generator of a step is held out, vLLM 0.30's sampler takes its unseeded fast path for that step,
+which only rows without a generator see.
 """
 
 from __future__ import annotations
