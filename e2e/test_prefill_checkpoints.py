@@ -304,7 +304,7 @@ def test_decode_steps_do_no_checkpoint_work(exporter, rng):
     them the second sharer of a prefix, whose ``shared_prefix_boundary`` vLLM keeps for the
     request's life, one a prompt of its own) runs none of the exporter's planning: no junction
     rule (``JunctionRule.decide`` / ``crossed``), no exporter path or plan
-    (``exporter_path``, ``core.plan_step``), no step metadata (``ops.build_metadata``,
+    (``exporter_path``, ``core.plan_step``, the engine's ``core.step_checkpoints``), no step metadata (``ops.build_metadata``,
     ``with_checkpoints``, the CPU rounds), and no aten op issued from a ``vllm_hybrid_npu``
     frame. The decode tokens equal those of the same requests run again under a fresh
     ``cache_salt`` (same schedule)."""
@@ -337,7 +337,8 @@ def test_decode_steps_do_no_checkpoint_work(exporter, rng):
         mp = pytest.MonkeyPatch()
         spied = [(gdn_junction.JunctionRule, "decide"), (gdn_junction.JunctionRule, "crossed"),
                  (gdn, "exporter_path"), (gdn, "with_checkpoints"), (gdn, "_cpu_rounds"),
-                 (gdn, "_junctions"), (planner, "plan_step"), (ops, "build_metadata")]
+                 (gdn, "_step_checkpoints"), (planner, "plan_step"), (planner, "step_checkpoints"),
+                 (ops, "build_metadata")]
         for owner, name in spied:
             def spy(*a, _real=getattr(owner, name), _name=name, **k):
                 calls[_name] = calls.get(_name, 0) + 1
@@ -736,23 +737,24 @@ def test_shared_budget_chunks_take_caching_offs_steps(tiny_model_dir, engine_arg
 def _mid_block_stop_forced():
     """The paths that do not write the block a mid-block row crosses (CUDA, the NPU), on this
     engine: ``gdn-checkpoint-mid-block-stop`` wrapped around the scheduler's split (it applies
-    where a prefill checkpoint is declared, as here), and the worker's crossing write dropped (``_junctions`` keeps rows that start on the
-    block grid). In-process engines only (``VLLM_ENABLE_V1_MULTIPROCESSING=0``)."""
+    where a prefill checkpoint is declared, as here), and the crossing write dropped (the engine's
+    plan, ``core.step_checkpoints``, lists rows that start on the block grid only). In-process
+    engines only (``VLLM_ENABLE_V1_MULTIPROCESSING=0``)."""
     from vllm.v1.core.sched.scheduler import Scheduler
 
+    from vllm_hybrid_npu.core import prefill_checkpoints as core
     from vllm_hybrid_npu.patches import gdn_prefill_checkpoint as gpc
     from vllm_hybrid_npu.patches import registry
 
-    real = gpc._junctions
+    real = core.step_checkpoints
 
-    def on_grid_only(table, seq_lens, qlens, cols, num_decodes, block):
-        found = real(table, seq_lens, qlens, cols, num_decodes, block)
-        return {r: v for r, v in found.items() if (seq_lens[r] - qlens[r]) % block == 0}
+    def on_grid_only(start, end, block, *args, **kwargs):
+        return real(start, end, block, *args, **kwargs) if start % block == 0 else ()
 
     import dataclasses
 
     mp = pytest.MonkeyPatch()
-    mp.setattr(gpc, "_junctions", on_grid_only)
+    mp.setattr(core, "step_checkpoints", on_grid_only)
     # as on a path without the write: the entry stands aside where the target's path writes the
     # crossed boundary (CUDA on vLLM 0.30's V2 runner, the NPU), never on target ``cpu``
     mp.setattr(Scheduler, "_mamba_block_aligned_split", gpc._make_mid_block_stop(
@@ -1719,7 +1721,7 @@ def test_second_checkpoint_keeps_the_block_boundary(tiny_model_dir, engine_args,
         try:
             assert not report.failed, report.line()
             llm = _engine(tiny_model_dir("qwen3_next"), engine_args, "exporter", prefix_match_unit=64, **extra)
-            assert {"gdn-second-checkpoint-receive", "gdn-second-checkpoint-receive-v2"} & \
+            assert {"gdn-checkpoint-receive", "gdn-checkpoint-receive-v2"} & \
                 set(registry.REPORT.applied), registry.REPORT.line()
             assert vars(_core(llm).scheduler.kv_cache_manager).get(S.MANAGERS), \
                 "the engine turned the second block off (its exporter path writes one state per row)"

@@ -169,13 +169,13 @@ register(EnvVar(
     kind="",
     default="on",
     read_by="`patches.gdn_prefill_checkpoint.junctions_off` (CUDA's Triton/FLA path) and the "
-    "registry entries `gdn-checkpoint-v2-host-*` (at load)",
+    "registry entries `gdn-checkpoint-receive-v2` / `-v2-rows` (at load)",
     effect="`on` (the default): on vLLM 0.30's "
     "V2 GPU model runner the one pass also writes the state at a shared-prefix junction, at the "
     "block boundary a chunk started mid-block crosses and where a chunk under a shared token "
     "budget ends, so vLLM's stops there are lifted, as on CPU and vllm-ascend's paths (the "
-    "builder reads a host mirror of the runner's block tables); `off`: vLLM's junction, "
-    "mid-block and block-rounded stops kept on CUDA, the mirror not installed "
+    "engine sends those checkpoints with the step); `off`: vLLM's junction, "
+    "mid-block and block-rounded stops kept on CUDA, the runner entries not installed "
     "([gdn-checkpoints.md](gdn-checkpoints.md))",
 ))
 register(EnvVar(

@@ -80,7 +80,8 @@ class SupportedStack:
 #: prefill-checkpoint exporter through vLLM 0.33's own plan (each entry's target decides: the CPU
 #: function on ``cpu``; the Triton/FLA path on ``cuda``, with the scheduler's stop at the block
 #: boundary for a chunk started mid-block where a checkpoint is declared, vLLM's FlashInfer
-#: export included); the CPU runner's seeded-chunk entry (0.33's V1 runner keeps 0.30's
+#: export included; the engine's explicit checkpoints, received by the V1 runner, for a chunk
+#: vLLM runs across a block boundary from a finer prefix-match unit); the CPU runner's seeded-chunk entry (0.33's V1 runner keeps 0.30's
 #: generator rewind by offset); not the copy kernel.
 V033_ENTRIES: tuple[str, ...] = (
     "config-checks", "config-checks-flag",
@@ -88,7 +89,7 @@ V033_ENTRIES: tuple[str, ...] = (
     "gdn-checkpoint-spec", "gdn-checkpoint-alignment", "gdn-checkpoint-plan",
     "gdn-checkpoint-regather", "gdn-checkpoint-cpu", "gdn-checkpoint-triton",
     "gdn-checkpoint-fla-split", "gdn-checkpoint-fla-h", "gdn-checkpoint-mid-block-stop",
-    "cpu-seeded-chunk",
+    "cpu-seeded-chunk", "gdn-checkpoint-send", "gdn-checkpoint-receive",
 )
 
 

@@ -273,9 +273,14 @@ def apply_second_checkpoint(scheduler: Any) -> bool:
         return False
     if S.PATCHES[0].name in registry.REPORT.applied:
         return True
+    from vllm_hybrid_npu.patches import gdn_step_checkpoints as P
+
     entries = {p.name.rsplit("-", 1)[1]: p for p in S.PATCHES}
     stack = Stack(target="cpu", vllm=base_version(vllm.__version__))
-    bind_entry(scheduler, "_update_after_schedule", entries["send"], stack)
+    # the engine's plan marks each second block sent (or unused) once its step is scheduled
+    vars(scheduler).setdefault(P.MANAGERS, tuple(managers))
+    bind_entry(scheduler, "_update_after_schedule",
+               next(p for p in P.PATCHES if p.name == "gdn-checkpoint-send"), stack)
     bind_entry(kv, "allocate_slots", entries["allocate"], stack)
     for mgr in managers:
         for attr, key in (("get_num_blocks_to_allocate", "count"), ("allocate_new_blocks", "blocks"),

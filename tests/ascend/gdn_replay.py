@@ -67,8 +67,8 @@ output and every other cache byte are the split's; a plan one token earlier is c
 Second-checkpoint draws (``--second-draws``, issue 38 item 3; :func:`second_rows`): at
 ``--prefix-match-unit 64``, block 128, rows whose checkpoint ``cp`` lies inside the prompt's last
 block off the block grid, each given a second block (a new block id) by a scheduler output the
-step reads through the plugin's runner wrapper (``gdn_second_checkpoint._make_receive``, the
-``-receive*`` entries' make): checked as the junction draws, against vLLM's split stopping at the
+step reads through the plugin's runner wrapper (``gdn_step_checkpoints._make_receive``, the
+``gdn-checkpoint-receive*`` entries' make): checked as the junction draws, against vLLM's split stopping at the
 block boundary ``q`` and at ``cp``, the state at ``cp`` in the second block.
 """
 
@@ -881,14 +881,14 @@ def junction_draw(rng, gen, layer, builder_mod, path, ssm_dtype, second=False):
     state into the block the next step reads), all from the same caches; a control plan one
     token earlier at every cut.
 
-    ``second``: a :func:`second_rows` batch at ``--prefix-match-unit 64`` instead, the step run
-    through the plugin's ``gdn-second-checkpoint-receive`` wrapper with a scheduler output that
-    names each second row's block (a new block id, outside the block table) and checkpoint,
-    for a runner whose attention group holds the builder: the split stops at ``q`` and ``cp``
+    Every planned step runs through the plugin's ``gdn-checkpoint-receive`` wrapper with a
+    scheduler output carrying the engine's plan for the batch (``core.step_checkpoints``), for a
+    runner whose attention group holds the builder. ``second``: a :func:`second_rows` batch at
+    ``--prefix-match-unit 64`` instead, each second row's block a new block id outside the block
+    table: the split stops at ``q`` and ``cp``
     and the second block must hold the state at ``cp``."""
     import torch
     from vllm_ascend.worker.block_table import BlockTable
-    from vllm_hybrid_npu.patches import gdn_prefill_checkpoint as gpc
 
     block = 128 if second else rng.choice([64, 128])
     builder = make_builder(builder_mod, block, ssm_dtype, host=path != "chunk")
@@ -941,19 +941,30 @@ def junction_draw(rng, gen, layer, builder_mod, path, ssm_dtype, second=False):
     def planned_step():
         return run_step(layer, builder, step_rows, dev, inputs, caches, reads=reads)
 
-    if second:  # through the runner entry's wrapper, as vllm-ascend's execute_model gets it
-        from vllm_hybrid_npu.patches import gdn_second_checkpoint as S
+    # the engine's plan (core.step_checkpoints on each row's block ids, with the checkpoint the
+    # KV-cache manager reserved and a second block's id), held for the step by the plugin's runner
+    # wrapper (gdn_step_checkpoints._make_receive) as vllm-ascend's execute_model gets it
+    from vllm_hybrid_npu.core.prefill_checkpoints import step_checkpoints
+    from vllm_hybrid_npu.patches import gdn_step_checkpoints as P
 
-        runner = types.SimpleNamespace(
-            attn_groups=[[types.SimpleNamespace(metadata_builders=[builder])]],
-            input_batch=types.SimpleNamespace(req_ids=[f"req-{r}" for r in everyone]))
-        output = types.SimpleNamespace(**{S.ATTR: {0: {
-            f"req-{r}": (blk, rows[r][0] + rows[r][2][-1][0]) for r, blk in extra.items()}}})
-        receive = S._make_receive(lambda runner_, output_: planned_step(), None)
-        ck, out_p, conv_p, ssm_p, calls_p = receive(runner, output)
-    else:
-        ck, out_p, conv_p, ssm_p, calls_p = planned_step()
-    host = gpc.host_block_table(dev)
+    sent = {}
+    for r, (c, q, cuts, _) in enumerate(rows):
+        if q < 2 or not cuts:
+            continue
+        if r in extra:  # q in its column, cp in the second block
+            (_, col), (cp, _) = cuts
+            found = step_checkpoints(c, c + q, block, (c + cp, col), table_rows[r], (extra[r], c + cp))
+        elif c % block:  # started mid-block: no checkpoint of its own
+            found = step_checkpoints(c, c + q, block, None, table_rows[r])
+        else:
+            found = step_checkpoints(c, c + q, block, (c + cuts[-1][0], cuts[-1][1]), table_rows[r])
+        if found:
+            sent[f"req-{r}"] = found
+    runner = types.SimpleNamespace(
+        attn_groups=[[types.SimpleNamespace(metadata_builders=[builder])]],
+        input_batch=types.SimpleNamespace(req_ids=[f"req-{r}" for r in everyone]))
+    receive = P._make_receive(lambda runner_, output_: planned_step(), None)
+    ck, out_p, conv_p, ssm_p, calls_p = receive(runner, types.SimpleNamespace(**{P.ATTR: {0: sent}}))
     control_reads = []
     with HostReads(dev, control_reads):
         dev[0, :1].tolist()  # the recorder sees a host read of the device table
@@ -1010,12 +1021,15 @@ def junction_draw(rng, gen, layer, builder_mod, path, ssm_dtype, second=False):
 
     _, _, _, ssm_c, _ = run_step(layer, builder, step_rows, device_table(everyone), inputs, caches,
                                  override=earlier)
-    plan = ck.plan
+    plan, slots = ck.plan, ck.slots.tolist()
     return {
         "block_size": block, "rows": [[c, q] for c, q, _, _ in rows], "tokens": t,
         "tables": table_rows, "constructed": [[list(x) for x in cuts] for _, _, cuts, _ in rows],
-        "planned": [[[o, col] for rr, o, col in zip(plan.rows, plan.offsets, plan.cols) if rr == r]
+        "constructed_blocks": [[[o, ext_rows[r][col]] for o, col in cuts]
+                               for r, (_, _, cuts, _) in enumerate(rows)],
+        "planned": [[[o, blk] for rr, o, blk in zip(plan.rows, plan.offsets, slots) if rr == r]
                     for r in everyone],
+        "sent_rows": sorted(int(rid.split("-")[1]) for rid in sent),
         # null columns where the builder looks (from the row's start column to its checkpoint's,
         # or its running column's), by the construction
         "null_columns_looked_at": sum(
@@ -1026,7 +1040,6 @@ def junction_draw(rng, gen, layer, builder_mod, path, ssm_dtype, second=False):
         "second_blocks": {str(r): blk for r, blk in extra.items()},
         "checkpoints": checks, "vllm_ascend_choice": sorted(calls_n),
         "kernel_calls": [calls_n, calls_p], "host_reads": reads, "host_read_control": control_reads,
-        "host_copy": host.untyped_storage().data_ptr() == bt.block_table.cpu.untyped_storage().data_ptr(),
         "outputs_equal": bool(torch.equal(out_p, want_out)),
         "caches_equal": bool(torch.equal(conv_p, want_conv) and torch.equal(ssm_p, want_ssm)),
         "control_caught": all(not torch.equal(ssm_c[x["block"]], stored[x["row"], x["cut"]][1])

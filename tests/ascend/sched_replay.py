@@ -367,6 +367,7 @@ def run_second(args, result) -> None:
     import vllm.v1.core.single_type_kv_cache_manager as stm
 
     from vllm_hybrid_npu.patches import gdn_second_checkpoint as S
+    from vllm_hybrid_npu.patches import gdn_step_checkpoints as P
     from vllm_hybrid_npu.patches.registry import is_ours
 
     ascend_manager = stm.MambaManager  # AscendMambaManager (the module's name rebound)
@@ -404,8 +405,10 @@ def run_second(args, result) -> None:
                 f"{type(x).__module__}.{type(x).__qualname__}"
                 for x in vars(self.kv_cache_manager).get(S.MANAGERS) or ()]
             so = super().schedule(*a, **k)
-            if (pay := getattr(so, S.ATTR, None)) is not None:
-                payloads.append({str(g): {r: list(v) for r, v in x.items()} for g, x in pay.items()})
+            result["planned_groups"] = len(vars(self).get(P.MANAGERS) or ())
+            if (pay := getattr(so, P.ATTR, None)) is not None:
+                payloads.append({str(g): {r: [list(e) for e in v] for r, v in x.items()}
+                                 for g, x in pay.items()})
             _record_prefill_chunks(self, so, chunks)
             return so
 

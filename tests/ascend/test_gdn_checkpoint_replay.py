@@ -10,15 +10,15 @@ step stopping at the checkpoint, then the rest).
 
 Junction batches (issue 38): several rows each with one or two shared-prefix junction blocks
 before the prompt's checkpoint (and, at block 128, a row started mid-block crossing a boundary),
-in align-mode block tables with null columns held by vllm-ascend's own ``BlockTable``: the plan
-finds exactly the constructed checkpoints in the table's host copy (no host read of the device
-table), vllm-ascend's op runs once per round (``K + 1`` for ``K`` checkpoints in a row), and the
+in align-mode block tables with null columns held by vllm-ascend's own ``BlockTable``: the
+engine's plan (``core.step_checkpoints``, through the plugin's runner wrapper) lists exactly the
+constructed checkpoints with their blocks (no host read of the device table), vllm-ascend's op runs once per round (``K + 1`` for ``K`` checkpoints in a row), and the
 exported conv and SSM bytes equal vLLM's ``K + 1``-step split.
 
 Second-checkpoint batches (issue 38 item 3, ``--prefix-match-unit 64``, block 128): rows whose
 prompt checkpoint ``cp`` lies inside the prompt's last block, off the block grid, each given a
-second block through the plugin's runner wrapper (``gdn-second-checkpoint-receive*``'s
-``_make_receive``; the scheduler output names the block and ``cp``): the plan writes the block
+second block through the plugin's runner wrapper (``gdn-checkpoint-receive*``'s
+``_make_receive``; the engine's plan names ``q``'s block, the second block and ``cp``): the plan writes the block
 boundary ``q`` into the column the KV-cache manager keyed at ``q`` and ``cp`` into the second
 block (one appended table column), vllm-ascend's op runs three rounds, and every byte equals
 vLLM's split stopping at ``q`` and ``cp``.
@@ -119,9 +119,11 @@ def test_junction_states_equal_the_split(path, dtype):
 
 def _several_checkpoints_equal_the_split(d: dict, path: str, where: str) -> None:
     """The checks of a draw with several checkpoints in a row (``junction_draw``'s result)."""
-    # the plan: exactly the constructed (offset, column) per row, from the host copy
-    assert d["planned"] == d["constructed"], where
-    assert d["host_copy"] and d["host_reads"] == [], where
+    # the plan: exactly the constructed (offset, block) per row, the rows with more than one
+    # checkpoint from the engine's list, no host read of the device table
+    assert d["planned"] == d["constructed_blocks"], where
+    assert d["sent_rows"] == [r for r, c in enumerate(d["constructed"]) if len(c) > 1], where
+    assert d["host_reads"] == [], where
     # vllm-ascend's op: once without the plan, once per round with it
     rounds = 1 + max(len(c) for c in d["constructed"])
     assert d["vllm_ascend_choice"] == [OP[path]], where
@@ -150,7 +152,7 @@ def test_second_checkpoint_states_equal_the_split(path, dtype):
         for r in seconds:
             (q, col), (cp, extra) = d["constructed"][r]
             assert cp == q + 64 and extra == width and col == (d["rows"][r][0] + q) // 128 - 1, where
-        # the plan: q in the column and cp in the second block, from the scheduler output;
+        # the plan: q in the column's block and cp in the second block, from the engine's list;
         # three rounds (the most checkpoints in a row: two)
         assert max(len(c) for c in d["constructed"]) == 2, where
         _several_checkpoints_equal_the_split(d, path, where)

@@ -216,13 +216,21 @@ def test_second_checkpoint_block_with_vllm_ascends_manager(second):
     assert 576 < p <= 640 and 768 < m < 1024, where  # premises: checkpoints 576 and 768..960
     ascend, vllm = second["managers_classes"]
     assert ascend == "vllm_ascend.patch.platform.patch_mamba_manager.AscendMambaManager"
-    names = {"engine", "allocate", "count", "blocks", "cache", "retire", "free", "send"}
+    names = {"engine", "allocate", "count", "blocks", "cache", "retire", "free"}
     applied = {n.rsplit("-", 1)[1] for n in second["applied"] if n.startswith("gdn-second-checkpoint-")}
+    assert "gdn-checkpoint-send" in second["applied"], second["applied"]
     chunks, cached = second["chunks"], second["cached_per_request"]
     # one step per prompt either way (the sharer's junction at 512 is exported inside its step
     # without the second block); the repeat hits the prompt's checkpoint either way
     hit = 512 if second["on"] else 0
     assert chunks == {"0": [[0, p]], "1": [[hit, m - hit]], "2": [[576, p - 576]]}, (where, chunks)
+    # the engine's plan, per step with a list: {request: [(position, kind), ...]}, alike in every
+    # GDN group (one per group)
+    cp_b = (m - 1) // 64 * 64
+    sent = [{rid: [(e[0], e[2]) for e in v] for g in pay.values() for rid, v in g.items()}
+            for pay in second["payloads"]]
+    assert second["planned_groups"] and all(
+        len(pay) == second["planned_groups"] for pay in second["payloads"]), where
     if second["on"]:
         assert applied == names, (where, second["applied"])
         owner = "AscendMambaManager" if second["order"] == "ascend-first" else "MambaManager"
@@ -231,17 +239,17 @@ def test_second_checkpoint_block_with_vllm_ascends_manager(second):
         assert second["engine_managers"] and set(second["engine_managers"]) == {ascend}, where
         assert cached == [0, 512, 576], where
         # each prompt's final chunk whose checkpoint lies inside its last block, off the block
-        # grid, took one second block per GDN group, sent once, at that checkpoint: the first
-        # (576), the sharer where (m - 1) // 64 * 64 is not 768; the repeat's chunk (from 576)
-        # none
-        cp_b = (m - 1) // 64 * 64
-        want = [("0", 576)] + ([("1", cp_b)] if cp_b % 256 else [])
-        assert [sorted({(rid, v[1]) for g in pay.values() for rid, v in g.items()})
-                for pay in second["payloads"]] == [[w] for w in want], (where, second["payloads"])
-        assert all(len(pay) == len(second["engine_managers"]) for pay in second["payloads"]), where
+        # grid, took one second block per GDN group, listed once with the block boundary: the
+        # first (576), the sharer where (m - 1) // 64 * 64 is not 768; the repeat's chunk (from
+        # 576) none
+        want = [{"0": [(512, "boundary"), (576, "second")]}]
+        want += [{"1": [(768, "boundary"), (cp_b, "second")]}] if cp_b % 256 else []
+        assert sent == want, (where, second["payloads"])
     else:
         assert not applied, (where, second["applied"])
-        assert second["engine_managers"] == [] and second["payloads"] == [], where
+        assert second["engine_managers"] == [], where
         assert cached == [0, 0, 576], where  # vLLM's re-key: nothing at 512
+        # the sharer's junction at 512 in its own block, beside its checkpoint
+        assert sent == [{"1": [(512, "junction"), (cp_b, "prompt")]}], (where, second["payloads"])
     # nothing leaked: every block but the null block back in the pool (cached ones evictable)
     assert second["free_blocks"] == second["pool_blocks"] - 1 and second["extra_left"] == 0, where

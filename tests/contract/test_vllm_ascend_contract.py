@@ -164,15 +164,16 @@ def test_platform_device_type_is_npu(src):
     assert values == ["'npu'"]
 
 
-def test_second_checkpoint_entries_find_what_they_wrap(src):
-    """``gdn-second-checkpoint-receive-ascend`` wraps ``NPUModelRunner.execute_model`` (0.30.0rc2:
-    it overrides vLLM's, whose wrapper it then never calls) and reads ``scheduler_output`` by
-    that name; ``_second_blocks`` finds the GDN builder in ``attn_groups[kv_cache_gid]``'s
-    ``metadata_builders`` and the rows in ``input_batch.req_ids`` (vLLM's names, which the runner
-    keeps); ``-send`` wraps ``Scheduler._update_after_schedule``: every override or rebinding of it
-    in vllm-ascend calls the one it replaces."""
+def test_step_checkpoint_entries_find_what_they_wrap(src):
+    """``gdn-checkpoint-receive-ascend`` wraps ``NPUModelRunner.execute_model`` (0.30.0rc2: it
+    overrides vLLM's, whose wrapper it then never calls) and reads ``scheduler_output`` by that
+    name; ``gdn_prefill_checkpoint._step_checkpoints`` finds the GDN builder in
+    ``attn_groups[kv_cache_gid]``'s ``metadata_builders`` and the rows in ``input_batch.req_ids``
+    (vLLM's names, which the runner keeps); ``gdn-checkpoint-send`` wraps
+    ``Scheduler._update_after_schedule``: every override or rebinding of it in vllm-ascend calls
+    the one it replaces."""
     if src["__version__"] != "0.30.0rc2":
-        pytest.skip("the second checkpoint block is wired on 0.30.0rc2 only")
+        pytest.skip("the engine's explicit checkpoints are received on 0.30.0rc2 only")
     cls = _class(_tree(src, RUNNER), "NPUModelRunner")
     assert _params(_method(cls, "execute_model")) == ["self", "scheduler_output", "intermediate_tensors"]
     text = ast.unparse(cls)

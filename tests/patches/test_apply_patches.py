@@ -180,14 +180,16 @@ def test_vllm_033_rows_are_the_entries_listing_it():
     """vLLM 0.33.0: the configuration checks, the step counters and the prefill-checkpoint
     exporter through vLLM's own plan (spec, layer alignment, plan, regather, the CPU and
     Triton/FLA state writes, the stop at a block boundary after a hit inside a block) and the
-    CPU runner's seeded-chunk entry (0.33's V1 runner rewinds generators by offset); not the
-    copy kernel, nor the entries 0.33 does itself (the block rounding) or has (the retention
+    CPU runner's seeded-chunk entry (0.33's V1 runner rewinds generators by offset), the engine's
+    explicit checkpoints and their receipt by the V1 runner (a chunk vLLM runs across a block
+    boundary from a finer prefix-match unit); not the copy kernel, nor the entries 0.33 does itself (the block rounding) or has (the retention
     rule)."""
     want = {"config-checks", "config-checks-flag", "step-counters", "step-counters-stats",
             "step-counters-free", "step-counters-pop", "gdn-checkpoint-spec",
             "gdn-checkpoint-alignment", "gdn-checkpoint-plan", "gdn-checkpoint-regather",
             "gdn-checkpoint-cpu", "gdn-checkpoint-triton", "gdn-checkpoint-fla-split",
-            "gdn-checkpoint-fla-h", "gdn-checkpoint-mid-block-stop", "cpu-seeded-chunk"}
+            "gdn-checkpoint-fla-h", "gdn-checkpoint-mid-block-stop", "cpu-seeded-chunk",
+            "gdn-checkpoint-send", "gdn-checkpoint-receive"}
     rows = [r for r in support.SUPPORT_MATRIX if r.vllm == "0.33.0"]
     assert {r.target for r in rows} == {"cpu", "cuda"}
     assert all(set(r.entries) == want for r in rows)

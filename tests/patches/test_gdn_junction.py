@@ -311,29 +311,26 @@ def test_budget_rule_expected_from_the_configuration(monkeypatch):
     assert not mod.budget_rule_expected(config(), "cpu")
 
 
-def test_worker_finds_the_blocks_a_row_crosses_by_hand():
-    """The worker side (``gdn_prefill_checkpoint._junctions``, block 384, hand-made block table
-    rows, 0 = vLLM's null block): a prefill row gets ``(offset from its start, column)`` for every
-    real block from the column of its start up to its checkpoint's (or, with none, its running
-    state's); the initial state's block of a row started mid-block takes the next boundary's state
-    (vLLM's own internal checkpoint after a hit inside a block, ``--prefix-match-unit 64``, and the
-    budget rule)."""
-    import torch
+def test_engine_lists_the_blocks_a_row_crosses_by_hand():
+    """The engine's plan (``core.step_checkpoints``, block 384, hand-made rows of a request's
+    block ids, 0 = vLLM's null block): a prefill chunk lists ``(position, block id, kind)`` for
+    every real block from the column of its start up to its checkpoint's (or, with none, its
+    running state's), and then its own checkpoint; the initial state's block of a row started
+    mid-block takes the next boundary's state (vLLM's own internal checkpoint after a hit inside
+    a block, ``--prefix-match-unit 64``, and the budget rule)."""
+    from vllm_hybrid_npu.core.prefill_checkpoints import step_checkpoints
 
-    from vllm_hybrid_npu.patches.gdn_prefill_checkpoint import _junctions
-
-    rows = [  # (seq_len, query_len, checkpoint column, table row)
-        (1000, 1, -1, [0, 0, 3, 0, 0, 0]),        # decode: nothing
-        (1753, 729, 3, [0, 0, 7, 9, 11, 0]),      # hit at 1024, one chunk past 1152 to 1753
-        (1152, 152, -1, [0, 0, 5, 0, 0, 0]),      # from 1000 to its next boundary: nothing crossed
-        (2000, 1232, 3, [0, 0, 13, 15, 17, 0]),   # from 768 (on the grid), a junction block at 1152
-        (2000, 976, -1, [0, 0, 4, 0, 8, 10]),     # from 1024, budget chunk past 1152 and 1536
-        (1100, 1100, 1, [0, 6, 12, 0, 0, 0]),     # cold, checkpoint at 768 (column 1): column 0 null
+    rows = [  # (start, end, the manager's checkpoint, block ids)
+        (1024, 1753, (1536, 3), [0, 0, 7, 9, 11, 0]),    # hit at 1024, one chunk past 1152
+        (1000, 1152, None, [0, 0, 5, 0, 0, 0]),          # to its next boundary: nothing crossed
+        (768, 2000, (1536, 3), [0, 0, 13, 15, 17, 0]),   # from 768 (the grid), a junction at 1152
+        (1024, 2000, None, [0, 0, 4, 0, 8, 10]),         # budget chunk past 1152 and 1536
+        (0, 1100, (768, 1), [0, 6, 12, 0, 0, 0]),        # cold, checkpoint 768: column 0 null
     ]
-    seq, qlen, cols = ([r[i] for r in rows] for i in range(3))
-    table = torch.tensor([r[3] for r in rows], dtype=torch.int32)
-    assert _junctions(table, seq, qlen, cols, 1, B) == {
-        1: [(128, 2)], 3: [(384, 2)], 4: [(128, 2), (896, 4)]}
+    assert [step_checkpoints(s, e, B, cp, ids) for s, e, cp, ids in rows] == [
+        ((1152, 7, "crossed"), (1536, 9, "prompt")), (),
+        ((1152, 13, "junction"), (1536, 15, "prompt")),
+        ((1152, 4, "crossed"), (1920, 8, "junction")), ()]
 
 
 def test_mid_block_stop_ends_the_chunk_at_the_boundary():
@@ -364,39 +361,6 @@ def test_mid_block_stop_ends_the_chunk_at_the_boundary():
     assert stop(sched, _request(prompt=2000, computed=1024), 976) == 128
     sched.mamba_has_prefill_checkpoint_blocks = False  # no checkpoint declared: vLLM's stop stands
     assert stop(sched, _request(prompt=2000, computed=1024), 976) == 976
-
-
-def test_worker_reads_the_host_copy_of_a_device_block_table():
-    """vllm-ascend's paths (``host_block_table``): the builder's table is a view of a
-    ``CpuGpuBuffer``'s device tensor; the recorded buffer's host tensor, same view, gives the rows
-    the worker reads: the same blocks as the hand-made host table of the test above. The device
-    side here: a CPU tensor left all null (not committed: reading it would find no block), and a
-    meta tensor (which the host cannot read). A device table with no host copy recorded raises;
-    a host table not recorded is read as is."""
-    import torch
-    from vllm.v1.utils import CpuGpuBuffer
-
-    from vllm_hybrid_npu.patches import gdn_prefill_checkpoint as gpc
-
-    rows = [(1753, 729, 3, [0, 0, 7, 9, 11, 0]), (2000, 976, -1, [0, 0, 4, 0, 8, 10])]
-    seq, qlen, cols = ([r[i] for r in rows] for i in range(3))
-    buffers = [CpuGpuBuffer(8, 6, dtype=torch.int32, device=torch.device(d), pin_memory=False)
-               for d in ("cpu", "meta")]
-    for buf in buffers:
-        buf.np[:2] = [r[3] for r in rows]
-        gpc.remember_host_table(buf)
-        device = buf.gpu[:4]  # BlockTable.get_device_tensor()[:num_reqs_padded]
-        host = gpc.host_block_table(device)
-        assert host.device.type == "cpu" and torch.equal(host, buf.cpu[:4])
-        assert gpc._junctions(device, seq, qlen, cols, 0, B) == {0: [(128, 2)], 1: [(128, 2), (896, 4)]}
-    assert not buffers[0].gpu.any()  # the CPU "device" copy: all null
-    with pytest.raises(RuntimeError, match="no host copy"):  # (meta storages: address 0, 112 B)
-        gpc._junctions(torch.zeros(4, 7, dtype=torch.int32, device="meta"), seq, qlen, cols, 0, B)
-    plain = torch.tensor([r[3] for r in rows], dtype=torch.int32)
-    assert gpc.host_block_table(plain) is plain
-    # a row with nothing to look for reads no table (a decode row, a chunk inside one block)
-    assert gpc._junctions(torch.zeros(2, 6, dtype=torch.int32, device="meta"),
-                          [1000, 1152], [1, 152], [-1, -1], 0, B) == {}
 
 
 def test_junction_paths_by_configuration(monkeypatch):

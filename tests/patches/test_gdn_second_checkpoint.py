@@ -29,9 +29,12 @@ import pytest
 pytest.importorskip("vllm")
 
 from vllm_hybrid_npu.patches import gdn_second_checkpoint as S  # noqa: E402
+from vllm_hybrid_npu.patches import gdn_step_checkpoints as P  # noqa: E402
 
 B, UNIT = 256, 64
-ENTRIES = tuple(p.name for p in S.PATCHES if "cpu" in p.targets)
+SECOND = tuple(p.name for p in S.PATCHES if "cpu" in p.targets)
+#: the second block's entries and the engine's plan that sends it (and the runner's receive)
+ENTRIES = SECOND + ("gdn-checkpoint-send", "gdn-checkpoint-receive")
 
 
 def _cpu_stack():
@@ -148,21 +151,23 @@ def test_second_block_keeps_the_block_boundary(tiny_config, apply_entries, monke
     monkeypatch.setenv(S.ENV, "on" if on else "off")
     report = apply_entries(*ENTRIES, stack=_cpu_stack())
     # the worker's entry waits for the model runner's module (not imported by a scheduler)
-    assert (set(report.applied) | set(report.pending) == set(ENTRIES)) == on, report.line()
+    assert (set(SECOND) <= set(report.applied) | set(report.pending)) == on, report.line()
     assert not report.failed, report.line()
     eng = Engine(tiny_config, scheduler=scheduler)
     free0 = eng.sched.kv_cache_manager.block_pool.get_num_free_blocks()
     first = _prompt(rng, n)
     hit, steps, _ = eng.run(first)
     assert (hit, steps) == (0, 1), where
-    payload = getattr(eng.outputs[0], S.ATTR, None)
+    payload = getattr(eng.outputs[0], P.ATTR, None)
     for m in eng.mamba:
         blocks, extra = eng.snapshot[m.kv_cache_group_id]
         assert _keys(blocks[c]) == (q if on else cp), where
         if on:
             (block, at, col, state), = extra.values()
             assert (at, col, state, _keys(block)) == (cp, c, "sent", cp), where
-            assert payload[m.kv_cache_group_id] == {"r1": (block.block_id, cp)}, where
+            # the engine's plan: q in the column's block, cp in the second block
+            assert payload[m.kv_cache_group_id] == {"r1": (
+                (q, blocks[c].block_id, "boundary"), (cp, block.block_id, "second"))}, where
             assert block.ref_cnt == 0 and block.block_hash is not None, where  # freed, cached
         else:
             assert not extra and payload is None, where
@@ -185,10 +190,10 @@ def test_no_second_block_where_the_column_holds_it(tiny_config, apply_entries, m
     free0 = eng.sched.kv_cache_manager.block_pool.get_num_free_blocks()
     where = dict(seed=seed, on_grid=on_grid, long_n=long_n)
     _, steps, _ = eng.run(_prompt(rng, on_grid))
-    assert steps == 1 and getattr(eng.outputs[-1], S.ATTR, None) is None, where
+    assert steps == 1 and getattr(eng.outputs[-1], P.ATTR, None) is None, where
     before = len(eng.outputs)
     eng.run(_prompt(rng, long_n))
-    sent = [getattr(o, S.ATTR, None) for o in eng.outputs[before:]]
+    sent = [getattr(o, P.ATTR, None) for o in eng.outputs[before:]]
     # the final chunk (from 1,024) takes one where its checkpoint lies inside its last block
     cp = (long_n - 1) // UNIT * UNIT
     final = cp % B and cp // B * B > 1024
@@ -200,7 +205,7 @@ def test_no_second_block_where_the_column_holds_it(tiny_config, apply_entries, m
     before = len(eng.outputs)
     hit, _, _ = eng.run(first[:832] + _prompt(rng, rng.randrange(129, 190)))
     assert hit == 832, where
-    assert all(getattr(o, S.ATTR, None) is None for o in eng.outputs[before:]), where
+    assert all(getattr(o, P.ATTR, None) is None for o in eng.outputs[before:]), where
     assert eng.sched.kv_cache_manager.block_pool.get_num_free_blocks() == free0, where
 
 
@@ -213,10 +218,11 @@ def test_mode_names_the_variable(monkeypatch):
 
 
 def test_worker_plans_both_checkpoints_by_hand():
-    """``gdn_prefill_checkpoint._with_second_blocks``: a decode row, a cold 700-token row whose
-    checkpoint 640 went to the second block 41 (its column 1 keyed at 512) and a row with a
-    junction at 256 (column 0) starting at 0 with 900 tokens, second block 42 for its checkpoint
-    896 (column 2 at 768): the rows' checkpoints by hand, the block table one column wider."""
+    """``gdn_prefill_checkpoint._with_explicit`` with the engine's lists of second blocks: a decode
+    row, a cold 700-token row whose checkpoint 640 went to the second block 41 (its column 1,
+    block 11, keyed at 512) and a row with a junction at 256 (block 21) starting at 0 with 900
+    tokens, second block 42 for its checkpoint 896 (block 23 at 768): the rows' checkpoints by
+    hand, each block in a column appended to the table (two: the longest list less its own)."""
     import torch
 
     from vllm_hybrid_npu.core import prefill_checkpoints as core
@@ -224,25 +230,32 @@ def test_worker_plans_both_checkpoints_by_hand():
 
     table = torch.tensor([[5, 0, 0, 0], [0, 11, 12, 0], [21, 0, 23, 24]], dtype=torch.int32)
     seq_lens, qlens = [57, 700, 900], [1, 700, 900]
-    out_table, offsets, cols, junctions = gdn._with_second_blocks(
-        table, {1: (41, 640), 2: (42, 896)}, seq_lens, qlens, [0, 640, 896], [-1, 1, 2],
-        {2: [(256, 0)]}, 256)
-    assert out_table.tolist() == [[5, 0, 0, 0, 0], [0, 11, 12, 0, 41], [21, 0, 23, 24, 42]]
-    assert (offsets, cols) == ([0, 640, 896], [-1, 4, 4])
-    assert junctions == {1: [(512, 1)], 2: [(256, 0), (768, 2)]}
+    sent = {1: ((512, 11, "boundary"), (640, 41, "second")),
+            2: ((256, 21, "junction"), (768, 23, "boundary"), (896, 42, "second"))}
+    out_table, offsets, cols, junctions = gdn._with_explicit(
+        table, sent, seq_lens, qlens, [0, 640, 896], [-1, 1, 2])
+    assert out_table.tolist() == [[5, 0, 0, 0, 0, 0, 0], [0, 11, 12, 0, 11, 41, 0],
+                                  [21, 0, 23, 24, 21, 23, 42]]
+    assert (offsets, cols) == ([0, 640, 896], [-1, 5, 6])
+    assert junctions == {1: [(512, 4)], 2: [(256, 4), (768, 5)]}
     plan = core.plan_step([0, 1, 701, 1601], offsets, cols, 1, junctions=junctions)
     assert [(r, o, out_table[r, c].item()) for r, o, c in zip(plan.rows, plan.offsets, plan.cols)] == \
         [(1, 512, 11), (1, 640, 41), (2, 256, 21), (2, 768, 23), (2, 896, 42)]
-    # a device block table (CUDA's V2 runner): the column goes up through the runner's upload
+    # a device block table (CUDA's V2 runner): the columns go up through the runner's upload
     # (vLLM's async_tensor_h2d, pinned), once, with the rows' block ids
-    sent = []
-    up = lambda values, dtype: sent.append((list(values), dtype)) or torch.tensor(values, dtype=dtype)
-    out_table = gdn._with_second_blocks(table, {1: (41, 640)}, seq_lens, qlens, [0, 640, 0],
-                                        [-1, 1, -1], {}, 256, up)[0]
-    assert sent == [([0, 41, 0], torch.int32)] and out_table[:, 4].tolist() == [0, 41, 0]
-    # a row whose plan is not the manager's (offset 576): refused, nothing cached unwritten
-    with pytest.raises(RuntimeError, match="reserved 640"):
-        gdn._with_second_blocks(table, {1: (41, 640)}, seq_lens, qlens, [0, 576, 0], [-1, 1, -1], {}, 256)
+    up_calls = []
+    up = lambda values, dtype: up_calls.append((list(values), dtype)) or torch.tensor(values, dtype=dtype)
+    out_table = gdn._with_explicit(table, {1: sent[1]}, seq_lens, qlens, [0, 640, 0],
+                                   [-1, 1, -1], up)[0]
+    assert up_calls == [([0, 0, 11, 41, 0, 0], torch.int32)] and out_table[:, 5].tolist() == [0, 41, 0]
+    # a row whose own plan is not the engine's (offset 576): the engine's list is written (the
+    # blocks its KV-cache manager keys), nothing at 576
+    _, offsets, cols, junctions = gdn._with_explicit(table, {1: sent[1]}, seq_lens, qlens,
+                                                     [0, 576, 0], [-1, 1, -1])
+    assert (offsets, cols, junctions) == ([0, 640, 0], [-1, 5, -1], {1: [(512, 4)]})
+    # a listed position outside the row's chunk (a stale list): refused
+    with pytest.raises(RuntimeError, match="outside the row's chunk"):
+        gdn._with_explicit(table, {1: ((700, 11, "junction"),)}, seq_lens, qlens, [0, 0, 0], [-1, -1, -1])
 
 
 def test_payload_survives_the_multiprocess_executor():
@@ -254,9 +267,10 @@ def test_payload_survives_the_multiprocess_executor():
     from vllm.v1.core.sched.output import SchedulerOutput
 
     out = SchedulerOutput.make_empty()
-    assert getattr(pickle.loads(pickle.dumps(out)), S.ATTR, None) is None
-    setattr(out, S.ATTR, {1: {"r7": (41, 640)}})
-    assert getattr(pickle.loads(pickle.dumps(out, pickle.HIGHEST_PROTOCOL)), S.ATTR) == {1: {"r7": (41, 640)}}
+    assert getattr(pickle.loads(pickle.dumps(out)), P.ATTR, None) is None
+    payload = {1: {"r7": ((512, 11, "boundary"), (640, 41, "second"))}}
+    setattr(out, P.ATTR, payload)
+    assert getattr(pickle.loads(pickle.dumps(out, pickle.HIGHEST_PROTOCOL)), P.ATTR) == payload
 
 
 def test_engine_without_the_path_takes_no_second_block(tiny_config, apply_entries, monkeypatch, seed):
@@ -268,7 +282,7 @@ def test_engine_without_the_path_takes_no_second_block(tiny_config, apply_entrie
     rng = random.Random(seed)
     monkeypatch.setenv(S.ENV, "on")
     monkeypatch.delenv("FLA_USE_FAST_OPS", raising=False)
-    cuda = [p.name for p in S.PATCHES if "cuda" in p.targets and "receive" not in p.name]
+    cuda = [p.name for p in S.PATCHES if "cuda" in p.targets] + ["gdn-checkpoint-send"]
     report = apply_entries(*cuda, stack=Stack("cuda", _cpu_stack().vllm))
     assert set(report.applied) == set(cuda), report.line()
     eng = Engine(tiny_config)
@@ -277,7 +291,7 @@ def test_engine_without_the_path_takes_no_second_block(tiny_config, apply_entrie
     n = rng.choice([x for x in range(2 * B + 65, 4 * B) if ((x - 1) // UNIT * UNIT) % B and x % B])
     cp = (n - 1) // UNIT * UNIT
     eng.run(_prompt(rng, n))
-    assert getattr(eng.outputs[0], S.ATTR, None) is None, (seed, n)
+    assert getattr(eng.outputs[0], P.ATTR, None) is None, (seed, n)
     for m in eng.mamba:
         blocks, extra = eng.snapshot[m.kv_cache_group_id]
         assert _keys(blocks[-(-n // B) - 2]) == cp and not extra, (seed, n)

@@ -24,6 +24,9 @@ One module per patched upstream module (or, for ``gdn_prefill_checkpoint``, per 
   whose checkpoint lies inside its last block also keeps the state at that block's start, in a
   second block (``VLLM_HYBRID_NPU_SECOND_CHECKPOINT=on``; vLLM 0.30's CPU path and CUDA's one
   pass on the V2 runner).
+* :mod:`.gdn_step_checkpoints` - the engine's explicit list of each step's GDN checkpoints beyond
+  vLLM's one per row (junctions, crossed boundaries, second blocks), sent on the
+  ``SchedulerOutput`` and held by the model runner for the GDN metadata builders.
 * :mod:`.vllm_kv_offload_scheduler` - opt-in: vLLM's host tier (OffloadingConnector) keeps no
   partial tail (``VLLM_HYBRID_NPU_HOST_TIER_PARTIAL_TAILS=off``; vLLM's own branch without them).
 * :mod:`.sub_block_tail_split` - opt-in: with ``--prefix-match-unit`` below the block, a prompt's
@@ -75,6 +78,7 @@ PATCH_MODULES = (
     "vllm_hybrid_npu.patches.resend_tail",
     "vllm_hybrid_npu.patches.gdn_junction",
     "vllm_hybrid_npu.patches.gdn_second_checkpoint",
+    "vllm_hybrid_npu.patches.gdn_step_checkpoints",
     "vllm_hybrid_npu.patches.vllm_kv_offload_scheduler",
     "vllm_hybrid_npu.patches.sub_block_tail_split",
     "vllm_hybrid_npu.patches.vllm_ascend_gdn",

@@ -23,12 +23,10 @@ block hash, retention rule and host-tier offer as the split's step end. One rule
 * ``MambaManager.get_num_blocks_to_allocate`` / ``allocate_new_blocks`` (``gdn-junction-count``,
   ``gdn-junction-blocks``): one block more, put in the junction's column (vLLM leaves it null);
   vLLM's own ``cache_blocks`` then caches it (the junction is one of its reachable boundaries);
-* the worker's GDN metadata builder finds that block in the host block table (on vllm-ascend the
-  host copy of its device table, on CUDA the mirror of the V2 runner's,
-  ``gdn_prefill_checkpoint.host_block_table``) and plans a second checkpoint in the row
-  (``core.junction_columns``); vLLM's CPU GDN function, or vllm-ascend's prefill kernel
-  (``ops.run_split``), runs in one more round; CUDA's one-pass chunk-state kernel stores it at
-  its chunk start in the same pass.
+* the engine's plan (:mod:`.gdn_step_checkpoints`) sends that block's id and position with the
+  step; the worker's GDN metadata builder plans a second checkpoint in the row; vLLM's CPU GDN
+  function, or vllm-ascend's prefill kernel (``ops.run_split``), runs in one more round; CUDA's
+  one-pass chunk-state kernel stores it at its chunk start in the same pass.
 
 The same entries end a prefill chunk where the token budget ends, where vLLM
 floors a non-final chunk to the block and stops a chunk started mid-block at its next boundary
@@ -37,15 +35,14 @@ block`` tokens). The chunk ends on the 64-token checkpoint grid (:meth:`Junction
 and the step writes the state at each block boundary whose block vLLM keeps: from a start on the
 grid vLLM 0.30's own ``MambaManager`` reserves the checkpoint at the chunk's last boundary (it
 reads the chunk's end, final or not); from a start mid-block the initial state's block takes the
-next boundary's state (the builder finds it, ``core.junction_columns``) and ``allocate_slots``
+next boundary's state (the engine lists it, ``core.step_checkpoints``) and ``allocate_slots``
 hands the managers the prompt checkpoint or the chunk's last boundary past it
 (:meth:`JunctionRule.crossed`). Only with the prefix-match unit at the block.
 
 The Mamba managers are vLLM's ``MambaManager`` or a subclass (vllm-ascend's
 ``AscendMambaManager``, :func:`is_mamba_manager`). On CUDA the one pass writes every checkpoint of
-a row (a junction, the crossed boundary, the prompt's own) where the builder finds the columns in
-the host mirror of vLLM 0.30's V2 runner's block tables
-(:class:`~.gdn_prefill_checkpoint.RunnerHostTable`). Elsewhere (CUDA's V1 runner, FlashInfer,
+a row (a junction, the crossed boundary, the prompt's own) on vLLM 0.30's V2 runner, which
+receives the engine's list. Elsewhere (CUDA's V1 runner, FlashInfer,
 ``FLA_USE_FAST_OPS=1``, DCP / PCP / micro-batching; vllm-ascend's V2 runner, DCP, a KV connector;
 vLLM 0.32 / 0.33, whose managers reserve checkpoints by other rules; speculative decoding) nothing
 applies and vLLM stops at the junction, as before (:func:`~.gdn_prefill_checkpoint.junctions_off`). A junction the manager cannot place (its column not null) keeps nothing

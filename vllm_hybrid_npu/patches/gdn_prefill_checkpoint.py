@@ -29,7 +29,6 @@ import itertools
 import logging
 import os
 import sys
-import weakref
 from typing import Any, Callable
 
 import torch
@@ -173,36 +172,32 @@ def build_checkpoints(builder: Any, common: Any, metadata: Any, stack: Stack,
     metadata ``builder`` (vLLM's or vllm-ascend's; its ``kv_cache_spec``, ``vllm_config``), or None,
     from the step's ``CommonAttentionMetadata`` (host ``query_start_loc_cpu`` and
     ``seq_lens_cpu_upper_bound``, device ``block_table_tensor``) and the ``metadata`` upstream
-    built; ``kernel_meta(builder, device)`` gives the split's chunk metadata. The plan: on
-    :data:`VLLM_PLAN` vLLM 0.33's own (``metadata.checkpoint``: ``compute_mamba_prefill_checkpoints``
-    offsets and the blocks it gathered; None where it exports itself), else ``core.checkpoint_offsets``.
-    Raises RuntimeError where the runner gave no ``seq_lens_cpu_upper_bound`` (the reserved
-    checkpoint block would be cached unwritten)."""
+    built; ``kernel_meta(builder, device)`` gives the split's chunk metadata. One checkpoint per
+    row is vLLM's plan: on :data:`VLLM_PLAN` vLLM 0.33's own (``metadata.checkpoint``:
+    ``compute_mamba_prefill_checkpoints`` offsets and the blocks it gathered; None where it
+    exports itself), else ``core.checkpoint_offsets``, in the row's block-table column. Every other
+    checkpoint (junctions, crossed boundaries, second blocks) is the engine's explicit list for
+    the step (:data:`STEP`, :mod:`.gdn_step_checkpoints`), with its block ids: no block-table
+    column is read for them.
+
+    Raises:
+        RuntimeError: the runner gave no ``seq_lens_cpu_upper_bound`` (the reserved checkpoint
+            block would be cached unwritten), or a row's own plan is not the checkpoint the
+            engine's list ends with (:func:`_with_explicit`).
+    """
     spec, config, table = builder.kv_cache_spec, builder.vllm_config, common.block_table_tensor
     if (getattr(spec, "num_prefill_checkpoint_blocks", 0) <= 0 or metadata.num_prefills == 0
             or metadata.spec_sequence_masks is not None):
         return None
-    n, path, junctions = int(common.num_reqs), None, {}
+    n = int(common.num_reqs)
     qsl = common.query_start_loc_cpu[: n + 1].tolist()
+    explicit = _step_checkpoints(builder, n)
     if stack.vllm in VLLM_PLAN:  # request rows 0..n-1; each row's block (gathered) as a column
-        planned, path = metadata.checkpoint, exporter_path(config, stack.target)[0]
-        crossing = _junctions_on(builder, path) and common.seq_lens_cpu_upper_bound is not None
-        if path is None or (planned is None and not crossing):
+        planned = metadata.checkpoint
+        if planned is None and not explicit:
             return None
-        offsets, cols = (planned.offsets, [0] * n) if planned else ([0] * n, [0] * n)
+        offsets, cols = (list(planned.offsets), [0] * n) if planned else ([0] * n, [-1] * n)
         table = planned.state_indices[:, None] if planned else common.block_table_tensor[:n, :0]
-        if crossing:
-            # a mid-block row crossing a boundary (vLLM's own plan writes only the checkpoint,
-            # and plans nothing for a row it clips at a junction past the boundary): its initial
-            # state's block, from the step's block table after the gathered column
-            seq_lens = common.seq_lens_cpu_upper_bound[:n].tolist()
-            qlens = [e - s for s, e in zip(qsl, qsl[1:])]
-            own = [-(-s // spec.block_size) - 2 if o else -1 for s, o in zip(seq_lens, offsets)]
-            if junctions := _junctions(common.block_table_tensor, seq_lens, qlens, own,
-                                       metadata.num_decodes, spec.block_size):
-                shift = table.shape[1]
-                table = torch.cat([table, common.block_table_tensor[:n]], dim=1)
-                junctions = {r: [(o, c + shift) for o, c in found] for r, found in junctions.items()}
     elif common.seq_lens_cpu_upper_bound is None:
         raise RuntimeError(f"vllm-hybrid-npu GDN prefill checkpoints: the model runner passed no "
                            f"seq_lens_cpu_upper_bound; set {ENV_VAR}=off")
@@ -218,32 +213,35 @@ def build_checkpoints(builder: Any, common: Any, metadata: Any, stack: Stack,
             drop_eagle_block=bool(spec_config is not None and spec_config.use_eagle_block_drop()),
             position_fn=kv.get_mamba_prefill_checkpoint_position,
             valid_fn=kv.is_mamba_prefill_checkpoint_valid)
-        if _junctions_on(builder, path := exporter_path(config, stack.target)[0]):
-            junctions = _junctions(table, seq_lens, qlens, cols, metadata.num_decodes, spec.block_size)
-        if _junctions_on(builder, path) and (second := _second_blocks(builder, n)):
-            table, offsets, cols, junctions = _with_second_blocks(
-                table[:n], second, seq_lens, qlens, list(offsets), list(cols), junctions,
-                spec.block_size, _to_device(table.device))
+    junctions: dict = {}
+    if explicit:
+        seq_lens = common.seq_lens_cpu_upper_bound[:n].tolist()
+        table, offsets, cols, junctions = _with_explicit(
+            table[:n], explicit, seq_lens, [e - s for s, e in zip(qsl, qsl[1:])], list(offsets),
+            list(cols), _to_device(table.device))
     if (plan := core.plan_step(qsl, offsets, cols, metadata.num_decodes, junctions=junctions)) is None:
         return None
-    method = export_method(path or exporter_path(config, stack.target)[0], spec, config)
+    method = export_method(exporter_path(config, stack.target)[0])
     return ops.build_metadata(plan, table, _to_device(table.device), method,
                               kernel_meta(builder, table.device) if method == "split" else None)
 
 
-#: The step a model runner is executing with second checkpoint blocks
-#: (:mod:`.gdn_second_checkpoint`'s ``-receive`` entries set it): ``(runner, {group id: {request
-#: id: (block id, cp tokens)}})``, or None.
-SECOND_STEP: contextvars.ContextVar = contextvars.ContextVar("vhn_second_step", default=None)
+#: The step a model runner is executing with explicit checkpoints (the ``gdn-checkpoint-receive*``
+#: entries set it, :mod:`.gdn_step_checkpoints`): ``(runner, {KV-cache group id: {request id:
+#: ((position, block id, kind), ...)}})``, or None.
+STEP: contextvars.ContextVar = contextvars.ContextVar("vhn_step_checkpoints", default=None)
+#: The V2 runner's attribute (set by ``gdn-checkpoint-v2-rows``) holding the step's batch order,
+#: ``input_batch.req_ids``.
+V2_REQ_IDS = "_vhn_req_ids"
 
 
-def _second_blocks(builder: Any, num_reqs: int) -> dict[int, tuple[int, int]]:
-    """For a GDN metadata ``builder`` of the step the model runner is executing
-    (:data:`SECOND_STEP`): ``{batch row: (block id, cp tokens)}`` of the rows whose prompt took a
-    second checkpoint block in the builder's KV-cache group (rows: the runner's
-    ``input_batch.req_ids``, vLLM 0.30's V1 runner, or the V2 runner's batch order,
-    :data:`V2_REQ_IDS`; the first ``num_reqs``). Empty outside such a step."""
-    step = SECOND_STEP.get()
+def _step_checkpoints(builder: Any, num_reqs: int) -> dict[int, tuple]:
+    """For a GDN metadata ``builder`` of the step the model runner is executing (:data:`STEP`):
+    ``{batch row: ((position, block id, kind), ...)}`` of the rows the engine listed in the
+    builder's KV-cache group (rows: the runner's ``input_batch.req_ids``, vLLM's and
+    vllm-ascend's V1 runners, or the V2 runner's batch order, :data:`V2_REQ_IDS`; the first
+    ``num_reqs``). Empty outside such a step."""
+    step = STEP.get()
     if step is None:
         return {}
     runner, payload = step
@@ -256,81 +254,73 @@ def _second_blocks(builder: Any, num_reqs: int) -> dict[int, tuple[int, int]]:
     return {}
 
 
-def _with_second_blocks(table: torch.Tensor, second: dict[int, tuple[int, int]], seq_lens: list,
-                        qlens: list, offsets: list, cols: list, junctions: dict, block: int,
-                        to_device: ops.ToDevice | None = None):
-    """The step's plan inputs with each row of ``second`` (``{row: (block id E, cp)}``,
-    :mod:`.gdn_second_checkpoint`) checkpointed twice: ``q = cp // block * block`` into its
-    checkpoint column (which the KV-cache manager keyed at ``q``) and ``cp`` into ``E``, one
-    column appended to ``table`` (int32 [R, columns], the block table of the builder's group;
-    0, vLLM's null block, in the other rows), uploaded by ``to_device`` (vLLM's
-    ``async_tensor_h2d``: pinned memory, no host sync; default: a host tensor) where ``table``
-    is device memory: only in a step with such a row. Returns ``(table, offsets, cols,
-    junctions)``.
+def _with_explicit(table: torch.Tensor, explicit: dict[int, tuple], seq_lens: list, qlens: list,
+                   offsets: list, cols: list, to_device: ops.ToDevice | None = None):
+    """The step's plan inputs with the engine's explicit checkpoints: each row of ``explicit``
+    (``{row: ((position, block id, kind), ...)}``, :func:`core.step_checkpoints`, ascending) takes
+    all of its checkpoints from the list, each block in a column appended to ``table`` (int32
+    [R, columns], the builder's; 0, vLLM's null block, in the other rows), uploaded by
+    ``to_device`` (vLLM's ``async_tensor_h2d``: pinned memory, no host sync; default: a host
+    tensor): only in a step with such a row. A list ending in the chunk's own checkpoint
+    (``prompt`` or ``second``) gives the row's checkpoint; the rest are junctions
+    (``plan_step``'s). Returns ``(table, offsets, cols, junctions)``.
+
+    A row whose own plan (``offsets[row]`` > 0) is not the list's last checkpoint takes the
+    list's (the blocks the KV-cache manager keys), logged once as a warning.
 
     Raises:
-        RuntimeError: a row's plan is not the checkpoint the manager reserved (``cp`` at column
-            ``q // block - 1``): the blocks would be cached with other states.
+        RuntimeError: a listed position outside the row's chunk (the engine and the worker
+            disagree on the chunk: its blocks would be cached with other states).
     """
-    extra, junctions = [0] * table.shape[0], {r: list(v) for r, v in junctions.items()}
-    for r, (block_id, cp) in second.items():
-        start, q = seq_lens[r] - qlens[r], cp // block * block
-        if offsets[r] != cp - start or cols[r] != q // block - 1 or not start < q:
-            raise RuntimeError(f"vllm-hybrid-npu second GDN checkpoint: row {r} ({start}-"
-                               f"{seq_lens[r]} tokens) plans offset {offsets[r]} in column "
-                               f"{cols[r]}, the KV-cache manager reserved {cp} with {q} in "
-                               f"column {q // block - 1}")
-        junctions[r] = sorted([*junctions.get(r, ()), (q - start, cols[r])])
-        cols[r], extra[r] = table.shape[1], block_id
-    column = (to_device(extra, table.dtype) if to_device is not None
-              else torch.tensor(extra, dtype=table.dtype))
-    return torch.cat([table, column[:, None]], dim=1), offsets, cols, junctions
+    width, k = table.shape[1], max(len(v) for v in explicit.values())
+    ids, junctions = [0] * (table.shape[0] * k), {}
+    for r, entries in explicit.items():
+        start = seq_lens[r] - qlens[r]
+        points = [(p - start, width + j) for j, (p, _, _) in enumerate(entries)]
+        ids[r * k: r * k + len(entries)] = [b for _, b, _ in entries]
+        own = points.pop() if entries[-1][2] in ("prompt", "second") else (0, -1)
+        if not all(0 < o < qlens[r] for o, _ in points + [own] * (own[1] >= 0)):
+            raise RuntimeError(f"vllm-hybrid-npu GDN checkpoints: row {r} ({start}-{seq_lens[r]} "
+                               f"tokens): the engine sent {entries}, outside the row's chunk")
+        if offsets[r] and offsets[r] != own[0] and "plan-mismatch" not in _logged:
+            _logged.add("plan-mismatch")
+            logger.warning("vllm-hybrid-npu: GDN prefill checkpoints: row %d (%d-%d tokens) plans "
+                           "offset %d, the engine's KV-cache manager reserved %s; the engine's "
+                           "list is written (logged once)", r, start, seq_lens[r], offsets[r], entries)
+        offsets[r], cols[r] = own
+        if points:
+            junctions[r] = points
+    block = (to_device(ids, table.dtype) if to_device is not None
+             else torch.tensor(ids, dtype=table.dtype))
+    return torch.cat([table, block.view(table.shape[0], k)], dim=1), offsets, cols, junctions
 
 
-def _junctions_on(builder: Any, path: str | None) -> bool:
-    """``junctions_off(builder.vllm_config, path) is None``, decided once per GDN metadata
-    builder and path (the V2 runner's flag, ``VllmConfig.use_v2_model_runner``, reads entry
-    points: not per step)."""
-    memo = vars(builder).setdefault("_vhn_junctions_on", {})
-    if path not in memo:
-        memo[path] = junctions_off(builder.vllm_config, path) is None
-    return memo[path]
-
-
-#: Exporter paths that export shared-prefix junction states and crossed block boundaries
-#: (:mod:`.gdn_junction`, several checkpoints in a row): vLLM's CPU GDN function (one call per
-#: round, the block table host memory), vllm-ascend 0.30.0rc2's three prefill paths
-#: (``ops.run_split`` in rounds; the builder reads the host copy of the device block table,
-#: :func:`host_block_table`) and, on vLLM 0.30.0's V2 GPU model runner, the Triton/FLA path's
+#: Exporter paths that write several checkpoints per row (shared-prefix junctions, crossed block
+#: boundaries, second blocks: the engine's explicit list, :mod:`.gdn_step_checkpoints`): vLLM's
+#: CPU GDN function (one call per round), vllm-ascend 0.30.0rc2's three prefill paths
+#: (``ops.run_split`` in rounds) and, on vLLM 0.30.0's V2 GPU model runner, the Triton/FLA path's
 #: one pass (``triton``: the chunk-state kernel stores every checkpoint of a row, one per chunk
-#: start; the builder reads the host mirror of the V2 block tables, :class:`RunnerHostTable`);
-#: ``ascend`` is the NPU paths' name before the worker knows which (the engine-core process).
-#: :func:`junctions_off` lists the configurations they leave out.
+#: start); ``ascend`` is the NPU paths' name before the worker knows which (the engine-core
+#: process). :func:`junctions_off` lists the configurations they leave out.
 JUNCTION_PATHS = ("cpu", "triton", "ascend", "ascend-fla-npu", "ascend-fused", "ascend-chunk")
-#: vLLM versions whose V2 GPU model runner's block tables :class:`RunnerHostTable` mirrors (read
-#: against 0.30.0's ``vllm/v1/worker/gpu/block_table.py`` and ``model_runner.py``).
+#: vLLM versions whose V2 GPU model runner receives the explicit list (``gdn-checkpoint-receive-v2``
+#: and ``-v2-rows``, read against 0.30.0's ``vllm/v1/worker/gpu/model_runner.py``).
 RUNNER_V2_VERSIONS = ("0.30.0",)
 
 
 def junctions_off(vllm_config: Any, path: str | None) -> str | None:
     """Why the exporter ``path`` (:func:`exporter_path`'s) of the engine of ``vllm_config``
-    exports no shared-prefix junction state or crossed block boundary (a str), or None where it
-    does. Read from the configuration alone, so the scheduler's entries (:mod:`.gdn_junction`,
-    the mid-block stop) and the worker's builder (:func:`build_checkpoints`) decide alike. Off:
-    paths outside :data:`JUNCTION_PATHS` (CUDA's one-pass kernel writes one checkpoint per row
-    and its block table is device memory), and on vllm-ascend's paths, which read the host copy
-    of the block table that vllm-ascend 0.30.0rc2's V1 ``BlockTable`` keeps: its V2 model runner
-    (``vllm_ascend/worker/v2``, other block tables, not recorded), decode context parallel (the
-    DCP table holds rows per rank and draft token; ``AscendMambaManager`` looks hits up at rank
-    size 1: not read here) and a KV transfer connector (``AscendMambaManager`` counts a block more
-    for a synchronous external hit and vllm-ascend keeps a KV consumer's chunk whole,
-    ``patch_mamba_block_aligned_split``: neither composed with the junction block here). On
-    CUDA's Triton/FLA path (``triton``): only vLLM 0.30.0's V2 GPU model runner (its block tables
-    mirrored on the host, :class:`RunnerHostTable`; the V1 runner's ``BlockTable`` is not
-    recorded here) with the one-pass export (``FLA_USE_FAST_OPS=1``'s split in rounds is not run
-    on CUDA), without decode or prefill context parallel (other tables: the DCP one per rank, the
-    PCP manager's own) and without micro-batching (the ubatch runner gathers into tables of its
-    own)."""
+    writes no checkpoint beyond one per row (a str), or None where it does. Read by the engine
+    alone, once per scheduler (:mod:`.gdn_step_checkpoints`, :mod:`.gdn_junction`, the mid-block
+    stop, the second block); the worker writes what the engine sends. Off: paths outside
+    :data:`JUNCTION_PATHS` (FlashInfer; CUDA's split with ``FLA_USE_FAST_OPS=1``), runners without
+    a receive entry (vLLM's V1 GPU runner on CUDA, vllm-ascend's V2 runner) and configurations
+    whose block tables or chunks are not vLLM's one table per KV-cache group: decode or prefill
+    context parallel (the DCP table holds rows per rank; the PCP manager's own), micro-batching
+    (the ubatch runner's tables), and on vllm-ascend a KV transfer connector
+    (``AscendMambaManager`` counts a block more for a synchronous external hit and vllm-ascend
+    keeps a KV consumer's chunk whole, ``patch_mamba_block_aligned_split``: neither composed with
+    the junction block here)."""
     if path not in JUNCTION_PATHS:
         return f"exporter path {path}: one checkpoint per row"
     if path == "triton":
@@ -338,7 +328,7 @@ def junctions_off(vllm_config: Any, path: str | None) -> str | None:
     if not path.startswith("ascend"):
         return None
     if getattr(vllm_config, "use_v2_model_runner", False):
-        return "vllm-ascend's V2 model runner (its block tables are not the host-mirrored V1 BlockTable)"
+        return "vllm-ascend's V2 model runner (no receive entry for its execute_model)"
     parallel = getattr(vllm_config, "parallel_config", None)
     if (getattr(parallel, "decode_context_parallel_size", 1) or 1) > 1:
         return "decode context parallel (the DCP block table is not read here)"
@@ -362,212 +352,25 @@ def cuda_junctions_off() -> str | None:
     return f"{CUDA_JUNCTIONS_ENV}=off (vLLM's junction, mid-block and block-rounded stops kept on CUDA)"
 
 
-def _v2_host_wanted(stack: Stack) -> str | None:
-    """:func:`wanted`, and the mirror only where CUDA's junction export is on
-    (:func:`cuda_junctions_off`: nothing reads it otherwise)."""
-    return wanted(stack) or cuda_junctions_off()
-
-
 def _triton_junctions_off(vllm_config: Any) -> str | None:
     """:func:`junctions_off` for the ``triton`` path (CUDA)."""
     if (reason := cuda_junctions_off()) is not None:
         return reason
     version = getattr(registry.REPORT.stack, "vllm", None)
     if version not in RUNNER_V2_VERSIONS:
-        return f"CUDA on vLLM {version} (the V2 runner's block tables are mirrored for {RUNNER_V2_VERSIONS})"
+        return f"CUDA on vLLM {version} (the V2 runner receives the explicit list on {RUNNER_V2_VERSIONS})"
     if export_method("triton") != "fused":
         return "FLA_USE_FAST_OPS=1 (the split of the FLA call: its rounds are not run on CUDA)"
     if not getattr(vllm_config, "use_v2_model_runner", False):
-        return "vLLM's V1 GPU model runner (its BlockTable's host copy is not recorded here)"
+        return "vLLM's V1 GPU model runner on CUDA (no receive entry for its execute_model)"
     parallel = getattr(vllm_config, "parallel_config", None)
     if (getattr(parallel, "decode_context_parallel_size", 1) or 1) > 1:
         return "decode context parallel (the DCP block table is not read here)"
     if (getattr(parallel, "prefill_context_parallel_size", 1) or 1) > 1:
-        return "prefill context parallel (the PCP manager's block tables are not mirrored)"
+        return "prefill context parallel (the PCP manager's block tables)"
     if getattr(parallel, "use_ubatching", False):
-        return "micro-batching (the ubatch runner's block tables are not mirrored)"
+        return "micro-batching (the ubatch runner's block tables)"
     return None
-
-
-#: The host copies of device block tables: the device storage (address, bytes) -> vLLM's
-#: ``CpuGpuBuffer`` (``vllm/v1/utils.py``: ``.cpu`` host, ``.gpu`` device, one shape and dtype),
-#: recorded by :func:`remember_host_table` (vllm-ascend's ``BlockTable.__init__`` entry), or a
-#: :class:`RunnerHostTable` (vLLM 0.30's V2 runner, :func:`runner_host_tables`).
-_HOST_TABLES: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
-
-
-def _storage_key(tensor: Any) -> tuple[int, int]:
-    storage = tensor.untyped_storage()  # no device access: the allocation's address and size
-    return storage.data_ptr(), storage.nbytes()
-
-
-def remember_host_table(buffer: Any) -> None:
-    """Record ``buffer`` (a ``CpuGpuBuffer``, vLLM 0.30's ``vllm/v1/utils.py``; vllm-ascend
-    0.30.0rc2's ``BlockTable.block_table`` and vLLM's own ``BlockTable.block_table`` are one) so
-    :func:`host_block_table` finds its host tensor from a view of its device tensor. Weak: a
-    dropped buffer is forgotten."""
-    _HOST_TABLES[_storage_key(buffer.gpu)] = buffer
-
-
-def host_block_table(table: Any) -> Any:
-    """The host copy of ``table`` (a block table on the device, int32 [R, columns], a view of a
-    recorded ``CpuGpuBuffer``'s ``.gpu``, as ``CommonAttentionMetadata.block_table_tensor`` is:
-    ``BlockTable.get_device_tensor()[:num_reqs_padded]``): the same view of its ``.cpu``, which
-    the model runner copied to the device this step (``commit_block_table``), so no device read
-    and no host sync. A host ``table`` not recorded is itself. Raises RuntimeError for a device
-    table whose host copy is not recorded (a runner other than vllm-ascend's V1, or the
-    ``gdn-checkpoint-ascend-host-table`` entry not applied)."""
-    key = _storage_key(table)
-    buf = _HOST_TABLES.get(key)
-    if isinstance(buf, RunnerHostTable):  # vLLM 0.30's V2 runner: rows by batch row, from 0
-        if (table.storage_offset() == 0 and table.stride() == buf.gpu.stride()
-                and table.dtype == buf.gpu.dtype and _storage_key(buf.gpu) == key):
-            return buf
-    elif (buf is not None and _storage_key(buf.gpu) == key and buf.cpu.dtype == table.dtype and buf.cpu.shape == buf.gpu.shape
-            and buf.cpu.stride() == buf.gpu.stride()):
-        return buf.cpu.as_strided(table.size(), table.stride(), table.storage_offset())
-    if table.device.type == "cpu":
-        return table
-    raise RuntimeError(
-        f"vllm-hybrid-npu GDN prefill checkpoints: no host copy recorded for the {table.device} "
-        f"block table (shape {tuple(table.shape)}): the shared-prefix junction columns cannot be "
-        f"found without a device read (the gdn-checkpoint-ascend-host-table entry records "
-        f"vllm-ascend's V1 BlockTable, gdn-checkpoint-v2-host-table vLLM 0.30's V2 runner's "
-        f"BlockTables); set {ENV_VAR}=off")
-
-
-class RunnerHostTable:
-    """The host mirror of one KV-cache group's block table in vLLM 0.30.0's V2 GPU model runner
-    (CUDA; ``vllm/v1/worker/gpu/block_table.py``, ``BlockTables``), where the block ids live on
-    the device only: ``append_block_ids`` stages each request's new ids (a ``StagedWriteTensor``
-    per group, rows by request index, the staged lists cleared when ``apply_staged_writes``
-    writes them to the device), ``gather_block_tables`` copies the step's rows in batch order into
-    ``input_block_tables[g]`` (the first ``num_blocks`` entries of each), and the GDN builder gets
-    a view of that (``CommonAttentionMetadata.block_table_tensor``, rows ``[:num_reqs_padded]``).
-
-    ``mirror`` (int32 [max_num_reqs, columns], host) takes the same writes as the staged tensor
-    (``gdn-checkpoint-v2-host-table``, around ``append_block_ids``); ``num_blocks`` is the
-    runner's own host count per request (``BlockTables.num_blocks.np[g]``); ``rows`` the step's
-    batch order, ``input_batch.idx_mapping_np`` (``gdn-checkpoint-v2-host-rows``, before
-    ``GPUModelRunner.prepare_attn`` gathers), or None after ``prepare_dummy_attn`` (a dummy
-    batch: every entry reads null). Indexed as the device table: ``host[r, cols]`` (a batch row,
-    a slice) is that row's block ids as an int32 numpy array, null (0) past the request's blocks
-    and for rows outside the batch. No device read, no host sync: the builder runs after this
-    step's writes were staged, on the same host thread."""
-
-    def __init__(self, device_table: torch.Tensor, num_blocks: Any):
-        import numpy as np
-
-        self.gpu = device_table
-        self.mirror = np.zeros(tuple(device_table.shape), dtype=np.int32)
-        self.num_blocks = num_blocks
-        self.rows: Any = None
-
-    def write(self, req_index: int, block_ids: list[int]) -> None:
-        """``block_ids`` (already expanded to kernel blocks) as the request's last entries, where
-        the runner's ``append_block_ids`` has just staged them (its ``num_blocks`` updated)."""
-        end = int(self.num_blocks[req_index])
-        self.mirror[req_index, end - len(block_ids):end] = block_ids
-
-    def __getitem__(self, key: tuple[int, slice]) -> Any:
-        import numpy as np
-
-        r, cols = key
-        out = np.zeros_like(self.mirror[0, cols])  # the slice's length, null
-        if self.rows is None or not 0 <= r < len(self.rows):
-            return out
-        req = int(self.rows[r])
-        out[:] = self.mirror[req, cols]
-        first = cols.start or 0
-        out[max(0, int(self.num_blocks[req]) - first):] = 0  # past the request's blocks: stale
-        return out
-
-
-def runner_host_tables(block_tables: Any) -> list[RunnerHostTable | None]:
-    """Per KV-cache group of vLLM 0.30's V2 ``BlockTables`` its :class:`RunnerHostTable` (made
-    and recorded by the device storage of ``input_block_tables[g]`` on first use), or None for a
-    group whose kernel blocks split the block (``blocks_per_kv_block > 1``: attention groups; a
-    GDN group's kernel block is its block)."""
-    hosts = vars(block_tables).get("_vhn_host_tables")
-    if hosts is None:
-        hosts = []
-        for g, table in enumerate(block_tables.input_block_tables):
-            host = None
-            if block_tables.blocks_per_kv_block[g] == 1:
-                host = RunnerHostTable(table, block_tables.num_blocks.np[g])
-                _HOST_TABLES[_storage_key(table)] = host
-            hosts.append(host)
-        vars(block_tables)["_vhn_host_tables"] = hosts  # the registry's values are weak
-    return hosts
-
-
-def _make_v2_append(upstream: Any, stack: Stack) -> Any:
-    @functools.wraps(upstream)
-    def append_block_ids(self, req_index, new_block_ids, overwrite):
-        out = upstream(self, req_index, new_block_ids, overwrite)
-        for host, ids in zip(runner_host_tables(self), new_block_ids):
-            if host is not None:
-                host.write(req_index, list(ids))
-        return out
-
-    return append_block_ids
-
-
-#: The V2 runner's attribute (set here) holding the step's batch order, ``input_batch.req_ids``
-#: (:func:`_second_blocks` reads it).
-V2_REQ_IDS = "_vhn_req_ids"
-
-
-def _make_v2_rows(upstream: Any, stack: Stack) -> Any:
-    @functools.wraps(upstream)
-    def prepare_attn(self, input_batch):
-        rows = input_batch.idx_mapping_np if self.pcp_manager is None else None
-        for host in runner_host_tables(self.block_tables):
-            if host is not None:
-                host.rows = rows
-        vars(self)[V2_REQ_IDS] = input_batch.req_ids if rows is not None else ()
-        return upstream(self, input_batch)
-
-    return prepare_attn
-
-
-def _make_v2_dummy(upstream: Any, stack: Stack) -> Any:
-    @functools.wraps(upstream)
-    def prepare_dummy_attn(self, input_batch, *args, **kwargs):
-        for host in runner_host_tables(self.block_tables):
-            if host is not None:
-                host.rows = None  # zeroed rows (or vLLM's dummy state slots): no junction there
-        vars(self)[V2_REQ_IDS] = ()
-        return upstream(self, input_batch, *args, **kwargs)
-
-    return prepare_dummy_attn
-
-
-def _junctions(table: Any, seq_lens: list, qlens: list, cols: list, num_decodes: int,
-               block: int) -> dict[int, list[tuple[int, int]]]:
-    """Per prefill row the checkpoints inside the row the KV-cache manager keeps a block for
-    (:func:`core.junction_columns` on the row of ``table``, int32 [R, columns], read on the host:
-    :func:`host_block_table`; RuntimeError where a device table has no host copy): shared-
-    prefix junctions, and the block boundary a row started mid-block crosses, whose state goes
-    to the initial state's block (column ``start // block``). Mid-block rows cross a boundary in
-    two cases: :mod:`.gdn_junction`'s budget rule, and vLLM's own chunk from a start on a finer
-    prefix-match unit (``--prefix-match-unit 64``, a partial hit inside a block) that reaches the
-    prompt's end with an internal checkpoint: ``Scheduler._mamba_block_aligned_split`` (vLLM
-    0.30-0.33) lifts the mid-block stop there, also where a shared-prefix junction stop then
-    clips the chunk past the boundary without a checkpoint, and ``MambaManager.cache_blocks``
-    caches that block at the boundary when a retention interval or the junction keeps it, so it
-    must hold the boundary's state, not the hit's. Every other mid-block chunk of vLLM ends at or
-    before its next boundary and finds none. Paths without this write stop such chunks at the
-    boundary instead (``gdn-checkpoint-mid-block-stop``)."""
-    out, host = {}, None
-    for r in range(num_decodes, len(qlens)):
-        start = seq_lens[r] - qlens[r]
-        limit = cols[r] if cols[r] >= 0 else -(-seq_lens[r] // block) - 1
-        if qlens[r] > 1 and limit > start // block:
-            host = host_block_table(table) if host is None else host
-            if found := core.junction_columns(start, seq_lens[r], block, cols[r], host[r, :limit].tolist()):
-                out[r] = found
-    return out
 
 
 def make_builder(kernel_meta: Callable[[Any, Any], ops.KernelMeta | None]):
@@ -1000,20 +803,6 @@ PATCHES = [
           "per-step checkpoint plan (core.plan_step; vLLM 0.33: of vLLM's plan) in the GDN "
           "metadata, with (CUDA) the FLA chunk metadata of the split's two calls",
           signature=BUILD_SIGNATURE),
-    entry("gdn-checkpoint-v2-host-table", "vllm.v1.worker.gpu.block_table",
-          "BlockTables.append_block_ids", _make_v2_append, ("cuda",),
-          "a host mirror of the V2 runner's block tables (device memory only), written where the "
-          "runner stages its writes, so the GDN builder finds the shared-prefix junction columns "
-          "without a device read (RunnerHostTable)", vllm=RUNNER_V2_VERSIONS,
-          wanted=_v2_host_wanted, signature=("self", "req_index", "new_block_ids", "overwrite")),
-    entry("gdn-checkpoint-v2-host-rows", "vllm.v1.worker.gpu.model_runner",
-          "GPUModelRunner.prepare_attn", _make_v2_rows, ("cuda",),
-          "the step's batch order (idx_mapping_np) for the mirror, before the V2 runner gathers "
-          "its block tables", vllm=RUNNER_V2_VERSIONS, wanted=_v2_host_wanted, signature=("self", "input_batch")),
-    entry("gdn-checkpoint-v2-host-dummy", "vllm.v1.worker.gpu.model_runner",
-          "GPUModelRunner.prepare_dummy_attn", _make_v2_dummy, ("cuda",),
-          "a dummy batch's rows read as null in the mirror (no junction planned there)",
-          vllm=RUNNER_V2_VERSIONS, wanted=_v2_host_wanted, signature=("self", "input_batch", "valid_state_slots")),
     entry("gdn-checkpoint-regather", "vllm.v1.attention.backends.gdn_attn",
           "GDNAttentionMetadataBuilder.update_block_table", _make_regather, ("cuda",),
           "the V2 runner reuses group 0's GDN metadata for the other groups (update_block_table, "

@@ -30,21 +30,11 @@ with a prefix-match unit below the block").
 * ``MambaManager.remove_skipped_blocks`` / ``pop_blocks_for_free`` (``-retire``, ``-free``): ``E``
   goes back to the pool (cached, evictable) when the column does, or with the request (finish,
   abort, preemption), placed after the column's block in the list vLLM frees in reverse;
-* ``Scheduler._update_after_schedule`` (``-send``; vLLM's and vllm-ascend's schedulers all call
-  it with the finished output): ``{KV-cache group: {request id: (E's block id, cp)}}`` for the
-  blocks taken this step, on the ``SchedulerOutput`` (attribute :data:`ATTR`; plain data, so it
-  survives the multiprocess executor's pickle);
-* the model runner's ``execute_model`` (``-receive``: vLLM's V1 GPU runner, which the CPU runner
-  inherits; ``-receive-v2``: vLLM 0.30's V2 runner on CUDA; ``-receive-ascend``: vllm-ascend
-  0.30.0rc2's V1 ``NPUModelRunner``, which overrides it): read at entry, before a runner could
-  ``dataclasses.replace`` the output, held for the step's GDN metadata builders
-  (``gdn_prefill_checkpoint.SECOND_STEP``) and dropped when the step returns (dummy runs see
-  none);
-* the GDN builder (``gdn_prefill_checkpoint.build_checkpoints``) plans two checkpoints in the row:
-  ``q`` into column ``c`` and ``cp`` into ``E`` (one extra block-table column, for that step's
-  plan only; uploaded with vLLM's ``async_tensor_h2d`` where the table is device memory); vLLM's
-  CPU GDN function and vllm-ascend's three prefill paths (``ops.run_split``) run one more round,
-  CUDA's one pass stores both at their chunk starts.
+* the engine's plan (:mod:`.gdn_step_checkpoints`, ``gdn-checkpoint-send``) lists ``q`` in
+  column ``c``'s block and ``cp`` in ``E`` for the step's GDN metadata builders (``boundary`` and
+  ``second`` in ``core.step_checkpoints``), which vLLM's CPU GDN function and vllm-ascend's three
+  prefill paths (``ops.run_split``) write in one more round and CUDA's one pass stores at their
+  chunk starts.
 
 Where the step writes both: vLLM 0.30's CPU exporter path, CUDA's one pass on vLLM 0.30's V2
 runner where the junction export runs (``VLLM_HYBRID_NPU_CUDA_JUNCTIONS=on``, the default), and
@@ -75,8 +65,6 @@ ENV = "VLLM_HYBRID_NPU_SECOND_CHECKPOINT"
 MODES = ("off", "on")
 VERSIONS = ("0.30.0",)
 TARGETS = ("cpu", "cuda", "npu")
-#: ``SchedulerOutput`` attribute: ``{group id: {request id: (block id, cp tokens)}}`` or absent.
-ATTR = "vhn_second_checkpoints"
 #: A Mamba manager's ``{request id: (chunk start, prompt tokens)}`` for the ``allocate_slots``
 #: call in progress (a prompt's final chunk only).
 HINT = "_vhn_second_hint"
@@ -134,8 +122,7 @@ def _make_engine(upstream: Any, stack: Stack) -> Any:
     """Registry ``make`` of vLLM 0.30's ``Scheduler.__init__``: after it, the second block is
     on for this engine's KV-cache manager (:func:`managers_of`) only where the exporter path
     writes several checkpoints per row (``gdn_prefill_checkpoint.junctions_off`` is None: vLLM's
-    CPU GDN function; CUDA's one pass on vLLM 0.30's V2 runner, whose block tables the builder
-    reads through a host mirror; vllm-ascend's V1 runner, ``ascend`` in the engine-core process);
+    CPU GDN function; CUDA's one pass on vLLM 0.30's V2 runner; vllm-ascend's V1 runner, ``ascend`` in the engine-core process);
     elsewhere (CUDA's V1 runner, FlashInfer, ``FLA_USE_FAST_OPS=1``, context parallel,
     ``VLLM_HYBRID_NPU_CUDA_JUNCTIONS=off``, vllm-ascend's V2 runner or a KV transfer connector)
     none, logged once."""
@@ -276,39 +263,6 @@ def _make_free(upstream: Any, stack: Stack) -> Any:
     return pop_blocks_for_free
 
 
-def _make_send(upstream: Any, stack: Stack) -> Any:
-    @functools.wraps(upstream)
-    def _update_after_schedule(self, scheduler_output):
-        upstream(self, scheduler_output)
-        payload: dict[int, dict[str, tuple[int, int]]] = {}
-        for manager in vars(self.kv_cache_manager).get(MANAGERS) or ():
-            for rid, extra in vars(manager).get(EXTRA, {}).items():
-                if extra[3] == "keyed":
-                    payload.setdefault(manager.kv_cache_group_id, {})[rid] = (extra[0].block_id, extra[1])
-                    extra[3] = "sent"
-                elif extra[3] == "new":  # not cached in its allocation (a delayed KV load):
-                    extra[3] = "unused"  # a later cache call must not key it unwritten
-        if payload:
-            setattr(scheduler_output, ATTR, payload)
-
-    return _update_after_schedule
-
-
-def _make_receive(upstream: Any, stack: Stack) -> Any:
-    @functools.wraps(upstream)
-    def execute_model(self, scheduler_output, *args, **kwargs):
-        payload = getattr(scheduler_output, ATTR, None)
-        if not payload:
-            return upstream(self, scheduler_output, *args, **kwargs)
-        token = gdn.SECOND_STEP.set((self, payload))
-        try:
-            return upstream(self, scheduler_output, *args, **kwargs)
-        finally:
-            gdn.SECOND_STEP.reset(token)
-
-    return execute_model
-
-
 def entry(name: str, module: str, qualname: str, make: Any, why: str, signature: tuple,
           targets: tuple = TARGETS, **kw: Any) -> Any:
     """A behaviour-changing ``gdn-second-checkpoint-*`` entry (vLLM 0.30; gated by
@@ -346,19 +300,4 @@ PATCHES = [
     entry("gdn-second-checkpoint-free", SINGLE_TYPE, "MambaManager.pop_blocks_for_free",
           _make_free, "the second block freed with the request (finish, abort, preemption)",
           ("self", "request_id")),
-    entry("gdn-second-checkpoint-send", "vllm.v1.core.sched.scheduler",
-          "Scheduler._update_after_schedule", _make_send, "the step's second blocks on the "
-          f"SchedulerOutput ({ATTR}: group -> request -> (block id, checkpoint))",
-          ("self", "scheduler_output")),
-    entry("gdn-second-checkpoint-receive", "vllm.v1.worker.gpu_model_runner",
-          "GPUModelRunner.execute_model", _make_receive, "the step's second blocks held for the "
-          "GDN metadata builders (the CPU V1 runner inherits it)", ("self", "scheduler_output"),
-          targets=("cpu",)),
-    entry("gdn-second-checkpoint-receive-v2", "vllm.v1.worker.gpu.model_runner",
-          "GPUModelRunner.execute_model", _make_receive, "the same on vLLM 0.30's V2 GPU model "
-          "runner (CUDA's one pass)", ("self", "scheduler_output"), targets=("cuda",)),
-    entry("gdn-second-checkpoint-receive-ascend", "vllm_ascend.worker.model_runner_v1",
-          "NPUModelRunner.execute_model", _make_receive, "the same on vllm-ascend's V1 NPU model "
-          "runner (it overrides vLLM's execute_model)", ("self", "scheduler_output"),
-          targets=("npu",), vllm_ascend=gdn.ASCEND_VERSIONS),
 ]

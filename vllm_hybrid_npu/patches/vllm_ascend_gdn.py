@@ -13,9 +13,8 @@ K]``), the fused CANN op ``torch_npu.npu_chunk_gated_delta_rule`` through
 glue). The split's chunk metadata is vllm-ascend's own (``_build_non_spec_chunked_prefill_metadata``).
 A row with several checkpoints (a shared-prefix junction before the prompt's own, or the block
 boundary a row started mid-block crosses: :mod:`.gdn_junction`) runs in one kernel call per
-segment (``ops.run_split``'s rounds); the builder finds those blocks in the host copy of the
-block table, which ``BlockTable.__init__``'s entry records (``vllm_ascend/worker/block_table.py``:
-a ``CpuGpuBuffer``). Verified on CPU only, replaying vllm-ascend's code
+segment (``ops.run_split``'s rounds); the engine sends those blocks with the step
+(:mod:`.gdn_step_checkpoints`), so the builder reads no block-table column. Verified on CPU only, replaying vllm-ascend's code
 (``tests/ascend/gdn_replay.py``).
 """
 
@@ -30,7 +29,6 @@ from vllm_hybrid_npu.patches.registry import is_ours
 from vllm_hybrid_npu.support import Stack
 
 ASCEND_BUILDER = "vllm_ascend.ops.gdn_attn_builder"
-ASCEND_BLOCK_TABLE = "vllm_ascend.worker.block_table"
 ASCEND_QWEN_PATCH = "vllm_ascend.patch.worker.patch_qwen3_5"
 VLLM_VERSIONS = ("0.30.0",)
 
@@ -102,15 +100,6 @@ def _make_chunk(upstream: Any, stack: Stack) -> Any:
     return chunk_gated_delta_rule
 
 
-def _make_host_table(upstream: Any, stack: Stack) -> Any:
-    @functools.wraps(upstream)
-    def __init__(self, *args, **kwargs):
-        upstream(self, *args, **kwargs)
-        gdn.remember_host_table(self.block_table)  # its CpuGpuBuffer: host .cpu, device .gpu
-
-    return __init__
-
-
 def _entry(name, module, qualname, make, why, **kw):
     return gdn.entry(name, module, qualname, make, ("npu",), why, vllm=VLLM_VERSIONS,
                      vllm_ascend=gdn.ASCEND_VERSIONS,
@@ -118,12 +107,6 @@ def _entry(name, module, qualname, make, why, **kw):
 
 
 PATCHES = [
-    _entry("gdn-checkpoint-ascend-host-table", ASCEND_BLOCK_TABLE, "BlockTable.__init__",
-           _make_host_table, "records each block table's host copy (its CpuGpuBuffer) by its "
-           "device storage, so the GDN builder finds the shared-prefix junction columns without "
-           "a device read (gdn_prefill_checkpoint.host_block_table)",
-           signature=("self", "block_size", "max_num_reqs", "max_num_blocks_per_req",
-                      "max_num_batched_tokens", "pin_memory", "device")),
     _entry("gdn-checkpoint-ascend-plan", ASCEND_BUILDER, "AscendGDNAttentionMetadataBuilder.build",
            gdn.make_builder(_kernel_meta), "per-step checkpoint plan in vllm-ascend's GDN metadata "
            "(its builder replaces vLLM's), with its chunk metadata of the split's two calls",
