@@ -25,6 +25,7 @@ Random batches per test (seed printed on failure); skipped on vLLM < 0.33.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 import types
@@ -161,8 +162,17 @@ def test_plan_on_vllm_033_is_vllms_and_not_the_old_rules(rng, seed, monkeypatch)
                                      spec_sequence_masks=None, checkpoint=planned)
     builder = types.SimpleNamespace(kv_cache_spec=spec, vllm_config=config)
 
+    # the engine's list (core.step_checkpoints, from the request's blocks and the checkpoint its
+    # manager reserved where vLLM plans one), held for the step as the runner entry holds it
+    rows = table.tolist()
+    sent = {r: core.step_checkpoints(
+        seq[r] - qlen[r], seq[r], block,
+        (seq[r] - qlen[r] + off, -(-seq[r] // block) - 2) if off else None, rows[r])
+        for r, off in enumerate(want[0]) if qlen[r] > 1}
+
     def plan_of(stack):
-        ck = mod.build_checkpoints(builder, common, metadata, stack, lambda b, d: None)
+        with _engine_list(builder, sent):
+            ck = mod.build_checkpoints(builder, common, metadata, stack, lambda b, d: None)
         return (ck.plan.rows, ck.plan.offsets, ck.slots.tolist()) if ck else None
 
     # by hand: column cdiv(seq_len, block) - 2 of each checkpointed row, and before it, where a
@@ -180,6 +190,22 @@ def test_plan_on_vllm_033_is_vllms_and_not_the_old_rules(rng, seed, monkeypatch)
     expected = (expected[0], expected[1], list(expected[2]))
     assert plan_of(V033) == expected, f"seed={seed}"
     assert plan_of(V032) != expected, f"seed={seed}: the old planner agreed on {seq}, {qlen}"
+
+
+@contextlib.contextmanager
+def _engine_list(builder, lists):
+    """The engine's explicit checkpoints ``lists`` (``{batch row: ((position, block id, kind),
+    ...)}``) held for the step, as ``gdn-checkpoint-receive`` holds them for a V1 runner whose one
+    KV-cache group's builder is ``builder``."""
+    rows = max(lists, default=-1) + 1
+    runner = types.SimpleNamespace(
+        attn_groups=[[types.SimpleNamespace(metadata_builders=[builder])]],
+        input_batch=types.SimpleNamespace(req_ids=[f"r{i}" for i in range(rows)]))
+    token = mod.STEP.set((runner, {0: {f"r{r}": v for r, v in lists.items() if v}}))
+    try:
+        yield
+    finally:
+        mod.STEP.reset(token)
 
 
 def _regather_case(rng):
@@ -243,9 +269,10 @@ def test_spec_and_alignment_stand_aside_where_vllm_declares(monkeypatch):
 def test_crossing_row_written_where_vllm_plans_nothing(monkeypatch):
     """vLLM 0.33's builder plans nothing for a step whose rows have no checkpoint (its
     ``checkpoint`` is None), e.g. a row from a hit at 512 that a shared-prefix junction stop
-    clips at 896, past the boundary 768 (block 384, prefix-match unit 64). By hand: the CPU path
-    still writes the state at 768 (offset 256) into that row's initial state's block, column 1;
-    a decode row and a row on the block grid add nothing."""
+    clips at 896, past the boundary 768 (block 384, prefix-match unit 64). By hand: the engine's
+    list names the state at 768 (offset 256) in that row's initial state's block, column 1, and
+    the CPU path writes it; a decode row and a row on the block grid add nothing; without the
+    list the worker plans nothing (it reads no block-table column for it)."""
     monkeypatch.delenv(mod.ENV_VAR, raising=False)
     block = 384
     config = _config(64, 64, 0, 64)
@@ -257,6 +284,12 @@ def test_crossing_row_written_where_vllm_plans_nothing(monkeypatch):
     metadata = types.SimpleNamespace(num_prefills=2, num_decodes=1, spec_sequence_masks=None,
                                      checkpoint=None)
     builder = types.SimpleNamespace(kv_cache_spec=spec, vllm_config=config)
-    ck = mod.build_checkpoints(builder, common, metadata, V033, lambda b, d: None)
+    assert mod.build_checkpoints(builder, common, metadata, V033, lambda b, d: None) is None
+    rows = table.tolist()  # the engine's list: the crossed boundary in the initial state's block
+    sent = {r: core.step_checkpoints(s - q, s, block, None, rows[r])
+            for r, (s, q) in enumerate(zip(seq, qlen)) if q > 1}
+    assert sent == {1: ((768, rows[1][1], "crossed"),), 2: ()}
+    with _engine_list(builder, sent):
+        ck = mod.build_checkpoints(builder, common, metadata, V033, lambda b, d: None)
     assert ck is not None and (ck.plan.rows, ck.plan.offsets) == ((1,), (256,))
     assert ck.slots.tolist() == [int(table[1, 1])] and int(table[1, 1]) != 0
