@@ -367,7 +367,7 @@ def test_junction_paths_by_configuration(monkeypatch):
     """Which exporter paths export junction states (``junctions_off``): the CPU path and
     vllm-ascend's (``ascend`` in the engine core); on vllm-ascend's not with its V2 model runner,
     decode context parallel or a KV transfer connector; CUDA's one pass (``triton``) only on vLLM
-    0.30.0's V2 runner (its block tables mirrored on the host), not with ``FLA_USE_FAST_OPS=1``,
+    0.30.0's V2 runner (which receives the engine's list), not with ``FLA_USE_FAST_OPS=1``,
     decode or prefill context parallel or micro-batching, and with a KV connector as on CPU."""
     from vllm_hybrid_npu.patches import gdn_prefill_checkpoint as gpc
     from vllm_hybrid_npu.patches import registry

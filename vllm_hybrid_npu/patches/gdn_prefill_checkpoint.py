@@ -181,9 +181,9 @@ def build_checkpoints(builder: Any, common: Any, metadata: Any, stack: Stack,
     column is read for them.
 
     Raises:
-        RuntimeError: the runner gave no ``seq_lens_cpu_upper_bound`` (the reserved checkpoint
-            block would be cached unwritten), or a row's own plan is not the checkpoint the
-            engine's list ends with (:func:`_with_explicit`).
+        RuntimeError: the runner gave no ``seq_lens_cpu_upper_bound`` where it is read (the
+            reserved checkpoint block would be cached unwritten), or the engine's list names a
+            position outside its row's chunk (:func:`_with_explicit`).
     """
     spec, config, table = builder.kv_cache_spec, builder.vllm_config, common.block_table_tensor
     if (getattr(spec, "num_prefill_checkpoint_blocks", 0) <= 0 or metadata.num_prefills == 0
@@ -192,15 +192,15 @@ def build_checkpoints(builder: Any, common: Any, metadata: Any, stack: Stack,
     n = int(common.num_reqs)
     qsl = common.query_start_loc_cpu[: n + 1].tolist()
     explicit = _step_checkpoints(builder, n)
+    if common.seq_lens_cpu_upper_bound is None and (explicit or stack.vllm not in VLLM_PLAN):
+        raise RuntimeError(f"vllm-hybrid-npu GDN prefill checkpoints: the model runner passed no "
+                           f"seq_lens_cpu_upper_bound; set {ENV_VAR}=off")
     if stack.vllm in VLLM_PLAN:  # request rows 0..n-1; each row's block (gathered) as a column
         planned = metadata.checkpoint
         if planned is None and not explicit:
             return None
         offsets, cols = (list(planned.offsets), [0] * n) if planned else ([0] * n, [-1] * n)
         table = planned.state_indices[:, None] if planned else common.block_table_tensor[:n, :0]
-    elif common.seq_lens_cpu_upper_bound is None:
-        raise RuntimeError(f"vllm-hybrid-npu GDN prefill checkpoints: the model runner passed no "
-                           f"seq_lens_cpu_upper_bound; set {ENV_VAR}=off")
     else:
         from vllm.v1 import kv_cache_interface as kv
 
@@ -221,9 +221,19 @@ def build_checkpoints(builder: Any, common: Any, metadata: Any, stack: Stack,
             list(cols), _to_device(table.device))
     if (plan := core.plan_step(qsl, offsets, cols, metadata.num_decodes, junctions=junctions)) is None:
         return None
-    method = export_method(exporter_path(config, stack.target)[0])
+    method = _method_of(builder, stack)
     return ops.build_metadata(plan, table, _to_device(table.device), method,
                               kernel_meta(builder, table.device) if method == "split" else None)
+
+
+def _method_of(builder: Any, stack: Stack) -> str:
+    """:func:`export_method` of the exporter path of ``builder``'s engine on ``stack``'s target,
+    decided once per GDN metadata builder and stack (the path reads the configuration, the
+    resolved GDN backend and the environment, none of which changes while the worker runs)."""
+    memo = vars(builder).setdefault("_vhn_export_method", {})
+    if (method := memo.get(stack)) is None:
+        method = memo[stack] = export_method(exporter_path(builder.vllm_config, stack.target)[0])
+    return method
 
 
 #: The step a model runner is executing with explicit checkpoints (the ``gdn-checkpoint-receive*``
