@@ -266,6 +266,31 @@ def test_spec_and_alignment_stand_aside_where_vllm_declares(monkeypatch):
     assert align(layer) is None
 
 
+def test_no_field_where_vllm_exports_itself(rng, seed, monkeypatch):
+    """vLLM 0.33 with its own export (FlashInfer on CUDA: ``exporter_path`` is None, the spec
+    entry stood aside): the builder attaches nothing, even with vLLM's plan in the metadata, so
+    the layer wrapper calls upstream alone."""
+    monkeypatch.delenv(mod.ENV_VAR, raising=False)
+    block = 384
+    config = _config(block, block, 0, None)
+    spec = core.declare(Spec(block), block)
+    seq, qlen = [900, 1000], [1, 1000]
+    want = cp.compute_mamba_prefill_checkpoints(
+        seq, qlen, hash_block_size=block, mamba_block_size=block,
+        checkpoint_alignment=spec.prefill_checkpoint_alignment, drop_eagle_block=False,
+        cache_hit_alignment_tokens=block, num_hash_lookahead_tokens=0)
+    common, _, _ = _step(rng, seq, qlen, block, config, want[0])
+    planned = cp.MambaPrefillCheckpointBuilder(config, spec).build(common, [0, 1])
+    assert planned is not None, f"seed={seed}"
+    metadata = types.SimpleNamespace(num_prefills=1, num_decodes=1, spec_sequence_masks=None,
+                                     checkpoint=planned)
+    for path, attached in ((None, False), ("cpu", True)):
+        monkeypatch.setattr(mod, "exporter_path", lambda c, t, _p=path: (_p, "" if _p else "flashinfer"))
+        builder = types.SimpleNamespace(kv_cache_spec=spec, vllm_config=config)
+        ck = mod.build_checkpoints(builder, common, metadata, V033, lambda b, d: None)
+        assert (ck is not None) == attached, f"seed={seed}, path {path}"
+
+
 def test_crossing_row_written_where_vllm_plans_nothing(monkeypatch):
     """vLLM 0.33's builder plans nothing for a step whose rows have no checkpoint (its
     ``checkpoint`` is None), e.g. a row from a hit at 512 that a shared-prefix junction stop

@@ -197,8 +197,8 @@ def build_checkpoints(builder: Any, common: Any, metadata: Any, stack: Stack,
                            f"seq_lens_cpu_upper_bound; set {ENV_VAR}=off")
     if stack.vllm in VLLM_PLAN:  # request rows 0..n-1; each row's block (gathered) as a column
         planned = metadata.checkpoint
-        if planned is None and not explicit:
-            return None
+        if _path_of(builder, stack) is None or (planned is None and not explicit):
+            return None  # no path of ours (vLLM's FlashInfer exports its own plan), or nothing
         offsets, cols = (list(planned.offsets), [0] * n) if planned else ([0] * n, [-1] * n)
         table = planned.state_indices[:, None] if planned else common.block_table_tensor[:n, :0]
     else:
@@ -226,14 +226,19 @@ def build_checkpoints(builder: Any, common: Any, metadata: Any, stack: Stack,
                               kernel_meta(builder, table.device) if method == "split" else None)
 
 
+def _path_of(builder: Any, stack: Stack) -> str | None:
+    """:func:`exporter_path` of ``builder``'s engine on ``stack``'s target, decided once per GDN
+    metadata builder and stack (it reads the configuration, the resolved GDN backend and the
+    environment, none of which changes while the worker runs)."""
+    memo = vars(builder).setdefault("_vhn_exporter_path", {})
+    if stack not in memo:
+        memo[stack] = exporter_path(builder.vllm_config, stack.target)[0]
+    return memo[stack]
+
+
 def _method_of(builder: Any, stack: Stack) -> str:
-    """:func:`export_method` of the exporter path of ``builder``'s engine on ``stack``'s target,
-    decided once per GDN metadata builder and stack (the path reads the configuration, the
-    resolved GDN backend and the environment, none of which changes while the worker runs)."""
-    memo = vars(builder).setdefault("_vhn_export_method", {})
-    if (method := memo.get(stack)) is None:
-        method = memo[stack] = export_method(exporter_path(builder.vllm_config, stack.target)[0])
-    return method
+    """:func:`export_method` of :func:`_path_of`."""
+    return export_method(_path_of(builder, stack))
 
 
 #: The step a model runner is executing with explicit checkpoints (the ``gdn-checkpoint-receive*``
