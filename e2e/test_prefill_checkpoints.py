@@ -1416,14 +1416,14 @@ def test_prefix_match_unit_64_plans_where_the_scheduler_caches(tiny_model_dir, e
 
 
 def _retention_entry_outside() -> str | None:
-    """Why the registry entry ``gdn-checkpoint-retention`` (which carries
+    """Why the registry entry ``gdn-manager-cache`` (which carries
     ``VLLM_HYBRID_NPU_CHUNK_CHECKPOINTS``; vLLM 0.30 only) does not apply to the installed stack,
     as the plugin's load decides, or None."""
-    from vllm_hybrid_npu.patches.gdn_prefill_checkpoint import PATCHES
+    from vllm_hybrid_npu.patches.gdn_mamba_manager import PATCHES
     from vllm_hybrid_npu.patches.registry import stack_skip_reason
     from vllm_hybrid_npu.support import detect_stack
 
-    entry = next(p for p in PATCHES if p.name == "gdn-checkpoint-retention")
+    entry = next(p for p in PATCHES if p.name == "gdn-manager-cache")
     return stack_skip_reason(entry, detect_stack())
 
 
@@ -1476,11 +1476,11 @@ def _chunk_checkpoints_by_hand(d: dict[str, int], block: int, mode: str) -> list
 
 @pytest.mark.skipif(_RETENTION_OUTSIDE is not None,
                     reason=f"VLLM_HYBRID_NPU_CHUNK_CHECKPOINTS is vLLM 0.30's option "
-                           f"(gdn-checkpoint-retention): {_RETENTION_OUTSIDE}")
+                           f"(gdn-manager-cache): {_RETENTION_OUTSIDE}")
 def test_chunk_checkpoints_final_drops_non_final_chunk_checkpoints(tiny_model_dir, engine_args, rng,
                                                                    exact_across_schedules):
     """``VLLM_HYBRID_NPU_CHUNK_CHECKPOINTS`` (``all``, the default, or ``final``; registry entry
-    ``gdn-checkpoint-retention``, which wraps vLLM 0.30's
+    ``gdn-manager-cache``, which wraps vLLM 0.30's
     ``MambaManager._cache_partial_tail_block``) on the real engine: chunked prefill (token budget
     ``bB``) and a retention interval ``--prefix-cache-retention-interval rb * B > 0``, drawn with
     the prompt by ``_chunk_checkpoint_draw``. Own engines: exporter with ``all``, exporter with
@@ -1532,7 +1532,7 @@ def test_chunk_checkpoints_final_drops_non_final_chunk_checkpoints(tiny_model_di
             steps[mode] -= gen - 1  # one step per further token (a single request; EOS ignored)
             assert steps[mode] == k + 1, f"{where}: {mode}: the cold prompt took {steps[mode]} prefill steps"
             if mode != "off":  # before the sharer, whose own checkpoint may be cached at P
-                assert "gdn-checkpoint-retention" in registry.REPORT.applied, registry.REPORT.skipped
+                assert "gdn-manager-cache" in registry.REPORT.applied, registry.REPORT.skipped
                 cached = list(_cached_boundaries(llm, before, n, block))
                 assert cached == _chunk_checkpoints_by_hand(d, block, mode), \
                     f"{where}: {mode}: GDN states cached at {cached}"
@@ -1597,7 +1597,8 @@ def _entries_outside(module: str) -> str | None:
     """Why the first registry entry of ``vllm_hybrid_npu.patches.<module>`` (an opt-in's: its
     entries share their stacks) is not for the installed stack, as the plugin's load decides, or
     None: ``sub_block_tail_split`` (``VLLM_HYBRID_NPU_SUB_BLOCK_TAIL_SPLIT=off``; vLLM 0.30),
-    ``gdn_second_checkpoint`` (``VLLM_HYBRID_NPU_SECOND_CHECKPOINT=on``; vLLM 0.30)."""
+    ``gdn_mamba_manager`` (the Mamba managers' hooks, which run
+    ``VLLM_HYBRID_NPU_SECOND_CHECKPOINT=on``; vLLM 0.30)."""
     import importlib
 
     from vllm_hybrid_npu.patches.registry import stack_skip_reason
@@ -1687,8 +1688,8 @@ def _free_blocks(llm) -> int:
     return _core(llm).scheduler.kv_cache_manager.block_pool.get_num_free_blocks()
 
 
-@pytest.mark.skipif(_entries_outside("gdn_second_checkpoint") is not None,
-                    reason=f"{_entries_outside('gdn_second_checkpoint')}")
+@pytest.mark.skipif(_entries_outside("gdn_mamba_manager") is not None,
+                    reason=f"{_entries_outside('gdn_mamba_manager')}")
 @pytest.mark.parametrize("ssm_dtype", ["auto", "float32"])
 def test_second_checkpoint_keeps_the_block_boundary(tiny_model_dir, engine_args, rng,
                                                     exact_across_schedules, ssm_dtype):
@@ -1777,8 +1778,8 @@ def test_second_checkpoint_keeps_the_block_boundary(tiny_model_dir, engine_args,
         _close(split)
 
 
-@pytest.mark.skipif(_entries_outside("gdn_second_checkpoint") is not None,
-                    reason=f"{_entries_outside('gdn_second_checkpoint')}")
+@pytest.mark.skipif(_entries_outside("gdn_mamba_manager") is not None,
+                    reason=f"{_entries_outside('gdn_mamba_manager')}")
 def test_second_checkpoint_through_the_host_tier(tiny_model_dir, engine_args, rng, exact_across_schedules):
     """``VLLM_HYBRID_NPU_SECOND_CHECKPOINT=on`` beside vLLM's OffloadingConnector
     (``kv_offloading_size`` 1 GiB, a device KV cache of 24 MiB, ``--prefix-match-unit 64``; issue

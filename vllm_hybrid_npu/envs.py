@@ -101,7 +101,7 @@ register(EnvVar(
     values=("all", "final"),
     kind="",
     default="all",
-    read_by="registry entry `gdn-checkpoint-retention` (`patches.gdn_prefill_checkpoint`; at "
+    read_by="registry entry `gdn-manager-cache` (`patches.gdn_prefill_checkpoint.retention`; at "
     "load, then at each checkpoint the Mamba manager caches)",
     effect="which prefill checkpoints of a chunked prompt the prefix cache keeps at a retention "
     "interval above 0 (`--prefix-cache-retention-interval`), with the GDN prefill-checkpoint "
@@ -150,7 +150,8 @@ register(EnvVar(
     values=("off", "on"),
     kind="",
     default="off",
-    read_by="registry entries `gdn-second-checkpoint-*` (`patches.gdn_second_checkpoint`; at load)",
+    read_by="registry entries `gdn-manager-*` (`patches.gdn_second_checkpoint`; at load, and once "
+    "per engine at its start)",
     effect="`off` (default): as vLLM 0.30, with `--prefix-match-unit` below the block a prompt's "
     "GDN checkpoint inside its last block takes the block that would hold the state at that "
     "block's start, so that state is not cached; `on`: a second block per such prompt keeps both "

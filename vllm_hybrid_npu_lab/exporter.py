@@ -8,13 +8,15 @@ on the runtime's 64-token block grid): the scheduler drops its block-aligned spl
 forward pass that writes the state is not replayed (the lab has none), only its bookkeeping.
 
 On vLLM 0.30 the runtime also carries vLLM 0.32's retention fix (registry entry
-``gdn-checkpoint-retention``: ``MambaManager._cache_partial_tail_block`` keeps the prompt's
-checkpoint at retention interval 0) and, with ``VLLM_HYBRID_NPU_CHUNK_CHECKPOINTS=final``, drops a
-non-final chunk's checkpoint at a retention interval above 0. The lab takes that entry from the runtime's registry
-(:data:`vllm_hybrid_npu.patches.gdn_prefill_checkpoint.PATCHES`) and applies its replacement to the
-replay scheduler's own Mamba managers only (bound on the instances), so other replays in the same
-process keep vLLM's unpatched class; the option is set per replay on those managers (the entry's
-``CHUNK_RULE`` attribute, which the entry reads before the environment). The lab imports the runtime; the runtime never imports the lab.
+``gdn-manager-cache``: ``MambaManager._cache_partial_tail_block`` keeps the prompt's checkpoint at
+retention interval 0) and, with ``VLLM_HYBRID_NPU_CHUNK_CHECKPOINTS=final``, drops a non-final
+chunk's checkpoint at a retention interval above 0. The lab takes that entry from the runtime's
+registry (:data:`vllm_hybrid_npu.patches.gdn_mamba_manager.PATCHES`, the Mamba managers' hooks)
+and applies its replacement to the replay scheduler's own Mamba managers only (bound on the
+instances), so other replays in the same process keep vLLM's unpatched class; the option is set
+per replay on those managers (``CHUNK_RULE``, which the rule reads before the environment). Each
+hook is bound once per instance (:func:`bind_entry`), whichever ``apply_*`` binds it first; the
+rules it runs follow what the instance's attributes switch on. The lab imports the runtime; the runtime never imports the lab.
 
 By default the lab models CUDA's exporter, so it takes the runtime's ``gdn-checkpoint-mid-block-stop``
 entry: a chunk started inside a block (after a hit finer than the block, ``--prefix-match-unit``)
@@ -31,29 +33,32 @@ from __future__ import annotations
 import types
 from typing import Any
 
-#: the runtime registry entry carrying vLLM 0.32's retention rule to vLLM 0.30
-RETENTION_ENTRY = "gdn-checkpoint-retention"
+#: the runtime registry entry carrying vLLM 0.32's retention rule to vLLM 0.30 (the Mamba
+#: manager's caching hook)
+RETENTION_ENTRY = "gdn-manager-cache"
 #: the runtime registry entry ending a chunk started mid-block at its next block boundary
 MID_BLOCK_STOP_ENTRY = "gdn-checkpoint-mid-block-stop"
 
 
 def _entry(name: str) -> Any:
     """The runtime's :class:`~vllm_hybrid_npu.patches.registry.Patch` ``name`` of
-    :data:`vllm_hybrid_npu.patches.gdn_prefill_checkpoint.PATCHES` when it applies to the
-    installed vLLM (its ``vllm`` versions), else ``None``."""
+    :data:`vllm_hybrid_npu.patches.gdn_prefill_checkpoint.PATCHES` or
+    :data:`vllm_hybrid_npu.patches.gdn_mamba_manager.PATCHES` when it applies to the installed
+    vLLM (its ``vllm`` versions), else ``None``."""
     import vllm
 
-    from vllm_hybrid_npu.patches.gdn_prefill_checkpoint import PATCHES
+    from vllm_hybrid_npu.patches import gdn_mamba_manager, gdn_prefill_checkpoint
     from vllm_hybrid_npu.support import base_version
 
-    entry = next(p for p in PATCHES if p.name == name)
+    entry = next(p for p in gdn_prefill_checkpoint.PATCHES + gdn_mamba_manager.PATCHES
+                 if p.name == name)
     if base_version(vllm.__version__) not in entry.vllm:
         return None
     return entry
 
 
 def retention_entry() -> Any:
-    """The runtime's ``gdn-checkpoint-retention`` :class:`~vllm_hybrid_npu.patches.registry.Patch`
+    """The runtime's ``gdn-manager-cache`` :class:`~vllm_hybrid_npu.patches.registry.Patch`
     when it applies to the installed vLLM (its ``vllm`` versions), else ``None``."""
     return _entry(RETENTION_ENTRY)
 
@@ -91,11 +96,9 @@ def apply_retention_fix(scheduler: Any, chunk_checkpoints: str = "all") -> int:
         if not isinstance(mgr, MambaManager):
             continue
         setattr(mgr, CHUNK_RULE, chunk_checkpoints)
-        upstream = type(mgr)._cache_partial_tail_block
-        if getattr(upstream, MARK, False):
+        if getattr(type(mgr)._cache_partial_tail_block, MARK, False):
             continue  # the runtime's patch is applied process-wide already
-        mgr._cache_partial_tail_block = types.MethodType(entry.make(upstream, stack), mgr)
-        done += 1
+        done += bind_entry(mgr, "_cache_partial_tail_block", entry, stack)
     return done
 
 
@@ -125,9 +128,10 @@ def apply_mid_block_stop(scheduler: Any) -> bool:
 
 
 #: the runtime registry entries exporting shared-prefix junction states and budget chunk ends
-#: inside the step (:mod:`vllm_hybrid_npu.patches.gdn_junction`; vLLM 0.30, CPU and NPU targets)
-JUNCTION_ENTRIES = ("gdn-junction-split", "gdn-junction-allocate", "gdn-junction-count",
-                    "gdn-junction-blocks")
+#: inside the step (:mod:`vllm_hybrid_npu.patches.gdn_junction`'s split and the Mamba managers'
+#: hooks, :mod:`vllm_hybrid_npu.patches.gdn_mamba_manager`; vLLM 0.30)
+JUNCTION_ENTRIES = ("gdn-junction-split", "gdn-manager-allocate", "gdn-manager-count",
+                    "gdn-manager-blocks")
 
 
 def apply_junction_entries(scheduler: Any, target: str = "npu") -> bool:
@@ -174,24 +178,38 @@ def apply_junction_entries(scheduler: Any, target: str = "npu") -> bool:
         vars(scheduler).pop("_mamba_block_aligned_split", None)  # the mid-block stop stands aside
     if JUNCTION_ENTRIES[0] in registry.REPORT.applied:
         return True  # the runtime's class-level entries read the rule set above
-    entries = {p.name: p for p in J.PATCHES}
+    from vllm_hybrid_npu.patches import gdn_mamba_manager as M
+
+    hooks = {p.name: p for p in M.PATCHES}
     stack = Stack(target=target, vllm=base_version(vllm.__version__))
-    bind_entry(scheduler, "_mamba_block_aligned_split", entries["gdn-junction-split"], stack, inner)
-    bind_entry(kv, "allocate_slots", entries["gdn-junction-allocate"], stack)
+    bind_entry(scheduler, "_mamba_block_aligned_split", J.PATCHES[0], stack, inner)
+    bind_entry(kv, "allocate_slots", hooks["gdn-manager-allocate"], stack)
     for mgr in rule.managers:
-        bind_entry(mgr, "get_num_blocks_to_allocate", entries["gdn-junction-count"], stack)
-        bind_entry(mgr, "allocate_new_blocks", entries["gdn-junction-blocks"], stack)
+        bind_entry(mgr, "get_num_blocks_to_allocate", hooks["gdn-manager-count"], stack)
+        bind_entry(mgr, "allocate_new_blocks", hooks["gdn-manager-blocks"], stack)
     return True
 
 
-def bind_entry(obj: Any, attr: str, patch: Any, stack: Any, upstream: Any = None) -> None:
+#: attribute of a function :func:`bind_entry` bound: the registry entry's name
+BOUND = "_vhn_lab_entry"
+
+
+def bind_entry(obj: Any, attr: str, patch: Any, stack: Any, upstream: Any = None) -> bool:
     """Bind a runtime registry entry ``patch`` (a :class:`~vllm_hybrid_npu.patches.registry.Patch`)
     on the instance ``obj`` alone (its class untouched): its ``make`` over ``upstream``, else over
     a runtime entry bound on this instance before (another ``apply_*`` here), else over the
     class's ``attr``; ``stack`` (a :class:`~vllm_hybrid_npu.support.Stack`) as the registry
-    passes it."""
-    upstream = upstream or getattr(vars(obj).get(attr), "__func__", None) or getattr(type(obj), attr)
-    setattr(obj, attr, types.MethodType(patch.make(upstream, stack), obj))
+    passes it. An entry already bound there (the Mamba managers' hooks, which several
+    ``apply_*`` share) stays as it is: each upstream method is wrapped once, as the runtime
+    wraps it. Returns whether it bound."""
+    bound = getattr(vars(obj).get(attr), "__func__", None)
+    if getattr(bound, BOUND, None) == patch.name:
+        return False
+    upstream = upstream or bound or getattr(type(obj), attr)
+    fn = patch.make(upstream, stack)
+    setattr(fn, BOUND, patch.name)
+    setattr(obj, attr, types.MethodType(fn, obj))
+    return True
 
 
 def exporter_scheduler(base: type, chunk_checkpoints: str = "all") -> type:
@@ -251,12 +269,14 @@ def tail_split_off_scheduler(base: type) -> type:
 
 
 def apply_second_checkpoint(scheduler: Any) -> bool:
-    """Bind the runtime's ``gdn-second-checkpoint-*`` entries
-    (:mod:`vllm_hybrid_npu.patches.gdn_second_checkpoint`, ``VLLM_HYBRID_NPU_SECOND_CHECKPOINT=on``;
-    vLLM 0.30: where the runtime's step exports junction states) on ``scheduler``, its KV-cache
-    manager and the Mamba managers they apply to (``managers_of``): a prompt whose checkpoint
-    lies inside its last block also keeps the state at that block's start, in a second block. The worker's entry has no
-    part in a replay. Returns False where the installed vLLM is outside the entries' versions or
+    """Turn the runtime's second checkpoint block on for ``scheduler``
+    (:mod:`vllm_hybrid_npu.patches.gdn_second_checkpoint`'s rules, the runtime's
+    ``VLLM_HYBRID_NPU_SECOND_CHECKPOINT=on``; vLLM 0.30: where the runtime's step exports junction
+    states), whatever this process's environment says: its KV-cache manager's second-block
+    managers set (``eligible``), the Mamba managers' hooks (``gdn-manager-*``) and the engine's
+    plan (``gdn-checkpoint-send``) bound on the scheduler, its KV-cache manager and those
+    managers: a prompt whose checkpoint lies inside its last block also keeps the state at that
+    block's start, in a second block. The worker's entry has no part in a replay. Returns False where the installed vLLM is outside the entries' versions or
     no manager qualifies (no exporter, a prefix-match unit at the block); True when bound, or
     when the runtime applied them process-wide."""
     import vllm
@@ -268,32 +288,36 @@ def apply_second_checkpoint(scheduler: Any) -> bool:
     if base_version(vllm.__version__) not in S.VERSIONS:
         return False
     kv = scheduler.kv_cache_manager
-    managers = S.managers_of(kv)
+    managers = S.eligible(kv)
+    S.set_managers(kv, managers)  # the lab's key, whatever this process's environment says
     if not managers:
         return False
-    if S.PATCHES[0].name in registry.REPORT.applied:
+    from vllm_hybrid_npu.patches import gdn_mamba_manager as M
+
+    if M.PATCHES[0].name in registry.REPORT.applied:
         return True
     from vllm_hybrid_npu.patches import gdn_step_checkpoints as P
 
-    entries = {p.name.rsplit("-", 1)[1]: p for p in S.PATCHES}
+    hooks = {p.name.rsplit("-", 1)[1]: p for p in M.PATCHES}
     stack = Stack(target="cpu", vllm=base_version(vllm.__version__))
     # the engine's plan marks each second block sent (or unused) once its step is scheduled
     vars(scheduler).setdefault(P.MANAGERS, tuple(managers))
     bind_entry(scheduler, "_update_after_schedule",
                next(p for p in P.PATCHES if p.name == "gdn-checkpoint-send"), stack)
-    bind_entry(kv, "allocate_slots", entries["allocate"], stack)
+    bind_entry(kv, "allocate_slots", hooks["allocate"], stack)
     for mgr in managers:
         for attr, key in (("get_num_blocks_to_allocate", "count"), ("allocate_new_blocks", "blocks"),
                           ("_cache_partial_tail_block", "cache"),
                           ("remove_skipped_blocks", "retire"), ("pop_blocks_for_free", "free")):
-            bind_entry(mgr, attr, entries[key], stack)
+            bind_entry(mgr, attr, hooks[key], stack)
     return True
 
 
 def second_checkpoint_scheduler(base: type) -> type:
     """A subclass of ``base`` (vLLM's ``Scheduler`` or a lab subclass of it) with the runtime's
     second checkpoint block (:func:`apply_second_checkpoint`) bound on each instance; the lab's
-    ``second=on`` key. The junction entries, bound later by the replay, wrap these."""
+    ``second=on`` key. The junction entries, bound later by the replay, share its Mamba managers'
+    hooks (bound once) and wrap the split."""
 
     class SecondCheckpointScheduler(base):  # type: ignore[misc, valid-type]
         def __init__(self, *args: Any, **kwargs: Any) -> None:

@@ -270,7 +270,7 @@ def replay(
         setattr(sched, RULE, None)
         setattr(sched.kv_cache_manager, RULE, None)
         # nor a second checkpoint block (second=on), as the runtime's engine entry decides
-        # (gdn-second-checkpoint-engine: none where the step exports no junction state)
+        # (gdn-manager-engine: none where the step exports no junction state)
         from vllm_hybrid_npu.patches.gdn_second_checkpoint import MANAGERS
 
         vars(sched.kv_cache_manager)[MANAGERS] = ()

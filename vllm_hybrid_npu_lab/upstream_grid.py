@@ -218,7 +218,7 @@ def policy_of(setting: UpstreamSetting) -> Policy:
     why = []
     if chunk == CKPT_FINAL:
         why.append("ckpt=final is the runtime's VLLM_HYBRID_NPU_CHUNK_CHECKPOINTS=final, carried "
-                   "by its vLLM 0.30 entry gdn-checkpoint-retention (vLLM 0.32 keeps a chunk's "
+                   "by its vLLM 0.30 entry gdn-manager-cache (vLLM 0.32 keeps a chunk's "
                    "checkpoint on the retention grid itself)")
     if not setting.tails:
         why.append("tails=off is the runtime's VLLM_HYBRID_NPU_HOST_TIER_PARTIAL_TAILS=off, its "
@@ -228,7 +228,7 @@ def policy_of(setting: UpstreamSetting) -> Policy:
                    "vLLM 0.30 entry sub-block-tail-split-off")
     if setting.second:
         why.append("second=on is the runtime's VLLM_HYBRID_NPU_SECOND_CHECKPOINT=on, its vLLM "
-                   "0.30 entries gdn-second-checkpoint-*")
+                   "0.30 entries gdn-manager-*")
     # the runtime options live in vLLM 0.30 registry entries
     versions = {"vllm": ("0.30.0",), "vllm_why": "; ".join(why)} if why else {}
     return Policy(name=setting.name, description=what, scheduler_class=factory, tune=setting.tune,
@@ -297,7 +297,7 @@ def optins_available() -> bool:
 
 def final_available() -> bool:
     """Whether ``ckpt=final`` can be replayed here: the installed vLLM is one the runtime's
-    ``gdn-checkpoint-retention`` entry (which carries the option) applies to (vLLM 0.30)."""
+    ``gdn-manager-cache`` entry (which carries the option) applies to (vLLM 0.30)."""
     from vllm_hybrid_npu_lab.exporter import retention_entry
 
     return retention_entry() is not None

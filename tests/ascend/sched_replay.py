@@ -23,7 +23,7 @@ Recorded: the class and MRO, every call of the composed ``_mamba_block_aligned_s
 request.
 
 ``--mode junction --order ascend-first|registry-first`` (issue 38): the plugin's junction
-entries (``gdn-junction-*``, now for the NPU too) with vllm-ascend's scheduler-side platform
+split and Mamba managers' hooks (``gdn-junction-split``, ``gdn-manager-*``, now for the NPU too) with vllm-ascend's scheduler-side platform
 patches, applied in either order: ``patch_mamba_block_aligned_split`` (and the
 ``patch_kv_cache_coordinator`` it imports), ``patch_balance_schedule`` and
 ``patch_mamba_manager`` (``AscendMambaManager``, rebinding vLLM's ``MambaManager`` name). The
@@ -45,7 +45,7 @@ wrapper chain, the scheduler module's ``is_mamba_prefill_checkpoint_valid`` (our
 the KV-cache manager module's, each request's prefill chunks and hits.
 
 ``--mode second --order ... --second on|off`` (issue 38 item 3): the plugin's
-``gdn-second-checkpoint-*`` entries (``VLLM_HYBRID_NPU_SECOND_CHECKPOINT``) with the same
+second block (``VLLM_HYBRID_NPU_SECOND_CHECKPOINT``, its rules in the ``gdn-manager-*`` hooks) with the same
 vllm-ascend patches, in either order, ``--prefix-match-unit 64``, block 256, the checkpoint
 declared, the NPU target (the runtime's engine entry decides, from the NPU stack's exporter
 path, in the replay's ``Scheduler.__init__``): a cold prompt A of ``577 <= p <= 640`` tokens
@@ -136,7 +136,7 @@ def run(args, result) -> None:
     from vllm_hybrid_npu import patches
     from vllm_hybrid_npu.support import Stack
 
-    # the plugin's registry as an NPU process of this stack applies it (its one scheduler entry,
+    # the plugin's registry as an NPU process of this stack applies it (its one split entry,
     # gdn-checkpoint-mid-block-stop, wraps the split over vllm-ascend's; the class below stays
     # vLLM's / vllm-ascend's until the lab wraps it)
     report = patches.apply_patches("npu", Stack(target="npu", vllm="0.30.0", vllm_ascend=ASCEND))

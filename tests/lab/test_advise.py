@@ -69,7 +69,7 @@ def test_exporter_replay_declares_the_checkpoint_and_keeps_it(cfg, monkeypatch):
 
 
 def test_exporter_takes_the_runtime_registry_entry():
-    from vllm_hybrid_npu.patches.gdn_prefill_checkpoint import PATCHES
+    from vllm_hybrid_npu.patches.gdn_mamba_manager import PATCHES
 
     from vllm_hybrid_npu_lab.exporter import RETENTION_ENTRY, retention_entry
 

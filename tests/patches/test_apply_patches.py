@@ -269,8 +269,9 @@ def test_cpu_default_keeps_vllms_copy_kernel():
     expected = {"gdn-checkpoint-spec", "gdn-checkpoint-block-size", "gdn-checkpoint-plan",
                 "gdn-checkpoint-cpu"}
     if vllm.__version__.startswith("0.30."):  # vLLM 0.32 has the retention rule itself
-        expected |= {"gdn-checkpoint-retention", "gdn-junction-split", "gdn-junction-allocate",
-                     "gdn-junction-count", "gdn-junction-blocks"}
+        expected |= {"gdn-junction-split", "gdn-manager-engine", "gdn-manager-allocate",
+                     "gdn-manager-count", "gdn-manager-blocks", "gdn-manager-cache",
+                     "gdn-manager-retire", "gdn-manager-free"}
     expected |= {"engine-core-block-size-record", "engine-core-block-size", "cpu-seeded-chunk"}
     assert expected <= set(r["applied"])
     assert r["skipped"]["gdn-checkpoint-triton"] == "not for target cpu"
@@ -295,7 +296,7 @@ def test_vllm_033_applies_its_row():
     assert sorted(r["applied"]) == sorted(set(support.V033_ENTRIES) - cuda_only), r
     assert r["failed"] == {} and r["pending"] == {} and r["unsupported"] is None
     assert all(r["skipped"][n] == "not for target cpu" for n in cuda_only)
-    for n in ("gdn-checkpoint-block-size", "gdn-checkpoint-retention", "copy-kernel"):
+    for n in ("gdn-checkpoint-block-size", "gdn-manager-cache", "copy-kernel"):
         assert r["skipped"][n].startswith("outside the support matrix"), n
     assert r["config"] is True and r["copy"] is False and r["sched"] is False
 

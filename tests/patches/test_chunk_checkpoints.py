@@ -1,4 +1,4 @@
-"""``VLLM_HYBRID_NPU_CHUNK_CHECKPOINTS`` (registry entry ``gdn-checkpoint-retention``, vLLM 0.30):
+"""``VLLM_HYBRID_NPU_CHUNK_CHECKPOINTS`` (registry entry ``gdn-manager-cache``, vLLM 0.30):
 which prefill checkpoints of a chunked cold prompt vLLM's real ``Scheduler`` and ``MambaManager``
 keep in the prefix cache, with the GDN specs declaring the exporter's checkpoint block (the
 lab's ``build_setup(prefill_checkpoints=True)``; only the forward pass is stood in).
@@ -24,7 +24,7 @@ from vllm_hybrid_npu_lab.presets import TINY_HYBRID, resolve_model  # noqa: E402
 from vllm_hybrid_npu_lab.upstream_grid import UpstreamSetting  # noqa: E402
 
 B = 256
-ENTRY = "gdn-checkpoint-retention"
+ENTRY = "gdn-manager-cache"
 
 
 @pytest.fixture(scope="module")

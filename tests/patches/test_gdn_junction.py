@@ -1,5 +1,6 @@
-"""The junction entries (:mod:`vllm_hybrid_npu.patches.gdn_junction`) around stand-in upstream
-functions, hand-counted (the real scheduler and managers: ``e2e/test_prefill_checkpoints.py``,
+"""The junction rule (:mod:`vllm_hybrid_npu.patches.gdn_junction`: its split entry, and its part
+in the Mamba managers' hooks, :mod:`vllm_hybrid_npu.patches.gdn_mamba_manager`) around stand-in
+upstream functions, hand-counted (the real scheduler and managers: ``e2e/test_prefill_checkpoints.py``,
 ``test_shared_prefix_junction_exported_inside_the_step``).
 
 * the scheduler's split: upstream's chunk, or upstream's without the junction stop where the rule
@@ -26,6 +27,7 @@ import pytest
 pytest.importorskip("vllm.v1.kv_cache_interface")
 
 from vllm_hybrid_npu.patches import gdn_junction as mod  # noqa: E402
+from vllm_hybrid_npu.patches import gdn_mamba_manager as M  # noqa: E402
 
 B = 384
 
@@ -87,7 +89,7 @@ def test_allocate_slots_hands_the_junction_for_one_call():
             raise RuntimeError("boom")
         return "blocks"
 
-    alloc = mod._make_allocate(upstream, None)
+    alloc = M._make_allocate(upstream, None)
     assert alloc(kvm, _request(), 1500) == "blocks" and during[-1] == {"r": 768}
     assert vars(mamba)[mod.HINT] == {}
     with pytest.raises(RuntimeError):
@@ -112,9 +114,9 @@ def test_manager_puts_the_junction_block_in_its_column():
         return self.req_to_blocks[rid][before:]
 
     m = _manager([], {"r": 768})
-    out = mod._make_blocks(upstream, None)(m, "r", 1500, 1500)
+    out = M._make_blocks(upstream, None)(m, "r", 1500, 1500)
     assert [b.block_id for b in m.req_to_blocks["r"]] == [0, 99, 5, 6] == [b.block_id for b in out]
-    count = mod._make_count(lambda self, rid, *a, **k: 3, None)
+    count = M._make_count(lambda self, rid, *a, **k: 3, None)
     assert count(m, "r", 1500) == 4 and count(_manager([], {}), "r", 1500) == 3
 
     def with_cow(self, rid, num_tokens, main):  # a new request's partial hit: a CoW block first
@@ -122,7 +124,7 @@ def test_manager_puts_the_junction_block_in_its_column():
         return [Block(7), *self.req_to_blocks[rid][1:]]
 
     m = _manager([Block(3)], {"r": 768})  # one hit column before the step
-    out = mod._make_blocks(with_cow, None)(m, "r", 1500, 1500)
+    out = M._make_blocks(with_cow, None)(m, "r", 1500, 1500)
     assert [b.block_id for b in m.req_to_blocks["r"]] == [3, 99, 0, 5, 6]
     assert [b.block_id for b in out] == [7, 99, 0, 5, 6]
 
@@ -134,7 +136,7 @@ def test_manager_keeps_a_column_that_is_not_free():
         return self.req_to_blocks[rid][before:]
 
     m = _manager([], {"r": 768})
-    out = mod._make_blocks(upstream, None)(m, "r", 1500, 1500)
+    out = M._make_blocks(upstream, None)(m, "r", 1500, 1500)
     assert [b.block_id for b in out] == [0, 4, 5, 6]
 
 
@@ -182,7 +184,7 @@ def test_allocate_slots_hands_the_crossed_checkpoint():
     def upstream(self, request, n, *a, **k):
         during.append(dict(vars(mamba).get(mod.HINT, {})))
 
-    alloc = mod._make_allocate(upstream, None)
+    alloc = M._make_allocate(upstream, None)
     # from 1,280 (mid-block): to the prompt's end 3,000 -> its checkpoint 2,688; to 2,580 -> the
     # last boundary 2,304; to 1,580 (past 1,536 only, whose state the initial block takes) -> none;
     # from 1,152 (on the grid: vLLM's own reservation) -> none
@@ -236,7 +238,7 @@ def test_allocate_slots_past_the_prompt_asks_no_rule(rng, seed):
         got.append((a, k, dict(vars(mamba).get(mod.HINT, {}))))
         return "blocks"
 
-    alloc = mod._make_allocate(upstream, None)
+    alloc = M._make_allocate(upstream, None)
     for _ in range(200):
         block, req, start, n, hit = _past_the_prompt(rng)
         rule = _CountingRule(mod.JunctionRule(block=block, hash_block=block, alignment=64,
@@ -275,8 +277,8 @@ def test_manager_without_a_junction_is_upstream_alone(rng, seed):
         m = types.SimpleNamespace(block_size=B, req_to_blocks=Untouched())
         if hint is not None:
             vars(m)[mod.HINT] = hint
-        assert mod._make_count(lambda self, rid, *a, **k: n, None)(m, "r", 1500, [], 0, 0, 1500) == n
-        assert mod._make_blocks(lambda self, rid, *a, **k: out, None)(m, "r", 1500, 1500) is out
+        assert M._make_count(lambda self, rid, *a, **k: n, None)(m, "r", 1500, [], 0, 0, 1500) == n
+        assert M._make_blocks(lambda self, rid, *a, **k: out, None)(m, "r", 1500, 1500) is out
 
 
 def test_budget_rule_expected_from_the_configuration(monkeypatch):
@@ -444,7 +446,7 @@ def test_rule_takes_mamba_manager_subclasses(monkeypatch):
         mamba_has_prefill_checkpoint_blocks=True, use_eagle_block_drop=False,
         mamba_fine_grained_prefix_cache=False, cache_config=types.SimpleNamespace(block_size=B),
         hash_block_size=B, mamba_prefill_checkpoint_alignment=64)
-    rule = mod._rule(sched, Stack("cpu", "0.30.0"))
+    rule = mod.decide(sched, Stack("cpu", "0.30.0"))
     assert rule is not None and rule.managers == (ours, vllms)
     assert mod.is_mamba_manager(ours) and not mod.is_mamba_manager(other)
 

@@ -28,12 +28,14 @@ import pytest
 
 pytest.importorskip("vllm")
 
+from vllm_hybrid_npu.patches import gdn_mamba_manager as M  # noqa: E402
 from vllm_hybrid_npu.patches import gdn_second_checkpoint as S  # noqa: E402
 from vllm_hybrid_npu.patches import gdn_step_checkpoints as P  # noqa: E402
 
 B, UNIT = 256, 64
-SECOND = tuple(p.name for p in S.PATCHES if "cpu" in p.targets)
-#: the second block's entries and the engine's plan that sends it (and the runner's receive)
+#: the Mamba managers' hooks, which run the second block's rules
+SECOND = tuple(p.name for p in M.PATCHES if "cpu" in p.targets)
+#: those hooks and the engine's plan that sends the block (and the runner's receive)
 ENTRIES = SECOND + ("gdn-checkpoint-send", "gdn-checkpoint-receive")
 
 
@@ -49,7 +51,7 @@ def _cpu_stack():
 def _outside() -> str | None:
     from vllm_hybrid_npu.patches.registry import stack_skip_reason
 
-    return stack_skip_reason(S.PATCHES[0], _cpu_stack())
+    return stack_skip_reason(M.PATCHES[0], _cpu_stack())
 
 
 pytestmark = pytest.mark.skipif(_outside() is not None, reason=f"{S.ENV}: {_outside()}")
@@ -150,10 +152,12 @@ def test_second_block_keeps_the_block_boundary(tiny_config, apply_entries, monke
     where = dict(seed=seed, on=on, n=n, cp=cp, q=q, d=d, scheduler=scheduler)
     monkeypatch.setenv(S.ENV, "on" if on else "off")
     report = apply_entries(*ENTRIES, stack=_cpu_stack())
-    # the worker's entry waits for the model runner's module (not imported by a scheduler)
-    assert (set(SECOND) <= set(report.applied) | set(report.pending)) == on, report.line()
+    # the worker's entry waits for the model runner's module (not imported by a scheduler);
+    # the hooks apply either way, the engine decides at its start whether the rule runs
+    assert set(SECOND) <= set(report.applied) | set(report.pending), report.line()
     assert not report.failed, report.line()
     eng = Engine(tiny_config, scheduler=scheduler)
+    assert bool(vars(eng.sched.kv_cache_manager)[S.MANAGERS]) == on, where
     free0 = eng.sched.kv_cache_manager.block_pool.get_num_free_blocks()
     first = _prompt(rng, n)
     hit, steps, _ = eng.run(first)
@@ -274,15 +278,15 @@ def test_payload_survives_the_multiprocess_executor():
 
 
 def test_engine_without_the_path_takes_no_second_block(tiny_config, apply_entries, monkeypatch, seed):
-    """``gdn-second-checkpoint-engine``: the scheduler of an engine whose exporter path cannot
-    write both states (here CUDA's V1 model runner: ``junctions_off`` says why) turns the entries
-    off for its KV-cache manager: vLLM's keys, no payload, even with the variable on."""
+    """``gdn-manager-engine``: the scheduler of an engine whose exporter path cannot write both
+    states (here CUDA's V1 model runner: ``junctions_off`` says why) turns the second block off
+    for its KV-cache manager: vLLM's keys, no payload, even with the variable on."""
     from vllm_hybrid_npu.support import Stack
 
     rng = random.Random(seed)
     monkeypatch.setenv(S.ENV, "on")
     monkeypatch.delenv("FLA_USE_FAST_OPS", raising=False)
-    cuda = [p.name for p in S.PATCHES if "cuda" in p.targets] + ["gdn-checkpoint-send"]
+    cuda = [p.name for p in M.PATCHES if "cuda" in p.targets] + ["gdn-checkpoint-send"]
     report = apply_entries(*cuda, stack=Stack("cuda", _cpu_stack().vllm))
     assert set(report.applied) == set(cuda), report.line()
     eng = Engine(tiny_config)

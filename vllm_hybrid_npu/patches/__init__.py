@@ -18,12 +18,12 @@ One module per patched upstream module (or, for ``gdn_prefill_checkpoint``, per 
 * :mod:`.resend_tail` - vLLM 0.32's resend boundary for a prompt's partial attention tail, on
   vLLM 0.30 engines that declare prefill checkpoints.
 * :mod:`.gdn_junction` - shared-prefix junction states exported from inside the step (vLLM 0.30,
-  the CPU exporter path): the scheduler's junction stop dropped where the step writes that state,
-  the KV-cache manager reserving its block in the split's column.
-* :mod:`.gdn_second_checkpoint` - opt-in: with ``--prefix-match-unit`` below the block, a prompt
-  whose checkpoint lies inside its last block also keeps the state at that block's start, in a
-  second block (``VLLM_HYBRID_NPU_SECOND_CHECKPOINT=on``; vLLM 0.30's CPU path and CUDA's one
-  pass on the V2 runner).
+  where the exporter path writes several states per row): the scheduler's junction stop dropped
+  where the step writes that state; the rule the Mamba managers' hooks reserve its block by.
+* :mod:`.gdn_mamba_manager` - the align-mode Mamba managers' hooks, one per upstream method
+  (vLLM 0.30): the junction's and crossed boundary's blocks, the second block
+  (:mod:`.gdn_second_checkpoint`'s rules, opt-in ``VLLM_HYBRID_NPU_SECOND_CHECKPOINT=on``) and
+  the retention rule.
 * :mod:`.gdn_step_checkpoints` - the engine's explicit list of each step's GDN checkpoints beyond
   vLLM's one per row (junctions, crossed boundaries, second blocks), sent on the
   ``SchedulerOutput`` and held by the model runner for the GDN metadata builders.
@@ -77,7 +77,7 @@ PATCH_MODULES = (
     "vllm_hybrid_npu.patches.gdn_prefill_checkpoint",
     "vllm_hybrid_npu.patches.resend_tail",
     "vllm_hybrid_npu.patches.gdn_junction",
-    "vllm_hybrid_npu.patches.gdn_second_checkpoint",
+    "vllm_hybrid_npu.patches.gdn_mamba_manager",
     "vllm_hybrid_npu.patches.gdn_step_checkpoints",
     "vllm_hybrid_npu.patches.vllm_kv_offload_scheduler",
     "vllm_hybrid_npu.patches.sub_block_tail_split",

@@ -18,11 +18,12 @@ block hash, retention rule and host-tier offer as the split's step end. One rule
 * ``Scheduler._mamba_block_aligned_split`` (``gdn-junction-split``): upstream's chunk, and
   upstream's chunk without the junction stop; the longer one where the rule exports (or the
   prompt checkpoint sits at ``jf`` already);
-* ``KVCacheManager.allocate_slots`` (``gdn-junction-allocate``): the same rule on the chunk being
-  allocated; a hit hands each align-mode Mamba manager the junction for this call only;
-* ``MambaManager.get_num_blocks_to_allocate`` / ``allocate_new_blocks`` (``gdn-junction-count``,
-  ``gdn-junction-blocks``): one block more, put in the junction's column (vLLM leaves it null);
-  vLLM's own ``cache_blocks`` then caches it (the junction is one of its reachable boundaries);
+* the Mamba managers' hooks (:mod:`.gdn_mamba_manager`): ``KVCacheManager.allocate_slots``
+  applies the same rule to the chunk being allocated (:func:`allocation_checkpoint`) and hands
+  each align-mode Mamba manager the junction for that call only; ``get_num_blocks_to_allocate`` /
+  ``allocate_new_blocks`` count one block more and put it in the junction's column
+  (:func:`place`; vLLM leaves it null); vLLM's own ``cache_blocks`` then caches it (the junction
+  is one of its reachable boundaries);
 * the engine's plan (:mod:`.gdn_step_checkpoints`) sends that block's id and position with the
   step; the worker's GDN metadata builder plans a second checkpoint in the row; vLLM's CPU GDN
   function, or vllm-ascend's prefill kernel (``ops.run_split``), runs in one more round; CUDA's
@@ -70,7 +71,7 @@ HINT = "_vhn_junction"
 VERSIONS = ("0.30.0",)
 #: Where the junction entries apply: vLLM's CPU GDN function, CUDA's one pass on vLLM 0.30's V2
 #: runner and vllm-ascend's GDN paths (:data:`.gdn_prefill_checkpoint.JUNCTION_PATHS`; each
-#: engine decides by :func:`_rule`).
+#: engine decides by :func:`decide`).
 TARGETS = ("cpu", "cuda", "npu")
 SINGLE_TYPE = "vllm.v1.core.single_type_kv_cache_manager"
 
@@ -139,7 +140,7 @@ def junction_rule(scheduler: Any) -> JunctionRule | None:
     """The :class:`JunctionRule` of vLLM 0.30's ``scheduler`` (``Scheduler``) as its align-mode
     configuration allows it, whatever the exporter path: None without align-mode Mamba managers
     that declare prefill checkpoint blocks, with EAGLE's block drop or with vLLM's fine-grained
-    prefix cache. :func:`_rule` adds the path's check; the lab's ``--target npu`` takes it as is
+    prefix cache. :func:`decide` adds the path's check; the lab's ``--target npu`` takes it as is
     (``vllm_hybrid_npu_lab.exporter.apply_junction_entries``)."""
     managers = tuple(m for m in scheduler.kv_cache_manager.coordinator.single_type_managers
                      if is_mamba_manager(m) and m.mamba_cache_mode == "align"
@@ -151,14 +152,16 @@ def junction_rule(scheduler: Any) -> JunctionRule | None:
                         scheduler.mamba_prefill_checkpoint_alignment, False, managers)
 
 
-def _rule(scheduler: Any, stack: Stack) -> JunctionRule | None:
-    """The scheduler's :class:`JunctionRule`, or None where junctions keep vLLM's stop; decided
-    once per scheduler and handed to its KV-cache manager (:data:`RULE`)."""
+def decide(scheduler: Any, stack: Stack) -> JunctionRule | None:
+    """The scheduler's :class:`JunctionRule`, or None where junctions keep vLLM's stop (vLLM
+    other than 0.30, or :func:`~.gdn_prefill_checkpoint.junctions_off`); decided once per
+    scheduler, at its start (``gdn-manager-engine``) or its first split, logged, and handed to
+    its KV-cache manager (:data:`RULE`)."""
     if hasattr(scheduler, RULE):
         return getattr(scheduler, RULE)
     rule = None
-    if gdn.junctions_off(scheduler.vllm_config,
-                         gdn.exporter_path(scheduler.vllm_config, stack.target)[0]) is None:
+    if stack.vllm in VERSIONS and gdn.junctions_off(
+            scheduler.vllm_config, gdn.exporter_path(scheduler.vllm_config, stack.target)[0]) is None:
         rule = junction_rule(scheduler)
     if rule is not None:
         logger.info("vllm-hybrid-npu: shared-prefix junction states exported from inside the step "
@@ -193,7 +196,7 @@ def _make_split(upstream: Any, stack: Stack) -> Any:
                                    num_external_computed_tokens=0):
         args = (num_new_tokens, num_new_local_computed_tokens, num_external_computed_tokens)
         n = upstream(self, request, *args)
-        if n >= num_new_tokens or (rule := _rule(self, stack)) is None:
+        if n >= num_new_tokens or (rule := decide(self, stack)) is None:
             return n
         start = request.num_computed_tokens + num_new_local_computed_tokens + num_external_computed_tokens
         junction = getattr(request, "shared_prefix_boundary", 0)
@@ -215,78 +218,37 @@ def _make_split(upstream: Any, stack: Stack) -> Any:
     return _mamba_block_aligned_split
 
 
-def _make_allocate(upstream: Any, stack: Stack) -> Any:
-    """Registry ``make`` of vLLM 0.30's ``KVCacheManager.allocate_slots``: for a chunk
-    ``[start, end)`` (tokens: the request's computed tokens, plus the new local and external hit,
-    plus ``num_new_tokens``) the rule's junction (:meth:`JunctionRule.decide`) or crossed
-    checkpoint (:meth:`JunctionRule.crossed`) handed to the Mamba managers for that call only.
-
-    A chunk starting at or past the prompt's end (every decode step's, a resumed request's
-    replay of output tokens) goes to upstream at once: no junction lies strictly inside it
-    within the prompt (``core.junction_checkpoint`` answers ``""`` for ``jf <= start`` and for
-    ``jf`` past the prompt) and no crossed checkpoint is planned for it (a request with output
-    tokens: :meth:`JunctionRule.crossed` answers 0), so asking the rule there changed nothing
-    and cost a decode step one rule call per request with a junction (docs/gdn-checkpoints.md,
-    "Decode steps")."""
-    @functools.wraps(upstream)
-    def allocate_slots(self, request, num_new_tokens, num_new_computed_tokens=0,
-                       new_computed_blocks=None, num_lookahead_tokens=0,
-                       num_external_computed_tokens=0, *args, **kwargs):
-        call = (request, num_new_tokens, num_new_computed_tokens, new_computed_blocks,
-                num_lookahead_tokens, num_external_computed_tokens, *args)
-        rule = getattr(self, RULE, None)
-        if rule is None or num_new_tokens <= 0:
-            return upstream(self, *call, **kwargs)
-        start = request.num_computed_tokens + num_new_computed_tokens + num_external_computed_tokens
-        if start >= request.num_prompt_tokens:  # decode (or a replay past the prompt): no rule
-            return upstream(self, *call, **kwargs)
-        end = start + num_new_tokens
-        decision, position = rule.decide(request, start, end) \
-            if getattr(request, "shared_prefix_boundary", 0) else ("", 0)
-        if decision != "export" and not (position := rule.crossed(request, start, end)):
-            return upstream(self, *call, **kwargs)
-        rid = request.request_id
-        for manager in rule.managers:
-            vars(manager).setdefault(HINT, {})[rid] = position
-        try:
-            return upstream(self, *call, **kwargs)
-        finally:
-            for manager in rule.managers:
-                vars(manager)[HINT].pop(rid, None)
-
-    return allocate_slots
+def allocation_checkpoint(rule: JunctionRule, request: Any, start: int, end: int) -> int:
+    """The position (tokens) whose state the chunk ``[start, end)`` of ``request`` leaves in a
+    block of its own, for the Mamba managers to reserve in this allocation: the shared-prefix
+    junction where the rule exports it (:meth:`JunctionRule.decide`), else the boundary a chunk
+    started mid-block crosses (:meth:`JunctionRule.crossed`), else 0. Read by
+    ``gdn-manager-allocate`` (:mod:`.gdn_mamba_manager`) for chunks inside the prompt only: no
+    junction lies inside a chunk at or past the prompt's end, and a request with output tokens
+    crosses nothing (docs/gdn-checkpoints.md, "Decode steps")."""
+    if getattr(request, "shared_prefix_boundary", 0):
+        decision, position = rule.decide(request, start, end)
+        if decision == "export":
+            return position
+    return rule.crossed(request, start, end)
 
 
-def _make_count(upstream: Any, stack: Stack) -> Any:
-    @functools.wraps(upstream)
-    def get_num_blocks_to_allocate(self, request_id, *args, **kwargs):
-        n = upstream(self, request_id, *args, **kwargs)
-        return n + 1 if vars(self).get(HINT, {}).get(request_id) else n
-
-    return get_num_blocks_to_allocate
-
-
-def _make_blocks(upstream: Any, stack: Stack) -> Any:
-    @functools.wraps(upstream)
-    def allocate_new_blocks(self, request_id, *args, **kwargs):
-        position = vars(self).get(HINT, {}).get(request_id)
-        if not position:  # no junction handed for this call (every decode step): upstream's
-            return upstream(self, request_id, *args, **kwargs)
-        before = len(self.req_to_blocks[request_id])
-        out = upstream(self, request_id, *args, **kwargs)
-        blocks, col = self.req_to_blocks[request_id], position // self.block_size - 1
-        # ``out`` is the request's new columns (``blocks[before:]``), after a copy-on-write block
-        # for a new request's partial hit
-        at = col - before + len(out) - (len(blocks) - before)
-        if not (before <= col < len(blocks) and blocks[col].is_null and 0 <= at < len(out)):
-            gdn._log_once("junction-column", "junction at %d tokens: column %d not free (%d "
-                          "blocks before, %d after); its state is not kept", position, col,
-                          before, len(blocks))
-            return out
-        blocks[col] = out[at] = self.block_pool.get_new_blocks(1)[0]
-        return out
-
-    return allocate_new_blocks
+def place(manager: Any, request_id: str, position: int, before: int, out: list) -> None:
+    """Put a new block in the column ``position // block - 1`` of ``request_id``'s blocks in
+    ``manager`` (vLLM 0.30's ``MambaManager``), the column vLLM's split would have cached the
+    junction's state in, after upstream's ``allocate_new_blocks`` returned ``out`` (the request's
+    new columns, after a copy-on-write block for a new request's partial hit; ``before``: the
+    request's block count before that call). ``out`` and the request's blocks name the same
+    block. Where that column is not null or not new, nothing is kept (logged once): the chunk
+    runs past the junction, so a later sharer hits less, but no block is cached unwritten."""
+    blocks, col = manager.req_to_blocks[request_id], position // manager.block_size - 1
+    at = col - before + len(out) - (len(blocks) - before)
+    if not (before <= col < len(blocks) and blocks[col].is_null and 0 <= at < len(out)):
+        gdn._log_once("junction-column", "junction at %d tokens: column %d not free (%d "
+                      "blocks before, %d after); its state is not kept", position, col,
+                      before, len(blocks))
+        return
+    blocks[col] = out[at] = manager.block_pool.get_new_blocks(1)[0]
 
 
 PATCHES = [
@@ -297,23 +259,5 @@ PATCHES = [
               "(core.budget_chunk_end)", vllm=VERSIONS,
               signature=("self", "request", "num_new_tokens", "num_new_local_computed_tokens",
                          "num_external_computed_tokens"),
-              until="vLLM exports junction states inside the step (RFC #52959)"),
-    gdn.entry("gdn-junction-allocate", "vllm.v1.core.kv_cache_manager",
-              "KVCacheManager.allocate_slots", _make_allocate, TARGETS,
-              "the same rule on each allocation: the align-mode Mamba managers reserve the "
-              "junction's block, or the block a chunk started mid-block leaves its last "
-              "checkpoint in (core.crossed_checkpoint), for that call", vllm=VERSIONS,
-              signature=("self", "request", "num_new_tokens", "num_new_computed_tokens",
-                         "new_computed_blocks", "num_lookahead_tokens",
-                         "num_external_computed_tokens"),
-              until="vLLM exports junction states inside the step (RFC #52959)"),
-    gdn.entry("gdn-junction-count", SINGLE_TYPE, "MambaManager.get_num_blocks_to_allocate",
-              _make_count, TARGETS, "one block more for a reserved junction", vllm=VERSIONS,
-              signature=("self", "request_id"),
-              until="vLLM exports junction states inside the step (RFC #52959)"),
-    gdn.entry("gdn-junction-blocks", SINGLE_TYPE, "MambaManager.allocate_new_blocks",
-              _make_blocks, TARGETS, "the junction's block in the column vLLM's split would have "
-              "cached it in (jf // block - 1)", vllm=VERSIONS,
-              signature=("self", "request_id"),
               until="vLLM exports junction states inside the step (RFC #52959)"),
 ]

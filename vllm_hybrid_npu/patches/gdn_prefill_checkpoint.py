@@ -701,14 +701,13 @@ def chunk_checkpoints() -> str:
     return envs.choice(CHUNK_ENV, CHUNK_MODES, "all")
 
 
-def _make_retention(upstream: Any, stack: Stack) -> Any:
-    """Wrap vLLM 0.30's ``MambaManager._cache_partial_tail_block(self, request, num_tokens,
-    retention_interval)`` (``retention_interval`` in tokens: ``None`` dense, ``0`` vLLM's
-    default, ``> 0`` a grid), which caches the block vLLM reserved for a prefill checkpoint
-    (``self._checkpoints[request_id] = (position in tokens, block column)``; the exporter
-    declares one, so every prefill chunk has one, one hash block below the chunk's end).
-
-    Only the ``retention_interval`` handed to upstream changes; upstream's branches do the rest:
+def retention(manager: Any, request: Any, retention_interval: int | None) -> int | None:
+    """The retention interval (tokens: ``None`` dense, ``0`` vLLM's default, ``> 0`` a grid) to
+    hand vLLM 0.30's ``MambaManager._cache_partial_tail_block(request, num_tokens,
+    retention_interval)`` of ``manager``, which caches the block vLLM reserved for a prefill
+    checkpoint (``manager._checkpoints[request_id] = (position in tokens, block column)``; the
+    exporter declares one, so every prefill chunk has one, one hash block below the chunk's end).
+    Upstream's branches do the rest (``gdn-manager-cache``, :mod:`.gdn_mamba_manager`):
 
     * the prompt's own checkpoint (``get_mamba_prefill_checkpoint_position`` of the prompt) at
       retention 0: ``None``, so it is cached as vLLM 0.32's ``is_prompt_checkpoint`` caches it;
@@ -716,33 +715,25 @@ def _make_retention(upstream: Any, stack: Stack) -> Any:
       checkpoint at retention > 0: ``0``, so upstream's retention-0 branch decides: a non-final
       chunk's checkpoint is dropped (``BlockPool._maybe_evict_cached_block``: no hash; the block
       and the state written into it are untouched) and a shared-prefix junction's, or one a
-      chunk reaching the prompt's end leaves, is cached as before.
+      chunk reaching the prompt's end leaves, is cached as before;
+    * otherwise ``retention_interval`` unchanged.
 
     Raises ValueError (naming :data:`CHUNK_ENV`) at the first such checkpoint for a bad value.
     """
-    @functools.wraps(upstream)
-    def _cache_partial_tail_block(self, request, num_tokens, retention_interval):
-        checkpoint = self._checkpoints.get(request.request_id)
-        if checkpoint is not None and retention_interval is not None:
-            from vllm.v1.kv_cache_interface import get_mamba_prefill_checkpoint_position
+    checkpoint = manager._checkpoints.get(request.request_id)
+    if checkpoint is None or retention_interval is None:
+        return retention_interval
+    from vllm.v1.kv_cache_interface import get_mamba_prefill_checkpoint_position
 
-            is_prompt = checkpoint[0] == get_mamba_prefill_checkpoint_position(
-                request.num_prompt_tokens, self.block_pool.hash_block_size,
-                self.drop_eagle_checkpoint_block)
-            if retention_interval == 0 and is_prompt:
-                retention_interval = None  # vLLM 0.32's is_prompt_checkpoint: cache it as the split would
-            elif retention_interval > 0 and not is_prompt and \
-                    (vars(self).get(CHUNK_RULE) or chunk_checkpoints()) == "final":
-                retention_interval = 0  # upstream's retention-0 rule: kept only at a junction
-        return upstream(self, request, num_tokens, retention_interval)
-
-    return _cache_partial_tail_block
-
-
-def _retention_wanted(stack: Stack) -> str | None:
-    """:func:`wanted`, after reading :data:`CHUNK_ENV` (a bad value raises ValueError at load)."""
-    chunk_checkpoints()
-    return wanted(stack)
+    is_prompt = checkpoint[0] == get_mamba_prefill_checkpoint_position(
+        request.num_prompt_tokens, manager.block_pool.hash_block_size,
+        manager.drop_eagle_checkpoint_block)
+    if retention_interval == 0 and is_prompt:
+        return None  # vLLM 0.32's is_prompt_checkpoint: cache it as the split would
+    if retention_interval > 0 and not is_prompt and \
+            (vars(manager).get(CHUNK_RULE) or chunk_checkpoints()) == "final":
+        return 0  # upstream's retention-0 rule: kept only at a junction
+    return retention_interval
 
 
 #: A scheduler's flags, by target (a dict): its engine's exporter path on that target writes the
@@ -851,12 +842,4 @@ PATCHES = [
                      "num_external_computed_tokens"),
           until="the one-pass kernel's several checkpoints per row run on every "
                 "CUDA runner and vLLM version (vLLM 0.30's V2 runner only so far)"),
-    entry("gdn-checkpoint-retention", "vllm.v1.core.single_type_kv_cache_manager",
-          "MambaManager._cache_partial_tail_block", _make_retention, ("cpu", "cuda", "npu"),
-          "vLLM 0.32's fix carried: the prompt's checkpoint is cached at retention interval 0; "
-          "with VLLM_HYBRID_NPU_CHUNK_CHECKPOINTS=final a non-final chunk's checkpoint is not "
-          "kept at retention > 0 (fewer states where a host tier evicts)",
-          vllm=("0.30.0",), signature=("self", "request", "num_tokens", "retention_interval"),
-          wanted=_retention_wanted,
-          until="vLLM 0.30 leaves the support matrix (vLLM 0.32 has the rule)"),
 ]
