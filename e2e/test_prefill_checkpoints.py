@@ -429,9 +429,9 @@ def test_exported_state_bytes_equal_split(tiny_model_dir, engine_args, exporter,
 def _junction_exported() -> bool:
     """The junction entries applied (vLLM 0.30) and, on the last exporter engine started here,
     on (``_crossing_written``: the CPU path; CUDA's one pass on the V2 runner)."""
-    from vllm_hybrid_npu.patches import registry
+    from vllm_hybrid_npu.patches import gdn_junction
 
-    return "gdn-junction-split" in registry.REPORT.applied and _ON.get("junctions", True)
+    return gdn_junction.rule_applied() and _ON.get("junctions", True)
 
 
 def test_shared_prefix_junction_exported_inside_the_step(tiny_model_dir, engine_args, rng,
@@ -736,7 +736,7 @@ def test_shared_budget_chunks_take_caching_offs_steps(tiny_model_dir, engine_arg
 @contextlib.contextmanager
 def _mid_block_stop_forced():
     """The paths that do not write the block a mid-block row crosses (CUDA, the NPU), on this
-    engine: ``gdn-checkpoint-mid-block-stop`` wrapped around the scheduler's split (it applies
+    engine: the mid-block stop (``gdn-chunk-end``'s inner layer) wrapped around the scheduler's split (it applies
     where a prefill checkpoint is declared, as here), and the crossing write dropped (the engine's
     plan, ``core.step_checkpoints``, lists rows that start on the block grid only). In-process
     engines only (``VLLM_ENABLE_V1_MULTIPROCESSING=0``)."""
@@ -784,7 +784,7 @@ def test_hit_inside_a_block_run_past_its_boundary(tiny_model_dir, engine_args, r
     ``how``: ``write`` (the CPU path writes the boundary's state into it in the same step, as
     does CUDA's one pass on vLLM 0.30's V2 runner; on other CUDA configurations the stop below
     applies instead: ``_crossing_written``) or ``stop`` (the paths that cannot, forced here:
-    ``gdn-checkpoint-mid-block-stop`` ends the chunk at ``b``, one step more, as vLLM's split).
+    the mid-block stop ends the chunk at ``b``, one step more, as vLLM's split).
     Checked: the hit; the steps (1 with the write, 2 with the stop); with the write every block cached at ``b`` was written by the
     exporter; its conv and SSM bytes equal those vLLM's split caches at ``b`` (exact on CPU: both
     ran tokens ``m..b`` from the same state in one chunk; on CUDA within one rounding, below);
@@ -1625,7 +1625,7 @@ def test_sub_block_tail_split_off_runs_the_last_chunk_whole(tiny_model_dir, engi
     * a prompt hitting a first prompt's checkpoint ``m`` inside block ``B..2B`` and ending at
       ``L2`` in ``[2B + 65, 3B)``, off the grid: vLLM's split stops at ``2B`` and then at
       ``L2 // 64 * 64`` (three steps); here one step where the path writes the crossed boundary
-      (CPU; CUDA's one pass on vLLM 0.30's V2 runner), two where ``gdn-checkpoint-mid-block-stop``
+      (CPU; CUDA's one pass on vLLM 0.30's V2 runner), two where the mid-block stop (``gdn-chunk-end``)
       still stops at ``2B``; the hit is ``m``; no GDN state cached at ``(L2 - 1) // 64 * 64``;
       the blocks cached at ``2B`` were written by the step (where it runs past ``2B``); a third
       prompt sharing the first ``2B`` tokens hits ``2B`` with the tokens it gets computed cold

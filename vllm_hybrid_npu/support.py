@@ -88,7 +88,7 @@ V033_ENTRIES: tuple[str, ...] = (
     "step-counters", "step-counters-stats", "step-counters-free", "step-counters-pop",
     "gdn-checkpoint-spec", "gdn-checkpoint-alignment", "gdn-checkpoint-plan",
     "gdn-checkpoint-regather", "gdn-checkpoint-cpu", "gdn-checkpoint-triton",
-    "gdn-checkpoint-fla-split", "gdn-checkpoint-fla-h", "gdn-checkpoint-mid-block-stop",
+    "gdn-checkpoint-fla-split", "gdn-checkpoint-fla-h", "gdn-chunk-end",
     "cpu-seeded-chunk", "gdn-checkpoint-send", "gdn-checkpoint-receive",
 )
 

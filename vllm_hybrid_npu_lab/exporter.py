@@ -18,8 +18,8 @@ per replay on those managers (``CHUNK_RULE``, which the rule reads before the en
 hook is bound once per instance (:func:`bind_entry`), whichever ``apply_*`` binds it first; the
 rules it runs follow what the instance's attributes switch on. The lab imports the runtime; the runtime never imports the lab.
 
-By default the lab models CUDA's exporter, so it takes the runtime's ``gdn-checkpoint-mid-block-stop``
-entry: a chunk started inside a block (after a hit finer than the block, ``--prefix-match-unit``)
+By default the lab models CUDA's exporter, so it takes the runtime's ``gdn-chunk-end``
+entry (its mid-block stop): a chunk started inside a block (after a hit finer than the block, ``--prefix-match-unit``)
 ends at the next block boundary, as vLLM's own split does without a prefill checkpoint, where the
 step does not write the crossed boundary. Bound on the replay scheduler instance, like the
 retention fix. Since 2026-11-29 the runtime lifts vLLM's junction stop on CUDA too (vLLM 0.30's V2
@@ -36,8 +36,9 @@ from typing import Any
 #: the runtime registry entry carrying vLLM 0.32's retention rule to vLLM 0.30 (the Mamba
 #: manager's caching hook)
 RETENTION_ENTRY = "gdn-manager-cache"
-#: the runtime registry entry ending a chunk started mid-block at its next block boundary
-MID_BLOCK_STOP_ENTRY = "gdn-checkpoint-mid-block-stop"
+#: the runtime registry entry of the scheduler's chunk end, whose inner layer ends a chunk started
+#: mid-block at its next block boundary (and whose outer layer is the junction rule)
+MID_BLOCK_STOP_ENTRY = "gdn-chunk-end"
 
 
 def _entry(name: str) -> Any:
@@ -47,11 +48,11 @@ def _entry(name: str) -> Any:
     vLLM (its ``vllm`` versions), else ``None``."""
     import vllm
 
-    from vllm_hybrid_npu.patches import gdn_mamba_manager, gdn_prefill_checkpoint
+    from vllm_hybrid_npu.patches import gdn_junction, gdn_mamba_manager, gdn_prefill_checkpoint
     from vllm_hybrid_npu.support import base_version
 
     entry = next(p for p in gdn_prefill_checkpoint.PATCHES + gdn_mamba_manager.PATCHES
-                 if p.name == name)
+                 + gdn_junction.PATCHES if p.name == name)
     if base_version(vllm.__version__) not in entry.vllm:
         return None
     return entry
@@ -103,15 +104,15 @@ def apply_retention_fix(scheduler: Any, chunk_checkpoints: str = "all") -> int:
 
 
 def apply_mid_block_stop(scheduler: Any) -> bool:
-    """Bind the runtime's ``gdn-checkpoint-mid-block-stop`` replacement of
-    ``Scheduler._mamba_block_aligned_split`` (vLLM 0.30-0.33) on ``scheduler``, as the runtime
-    applies it on CUDA (its stack's target; on the NPU it stands aside where vllm-ascend's paths
-    write the crossed boundary, and a KV consumer's chunk stays whole, neither replayed here).
+    """Bind the runtime's ``gdn-chunk-end`` replacement of ``Scheduler._mamba_block_aligned_split``
+    (vLLM 0.30-0.33) on ``scheduler``, as the runtime applies it on CUDA (its stack's target; on
+    the NPU its mid-block stop stands aside where vllm-ascend's paths write the crossed boundary,
+    and a KV consumer's chunk stays whole, neither replayed here), with its junction rule off
+    (``gdn_junction.RULE`` None on the scheduler and its KV-cache manager, unless set before):
+    :func:`apply_junction_entries` turns it on.
 
     Returns True when bound; False when the installed vLLM is outside the entry's versions or
-    the runtime applied this entry process-wide (``registry.REPORT.applied``). Another runtime
-    wrapper of the split (the CPU path's ``gdn-junction-split``, which the replay turns off)
-    does not count: the stop is bound over it.
+    the runtime applied this entry process-wide (``registry.REPORT.applied``).
     """
     import vllm
 
@@ -122,15 +123,18 @@ def apply_mid_block_stop(scheduler: Any) -> bool:
     upstream = type(scheduler)._mamba_block_aligned_split
     if entry is None or MID_BLOCK_STOP_ENTRY in registry.REPORT.applied:
         return False
+    from vllm_hybrid_npu.patches.gdn_junction import RULE
+
+    for obj in (scheduler, scheduler.kv_cache_manager):
+        vars(obj).setdefault(RULE, None)
     stack = Stack(target="cuda", vllm=base_version(vllm.__version__))
-    scheduler._mamba_block_aligned_split = types.MethodType(entry.make(upstream, stack), scheduler)
-    return True
+    return bind_entry(scheduler, "_mamba_block_aligned_split", entry, stack, upstream)
 
 
 #: the runtime registry entries exporting shared-prefix junction states and budget chunk ends
 #: inside the step (:mod:`vllm_hybrid_npu.patches.gdn_junction`'s split and the Mamba managers'
 #: hooks, :mod:`vllm_hybrid_npu.patches.gdn_mamba_manager`; vLLM 0.30)
-JUNCTION_ENTRIES = ("gdn-junction-split", "gdn-manager-allocate", "gdn-manager-count",
+JUNCTION_ENTRIES = ("gdn-chunk-end", "gdn-manager-allocate", "gdn-manager-count",
                     "gdn-manager-blocks")
 
 
@@ -141,10 +145,10 @@ def apply_junction_entries(scheduler: Any, target: str = "npu") -> bool:
     CUDA (``cuda``: the one pass on vLLM 0.30's V2 runner, ``VLLM_HYBRID_NPU_CUDA_JUNCTIONS=on``).
     A chunk no longer stops at a shared-prefix junction whose state the step exports, nor below
     the token budget's end at a block boundary, and a chunk started mid-block runs on (the step
-    writes the crossed boundary): on the NPU the runtime's mid-block stop stands aside and is
-    unbound here; on CUDA it stays bound (inside the junction split, the registry's order), told
-    that the path writes the crossing, so it stands aside for a start on the 64-token grid and
-    stops one off it (a prefix-match unit below 64). The blocks they reserve are cached by vLLM's
+    writes the crossed boundary): the runtime's ``gdn-chunk-end`` is bound for ``target`` (its
+    mid-block stop told that the path writes the crossing: on the NPU it stands aside, on CUDA
+    it stands aside for a start on the 64-token grid and stops one off it, a prefix-match unit
+    below 64). The blocks they reserve are cached by vLLM's
     own manager.
 
     Binds the entries on this scheduler, its KV-cache manager and its align-mode Mamba managers
@@ -169,20 +173,18 @@ def apply_junction_entries(scheduler: Any, target: str = "npu") -> bool:
     setattr(kv, J.RULE, rule)
     if rule is None:
         return False
-    inner = None
-    if target == "cuda":  # the CUDA stop's own decision, as the runtime takes it on the V2 runner
-        vars(scheduler).setdefault(CROSSING_WRITTEN, {})["cuda"] = True
-        bound = vars(scheduler).get("_mamba_block_aligned_split")
-        inner = getattr(bound, "__func__", None)
-    else:
-        vars(scheduler).pop("_mamba_block_aligned_split", None)  # the mid-block stop stands aside
+    # the mid-block stop's own decision, as the runtime takes it on these paths
+    vars(scheduler).setdefault(CROSSING_WRITTEN, {})[target] = True
+    bound = getattr(vars(scheduler).get("_mamba_block_aligned_split"), "__func__", None)
+    if bound is not None and target != "cuda":  # bound for CUDA (apply_mid_block_stop): rebind
+        vars(scheduler).pop("_mamba_block_aligned_split")
     if JUNCTION_ENTRIES[0] in registry.REPORT.applied:
         return True  # the runtime's class-level entries read the rule set above
     from vllm_hybrid_npu.patches import gdn_mamba_manager as M
 
     hooks = {p.name: p for p in M.PATCHES}
     stack = Stack(target=target, vllm=base_version(vllm.__version__))
-    bind_entry(scheduler, "_mamba_block_aligned_split", J.PATCHES[0], stack, inner)
+    bind_entry(scheduler, "_mamba_block_aligned_split", J.PATCHES[0], stack)
     bind_entry(kv, "allocate_slots", hooks["gdn-manager-allocate"], stack)
     for mgr in rule.managers:
         bind_entry(mgr, "get_num_blocks_to_allocate", hooks["gdn-manager-count"], stack)

@@ -23,7 +23,7 @@ Recorded: the class and MRO, every call of the composed ``_mamba_block_aligned_s
 request.
 
 ``--mode junction --order ascend-first|registry-first`` (issue 38): the plugin's junction
-split and Mamba managers' hooks (``gdn-junction-split``, ``gdn-manager-*``, now for the NPU too) with vllm-ascend's scheduler-side platform
+split and Mamba managers' hooks (``gdn-chunk-end``, ``gdn-manager-*``, now for the NPU too) with vllm-ascend's scheduler-side platform
 patches, applied in either order: ``patch_mamba_block_aligned_split`` (and the
 ``patch_kv_cache_coordinator`` it imports), ``patch_balance_schedule`` and
 ``patch_mamba_manager`` (``AscendMambaManager``, rebinding vLLM's ``MambaManager`` name). The
@@ -137,7 +137,7 @@ def run(args, result) -> None:
     from vllm_hybrid_npu.support import Stack
 
     # the plugin's registry as an NPU process of this stack applies it (its one split entry,
-    # gdn-checkpoint-mid-block-stop, wraps the split over vllm-ascend's; the class below stays
+    # gdn-chunk-end, wraps the split over vllm-ascend's; the class below stays
     # vLLM's / vllm-ascend's until the lab wraps it)
     report = patches.apply_patches("npu", Stack(target="npu", vllm="0.30.0", vllm_ascend=ASCEND))
     result["failed"] = dict(report.failed)

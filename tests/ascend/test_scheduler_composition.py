@@ -14,7 +14,7 @@ Fresh seed per session, printed on failure (``VLLM_HYBRID_NPU_TEST_SEED`` reruns
 
 The junction entries (issue 38, ``sched_replay.py --mode junction``): vllm-ascend's split wrapper,
 ``BalanceScheduler`` and ``AscendMambaManager`` with the plugin's junction split and Mamba
-managers' hooks (``gdn-junction-split``, ``gdn-manager-*``), in both orders (vllm-ascend's patches first, the registry first), and a control with vLLM's junction
+managers' hooks (``gdn-chunk-end``, ``gdn-manager-*``), in both orders (vllm-ascend's patches first, the registry first), and a control with vLLM's junction
 stop: the second request sharing a prefix runs past its junction in one step, the block in the
 junction's column reserved, and the third hits the junction.
 
@@ -121,8 +121,8 @@ def junction(request, tmp_path_factory):
 
 def test_junction_entries_compose_with_vllm_ascend(junction):
     assert junction["failed"] == {}
-    for name in ("gdn-junction-split", "gdn-manager-allocate", "gdn-manager-count",
-                 "gdn-manager-blocks", "gdn-checkpoint-mid-block-stop"):
+    for name in ("gdn-chunk-end", "gdn-manager-allocate", "gdn-manager-count",
+                 "gdn-manager-blocks"):
         assert name in junction["applied"], name
     ascend, vllm = junction["managers_classes"]
     assert ascend == "vllm_ascend.patch.platform.patch_mamba_manager.AscendMambaManager"
@@ -132,6 +132,7 @@ def test_junction_entries_compose_with_vllm_ascend(junction):
     owner = "AscendMambaManager" if junction["order"] == "ascend-first" else "MambaManager"
     assert junction["wrapped_by"] == {"get_num_blocks_to_allocate": [owner],
                                       "allocate_new_blocks": [owner]}
+    # one registry entry (gdn-chunk-end), two layers: the junction rule around the mid-block stop
     ours = ["vllm_hybrid_npu/patches/gdn_junction.py:_make_split",
             "vllm_hybrid_npu/patches/gdn_prefill_checkpoint.py:_make_mid_block_stop"]
     theirs = ["vllm_ascend/patch/platform/patch_mamba_block_aligned_split.py"]

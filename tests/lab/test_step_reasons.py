@@ -174,7 +174,7 @@ def test_exporter_hit_inside_a_block_stops_at_the_next_boundary(cfg, rng, monkey
     # off the 64-token grid): one step, its checkpoint at m = (a - 1) // 64 * 64 (valid from
     # start 0). B (1,600 tokens, A's a followed by more: hash block 3 covers 1024..1535) hits m,
     # inside the block [1024, 1280) unless m = 1024. vLLM lifts its stop at the next boundary
-    # 1280 under the prefill checkpoint; the runtime's gdn-checkpoint-mid-block-stop (CUDA with
+    # 1280 under the prefill checkpoint; the runtime's gdn-chunk-end's mid-block stop (CUDA with
     # its junction export off: one checkpoint per row) puts it back: [m, 1280)
     # (mid_block_start), then [1280, 1600) with its checkpoint at 1536 (valid from 1280): 2 steps
     # where vLLM's own chunking takes 1. With the export on (the default, vLLM 0.30) the one pass

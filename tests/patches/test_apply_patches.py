@@ -188,7 +188,7 @@ def test_vllm_033_rows_are_the_entries_listing_it():
             "step-counters-free", "step-counters-pop", "gdn-checkpoint-spec",
             "gdn-checkpoint-alignment", "gdn-checkpoint-plan", "gdn-checkpoint-regather",
             "gdn-checkpoint-cpu", "gdn-checkpoint-triton", "gdn-checkpoint-fla-split",
-            "gdn-checkpoint-fla-h", "gdn-checkpoint-mid-block-stop", "cpu-seeded-chunk",
+            "gdn-checkpoint-fla-h", "gdn-chunk-end", "cpu-seeded-chunk",
             "gdn-checkpoint-send", "gdn-checkpoint-receive"}
     rows = [r for r in support.SUPPORT_MATRIX if r.vllm == "0.33.0"]
     assert {r.target for r in rows} == {"cpu", "cuda"}
@@ -269,7 +269,7 @@ def test_cpu_default_keeps_vllms_copy_kernel():
     expected = {"gdn-checkpoint-spec", "gdn-checkpoint-block-size", "gdn-checkpoint-plan",
                 "gdn-checkpoint-cpu"}
     if vllm.__version__.startswith("0.30."):  # vLLM 0.32 has the retention rule itself
-        expected |= {"gdn-junction-split", "gdn-manager-engine", "gdn-manager-allocate",
+        expected |= {"gdn-chunk-end", "gdn-manager-engine", "gdn-manager-allocate",
                      "gdn-manager-count", "gdn-manager-blocks", "gdn-manager-cache",
                      "gdn-manager-retire", "gdn-manager-free"}
     expected |= {"engine-core-block-size-record", "engine-core-block-size", "cpu-seeded-chunk"}
@@ -292,10 +292,12 @@ def test_vllm_033_applies_its_row():
         pytest.skip(f"needs vLLM 0.33 (installed: {vllm.__version__})")
     r = _probe()
     cuda_only = {"gdn-checkpoint-regather", "gdn-checkpoint-triton", "gdn-checkpoint-fla-split",
-                 "gdn-checkpoint-fla-h", "gdn-checkpoint-mid-block-stop"}
-    assert sorted(r["applied"]) == sorted(set(support.V033_ENTRIES) - cuda_only), r
+                 "gdn-checkpoint-fla-h"}
+    assert sorted(r["applied"]) == sorted(set(support.V033_ENTRIES) - cuda_only - {"gdn-chunk-end"}), r
     assert r["failed"] == {} and r["pending"] == {} and r["unsupported"] is None
     assert all(r["skipped"][n] == "not for target cpu" for n in cuda_only)
+    # the chunk end's layers: the mid-block stop (CUDA, the NPU) and the junction rule (vLLM 0.30)
+    assert r["skipped"]["gdn-chunk-end"].startswith("nothing to do on CPU with vLLM 0.33"), r
     for n in ("gdn-checkpoint-block-size", "gdn-manager-cache", "copy-kernel"):
         assert r["skipped"][n].startswith("outside the support matrix"), n
     assert r["config"] is True and r["copy"] is False and r["sched"] is False

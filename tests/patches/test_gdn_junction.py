@@ -14,7 +14,7 @@ upstream functions, hand-counted (the real scheduler and managers: ``e2e/test_pr
   chunk leaves in a block of its own;
 * the worker (``gdn_prefill_checkpoint._junctions``): the blocks a row crosses, by hand, the
   initial state's block of a row started mid-block included;
-* ``gdn-checkpoint-mid-block-stop`` (the paths without that write): a chunk started mid-block
+* the mid-block stop (``gdn-chunk-end``'s inner layer, the paths without that write): a chunk started mid-block
   ends at its next boundary.
 """
 
@@ -294,7 +294,7 @@ def test_budget_rule_expected_from_the_configuration(monkeypatch):
     report = registry.LoadReport()
     monkeypatch.setattr(registry, "REPORT", report)
     monkeypatch.delenv("VLLM_HYBRID_NPU_PREFILL_CHECKPOINTS", raising=False)
-    report.pending["gdn-junction-split"] = "vllm.v1.core.sched.scheduler"
+    report.pending["gdn-chunk-end"] = "vllm.v1.core.sched.scheduler"
     assert mod.budget_rule_expected(config(), "cpu")
     # a prefix-match unit, caching off, a float32 model (no CPU exporter), another target
     assert not mod.budget_rule_expected(config(pmu=64), "cpu")
@@ -303,12 +303,18 @@ def test_budget_rule_expected_from_the_configuration(monkeypatch):
     assert not mod.budget_rule_expected(config(), "npu")
     # the entry applied counts; skipped (another vLLM) or the exporter switched off does not
     report.pending.clear()
-    report.applied.append("gdn-junction-split")
+    report.applied.append("gdn-chunk-end")
     assert mod.budget_rule_expected(config(), "cpu")
     report.applied.clear()
-    report.skipped["gdn-junction-split"] = "not for vLLM 0.32.0"
+    report.skipped["gdn-chunk-end"] = "nothing to do on CPU with vLLM 0.32.0"
     assert not mod.budget_rule_expected(config(), "cpu")
-    report.applied.append("gdn-junction-split")
+    # applied on another vLLM (CUDA 0.32: the mid-block stop alone): no rule
+    from vllm_hybrid_npu.support import Stack
+
+    report.applied.append("gdn-chunk-end")
+    report.stack = Stack("cuda", "0.32.0")
+    assert not mod.budget_rule_expected(config(), "cpu")
+    report.stack = None
     monkeypatch.setenv("VLLM_HYBRID_NPU_PREFILL_CHECKPOINTS", "off")
     assert not mod.budget_rule_expected(config(), "cpu")
 
@@ -336,7 +342,7 @@ def test_engine_lists_the_blocks_a_row_crosses_by_hand():
 
 
 def test_mid_block_stop_ends_the_chunk_at_the_boundary():
-    """``gdn-checkpoint-mid-block-stop`` (CUDA, the NPU) around a stand-in of vLLM's split that
+    """The mid-block stop (``gdn-chunk-end``'s inner layer on CUDA, the NPU) around a stand-in of vLLM's split that
     lifts the mid-block stop (returns the whole chunk), block 384: a chunk from 1024 ends at 1152
     (128 tokens); from 768 (on the grid), or one ending before the boundary, upstream's; on the NPU
     a KV consumer's, upstream's; where no prefill checkpoint is declared (the scheduler's

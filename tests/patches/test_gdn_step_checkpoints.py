@@ -183,7 +183,7 @@ def test_builder_plans_the_engines_checkpoints(monkeypatch):
 
 
 def test_mid_block_stop_stands_aside_where_cuda_writes_the_boundary(monkeypatch):
-    """``gdn-checkpoint-mid-block-stop`` on CUDA where the engine plans several checkpoints per
+    """The mid-block stop (``gdn-chunk-end``'s inner layer) on CUDA where the engine plans several checkpoints per
     row (vLLM 0.30, V2 runner): a chunk started mid-block on the 64-token grid runs on (the step
     writes the boundary it crosses); one started off that grid (a prefix-match unit below 64)
     still stops at the boundary (the one pass stores states at chunk starts only)."""

@@ -15,7 +15,8 @@ vLLM's split would have left it in (``jf // block - 1``), so vLLM caches it ther
 block hash, retention rule and host-tier offer as the split's step end. One rule decides for all
 (:func:`vllm_hybrid_npu.core.prefill_checkpoints.junction_checkpoint`):
 
-* ``Scheduler._mamba_block_aligned_split`` (``gdn-junction-split``): upstream's chunk, and
+* ``Scheduler._mamba_block_aligned_split`` (``gdn-chunk-end``, :data:`ENTRY`, whose inner layer
+  is the mid-block stop on CUDA and the NPU): upstream's chunk, and
   upstream's chunk without the junction stop; the longer one where the rule exports (or the
   prompt checkpoint sits at ``jf`` already);
 * the Mamba managers' hooks (:mod:`.gdn_mamba_manager`): ``KVCacheManager.allocate_slots``
@@ -181,12 +182,8 @@ def budget_rule_expected(vllm_config: Any, target: str) -> bool:
     split entry is applied or pending (vLLM 0.30), and no ``--prefix-match-unit`` is set (below
     the block its tail stops stay; the block is not known yet). The ``token-budget`` entries
     then leave the budget alone: no chunk ends on the block grid for them to save."""
-    from vllm_hybrid_npu.patches import registry
-
-    report = registry.REPORT
-    entry = "gdn-junction-split"
     return (gdn.junctions_off(vllm_config, gdn.exporter_path(vllm_config, target)[0]) is None
-            and (entry in report.applied or entry in report.pending)
+            and rule_applied()
             and getattr(vllm_config.cache_config, "prefix_match_unit", None) is None)
 
 
@@ -251,13 +248,51 @@ def place(manager: Any, request_id: str, position: int, before: int, out: list) 
     blocks[col] = out[at] = manager.block_pool.get_new_blocks(1)[0]
 
 
+#: The registry entry of the scheduler's chunk end (the split's one wrapper).
+ENTRY = "gdn-chunk-end"
+
+
+def _make_chunk_end(upstream: Any, stack: Stack) -> Any:
+    """Registry ``make`` of ``Scheduler._mamba_block_aligned_split`` (vLLM 0.30-0.33): one
+    wrapper of two layers, the mid-block stop inside (CUDA, the NPU:
+    ``gdn_prefill_checkpoint._make_mid_block_stop``) and the junction and token-budget rule
+    outside (:func:`_make_split`; vLLM 0.30, where :func:`decide` gives a rule). The rule's
+    second upstream call (the chunk without the junction stop) goes through the stop too."""
+    inner = (gdn._make_mid_block_stop(upstream, stack) if stack.target in gdn.MID_BLOCK_TARGETS
+             else upstream)
+    return _make_split(inner, stack)
+
+
+def _chunk_end_wanted(stack: Stack) -> str | None:
+    """:func:`.gdn_prefill_checkpoint.wanted`; on CPU outside vLLM 0.30 neither layer applies
+    (no mid-block stop on the CPU path, the junction rule is vLLM 0.30's)."""
+    if stack.target == "cpu" and stack.vllm not in VERSIONS:
+        return f"nothing to do on CPU with vLLM {stack.vllm} (the junction rule is vLLM 0.30's)"
+    return gdn.wanted(stack)
+
+
+def rule_applied() -> bool:
+    """Whether this process's load applied (or will apply) the chunk end's junction and
+    token-budget rule: :data:`ENTRY` applied or pending, on vLLM 0.30 (on 0.32 / 0.33 the entry
+    is the mid-block stop alone)."""
+    from vllm_hybrid_npu.patches import registry
+
+    report = registry.REPORT
+    return ((ENTRY in report.applied or ENTRY in report.pending)
+            and (report.stack is None or report.stack.vllm in VERSIONS))
+
+
 PATCHES = [
-    gdn.entry("gdn-junction-split", "vllm.v1.core.sched.scheduler",
-              "Scheduler._mamba_block_aligned_split", _make_split, TARGETS,
-              "no chunk end at a shared-prefix junction whose state the step exports "
-              "(core.junction_checkpoint), nor below the token budget's end at a block boundary "
-              "(core.budget_chunk_end)", vllm=VERSIONS,
+    gdn.entry(ENTRY, "vllm.v1.core.sched.scheduler",
+              "Scheduler._mamba_block_aligned_split", _make_chunk_end, TARGETS,
+              "where a prefill chunk ends: no end at a shared-prefix junction whose state the "
+              "step exports (core.junction_checkpoint), nor below the token budget's end at a "
+              "block boundary (core.budget_chunk_end; vLLM 0.30); on CUDA and the NPU a chunk "
+              "started mid-block ends at its next block boundary where the path does not write "
+              "the crossed boundary's state (core.mid_block_chunk)",
+              wanted=_chunk_end_wanted,
               signature=("self", "request", "num_new_tokens", "num_new_local_computed_tokens",
                          "num_external_computed_tokens"),
-              until="vLLM exports junction states inside the step (RFC #52959)"),
+              until="vLLM exports junction and crossed-boundary states inside the step "
+                    "(RFC #52959)"),
 ]

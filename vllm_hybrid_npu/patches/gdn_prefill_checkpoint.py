@@ -743,7 +743,22 @@ def retention(manager: Any, request: Any, retention_interval: int | None) -> int
 CROSSING_WRITTEN = "_vhn_crossing_written"
 
 
+#: Where the mid-block stop applies: the paths whose step may not write the boundary a chunk
+#: started mid-block crosses (the CPU path always writes it).
+MID_BLOCK_TARGETS = ("cuda", "npu")
+
+
 def _make_mid_block_stop(upstream: Any, stack: Stack) -> Any:
+    """The mid-block stop around ``upstream`` (vLLM's ``Scheduler._mamba_block_aligned_split``),
+    the inner layer of the ``gdn-chunk-end`` entry (:mod:`.gdn_junction`) on CUDA and the NPU: a
+    chunk started mid-block (a hit inside a block, ``--prefix-match-unit``) ends at its next
+    block boundary where a prefill checkpoint is declared (``core.mid_block_chunk``): vLLM lifts
+    that stop under an internal checkpoint and caches the initial state's block at the boundary
+    with the state at the chunk's start. It stands aside where the path writes the crossed
+    boundary's state (:func:`junctions_off` None: vllm-ascend's paths; CUDA's one pass on vLLM
+    0.30's V2 runner from a start on the 64-token grid), decided once per scheduler and target
+    (:data:`CROSSING_WRITTEN`), and for a KV consumer's chunk on the NPU (vllm-ascend keeps it
+    whole)."""
     @functools.wraps(upstream)
     def _mamba_block_aligned_split(self, request, num_new_tokens, num_new_local_computed_tokens=0,
                                    num_external_computed_tokens=0):
@@ -830,16 +845,4 @@ PATCHES = [
           "one pass: our chunk-state kernel (vLLM's FLA recurrence, same arithmetic) stores each "
           "checkpoint's float32 state into its block in the SSM cache dtype, in the step's one "
           "FLA call", signature=FLA_H_SIGNATURE),
-    entry("gdn-checkpoint-mid-block-stop", "vllm.v1.core.sched.scheduler",
-          "Scheduler._mamba_block_aligned_split", _make_mid_block_stop, ("cuda", "npu"),
-          "a chunk started mid-block (e.g. a hit inside a block, --prefix-match-unit) ends at its "
-          "next block boundary where a prefill checkpoint is declared (core.mid_block_chunk): "
-          "vLLM lifts that stop under an internal checkpoint and caches the initial state's "
-          "block at the boundary with the state at the chunk's start; it stands aside where the "
-          "path writes the crossed boundary's state (junctions_off: vllm-ascend's paths, CUDA's "
-          "one pass on vLLM 0.30's V2 runner from a start on the 64-token grid)",
-          signature=("self", "request", "num_new_tokens", "num_new_local_computed_tokens",
-                     "num_external_computed_tokens"),
-          until="the one-pass kernel's several checkpoints per row run on every "
-                "CUDA runner and vLLM version (vLLM 0.30's V2 runner only so far)"),
 ]

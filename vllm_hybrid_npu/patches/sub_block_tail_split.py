@@ -25,7 +25,7 @@ at its end, where vLLM keys it, stay), and the worker's checkpoint plan, which a
 function, writes none. The junction entries (:mod:`.gdn_junction`) read vLLM's function from
 ``vllm.v1.kv_cache_interface`` too. On the NPU, vllm-ascend 0.30.0rc2 wraps the split
 (``patch/platform/patch_mamba_block_aligned_split.py``) and calls vLLM's, which reads this name,
-so the entry applies there as well; where the ``gdn-checkpoint-mid-block-stop`` entry cuts a chunk
+so the entry applies there as well; where the ``gdn-chunk-end`` entry's mid-block stop cuts a chunk
 started inside a block at its next boundary (paths that do not write the crossed boundary's
 state), it still does. One edge stays: after a start inside a block, vLLM floors a shared-prefix
 junction's stop from the start, so a junction more than a block past it stops the whole chunk at
