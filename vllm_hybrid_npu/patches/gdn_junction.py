@@ -137,15 +137,23 @@ def is_mamba_manager(manager: Any) -> bool:
                for c in type(manager).__mro__)
 
 
+def checkpoint_managers(kv_cache_manager: Any) -> tuple:
+    """The Mamba managers of ``kv_cache_manager`` (vLLM's ``KVCacheManager``) whose blocks the
+    plugin's rules place: :func:`is_mamba_manager`, align mode, a prefill checkpoint block
+    declared (``has_prefill_checkpoint_blocks``), in KV-cache group order. The junction rule,
+    the engine's plan and the second block each narrow this set."""
+    return tuple(m for m in kv_cache_manager.coordinator.single_type_managers
+                 if is_mamba_manager(m) and m.mamba_cache_mode == "align"
+                 and getattr(m, "has_prefill_checkpoint_blocks", False))
+
+
 def junction_rule(scheduler: Any) -> JunctionRule | None:
     """The :class:`JunctionRule` of vLLM 0.30's ``scheduler`` (``Scheduler``) as its align-mode
     configuration allows it, whatever the exporter path: None without align-mode Mamba managers
     that declare prefill checkpoint blocks, with EAGLE's block drop or with vLLM's fine-grained
     prefix cache. :func:`decide` adds the path's check; the lab's ``--target npu`` takes it as is
     (``vllm_hybrid_npu_lab.exporter.apply_junction_entries``)."""
-    managers = tuple(m for m in scheduler.kv_cache_manager.coordinator.single_type_managers
-                     if is_mamba_manager(m) and m.mamba_cache_mode == "align"
-                     and getattr(m, "has_prefill_checkpoint_blocks", False))
+    managers = checkpoint_managers(scheduler.kv_cache_manager)
     if (not managers or not scheduler.mamba_has_prefill_checkpoint_blocks
             or scheduler.use_eagle_block_drop or scheduler.mamba_fine_grained_prefix_cache):
         return None

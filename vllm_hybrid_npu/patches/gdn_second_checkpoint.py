@@ -58,7 +58,7 @@ from typing import Any
 from vllm_hybrid_npu import envs
 from vllm_hybrid_npu.core import prefill_checkpoints as core
 from vllm_hybrid_npu.patches import gdn_prefill_checkpoint as gdn
-from vllm_hybrid_npu.patches.gdn_junction import is_mamba_manager
+from vllm_hybrid_npu.patches.gdn_junction import checkpoint_managers
 from vllm_hybrid_npu.support import Stack
 
 logger = logging.getLogger("vllm_hybrid_npu")
@@ -95,10 +95,8 @@ def eligible(kv_cache_manager: Any) -> tuple:
     prefill checkpoint declared, a prefix-match unit (the block pool's hash block) below the
     block, no speculative blocks, no EAGLE block drop, no fine-grained prefix cache."""
     return tuple(
-        m for m in kv_cache_manager.coordinator.single_type_managers
-        if is_mamba_manager(m) and m.mamba_cache_mode == "align"
-        and getattr(m, "has_prefill_checkpoint_blocks", False)
-        and m.block_pool.hash_block_size < m.block_size
+        m for m in checkpoint_managers(kv_cache_manager)
+        if m.block_pool.hash_block_size < m.block_size
         and not m.num_speculative_blocks and not getattr(m, "use_eagle", False)
         and not getattr(m, "drop_eagle_checkpoint_block", False)
         and not getattr(m, "fine_grained_prefix_cache", False))

@@ -35,7 +35,7 @@ from typing import Any
 from vllm_hybrid_npu.core import prefill_checkpoints as core
 from vllm_hybrid_npu.patches import gdn_prefill_checkpoint as gdn
 from vllm_hybrid_npu.patches import gdn_second_checkpoint as second
-from vllm_hybrid_npu.patches.gdn_junction import is_mamba_manager
+from vllm_hybrid_npu.patches.gdn_junction import checkpoint_managers
 from vllm_hybrid_npu.support import Stack
 
 #: ``SchedulerOutput`` attribute: ``{KV-cache group id: {request id: ((position, block id, kind),
@@ -57,9 +57,7 @@ def planned_managers(scheduler: Any, target: str) -> tuple:
         config = scheduler.vllm_config
         found = ()
         if gdn.junctions_off(config, gdn.exporter_path(config, target)[0]) is None:
-            found = tuple(m for m in scheduler.kv_cache_manager.coordinator.single_type_managers
-                          if is_mamba_manager(m) and m.mamba_cache_mode == "align"
-                          and getattr(m, "has_prefill_checkpoint_blocks", False))
+            found = checkpoint_managers(scheduler.kv_cache_manager)
         vars(scheduler)[MANAGERS] = found
     return found
 
