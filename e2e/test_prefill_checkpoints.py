@@ -1693,7 +1693,7 @@ def _free_blocks(llm) -> int:
 @pytest.mark.parametrize("ssm_dtype", ["auto", "float32"])
 def test_second_checkpoint_keeps_the_block_boundary(tiny_model_dir, engine_args, rng,
                                                     exact_across_schedules, ssm_dtype):
-    """``VLLM_HYBRID_NPU_SECOND_CHECKPOINT=on`` (``gdn-second-checkpoint-*``) on the real engine,
+    """``VLLM_HYBRID_NPU_SECOND_CHECKPOINT=on`` (the ``gdn-manager-*`` hooks) on the real engine,
     ``--prefix-match-unit 64``, vLLM's default retention, the SSM cache in the target's own dtype
     and in float32. Own engines (ours, then vLLM's split), last; the registry re-applied with the
     variable set (and again without it after). A cold prompt of ``L`` tokens, ``L`` and its

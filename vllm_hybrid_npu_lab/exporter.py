@@ -112,22 +112,33 @@ def apply_mid_block_stop(scheduler: Any) -> bool:
     :func:`apply_junction_entries` turns it on.
 
     Returns True when bound; False when the installed vLLM is outside the entry's versions or
-    the runtime applied this entry process-wide (``registry.REPORT.applied``).
+    the runtime applied this entry process-wide for CUDA or the NPU (``registry.REPORT``). Applied
+    for the CPU target (its junction layer only), the stop alone is bound over it.
     """
     import vllm
 
     from vllm_hybrid_npu.patches import registry
     from vllm_hybrid_npu.support import Stack, base_version
 
-    entry = _entry(MID_BLOCK_STOP_ENTRY)
-    upstream = type(scheduler)._mamba_block_aligned_split
-    if entry is None or MID_BLOCK_STOP_ENTRY in registry.REPORT.applied:
-        return False
+    from vllm_hybrid_npu.patches import gdn_prefill_checkpoint as gdn
     from vllm_hybrid_npu.patches.gdn_junction import RULE
 
+    entry = _entry(MID_BLOCK_STOP_ENTRY)
+    upstream = type(scheduler)._mamba_block_aligned_split
+    report = registry.REPORT
+    if entry is None:
+        return False
+    stack = Stack(target="cuda", vllm=base_version(vllm.__version__))
+    if MID_BLOCK_STOP_ENTRY in report.applied:
+        if report.stack is None or report.stack.target in gdn.MID_BLOCK_TARGETS:
+            return False  # the runtime's stop is in the class's split already
+        # applied for the CPU target: its junction layer only; the stop alone over it
+        fn = gdn._make_mid_block_stop(upstream, stack)
+        setattr(fn, BOUND, MID_BLOCK_STOP_ENTRY)
+        scheduler._mamba_block_aligned_split = types.MethodType(fn, scheduler)
+        return True
     for obj in (scheduler, scheduler.kv_cache_manager):
         vars(obj).setdefault(RULE, None)
-    stack = Stack(target="cuda", vllm=base_version(vllm.__version__))
     return bind_entry(scheduler, "_mamba_block_aligned_split", entry, stack, upstream)
 
 

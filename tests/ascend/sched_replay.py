@@ -248,6 +248,7 @@ def run_junction(args, result) -> None:
     from vllm.v1.core.sched.scheduler import Scheduler as bound  # vllm-ascend's BalanceScheduler
 
     from vllm_hybrid_npu.patches import gdn_junction
+    from vllm_hybrid_npu.support import Stack
     from vllm_hybrid_npu.patches.registry import is_ours
 
     ascend_manager = stm.MambaManager  # AscendMambaManager (the module's name rebound)
@@ -280,10 +281,10 @@ def run_junction(args, result) -> None:
     class Recording(setup.vllm_config.scheduler_config.get_scheduler_cls()):
         def schedule(self, *a, **k):
             if args.junctions == "on" and vars(self).get(gdn_junction.RULE, 0) is None:
-                # the lab forces the rule off (it models vLLM's junction stop); let the runtime's
-                # entries decide, as in an engine
+                # the lab forces the rule off (it models vLLM's junction stop); let the runtime
+                # decide, as the engine does at its start (gdn-manager-engine)
                 del self.__dict__[gdn_junction.RULE]
-                del self.kv_cache_manager.__dict__[gdn_junction.RULE]
+                gdn_junction.decide(self, Stack(target="npu", vllm="0.30.0", vllm_ascend=ASCEND))
             so = super().schedule(*a, **k)
             rule = getattr(self, gdn_junction.RULE, None)
             if rule is not None:

@@ -774,3 +774,33 @@ def test_second_replayed_where_the_targets_runtime_has_it(monkeypatch):
     assert second_available("npu", False) == runtime and not second_available("npu", True)
     monkeypatch.setenv("VLLM_HYBRID_NPU_CUDA_JUNCTIONS", "off")
     assert not second_available("cuda", True) and not second_available("cuda", False)
+
+
+def test_mid_block_stop_bound_over_a_cpu_chunk_end(monkeypatch):
+    """The lab's CUDA mid-block stop where the runtime's ``gdn-chunk-end`` is applied process-wide:
+    for CUDA or the NPU the class's split has the stop (nothing bound); for the CPU target it has
+    the junction layer only, so the stop alone is bound on the instance (found in review)."""
+    import types
+
+    from vllm_hybrid_npu.patches import registry
+    from vllm_hybrid_npu.support import Stack
+
+    from vllm_hybrid_npu_lab import exporter
+
+    if exporter._entry(exporter.MID_BLOCK_STOP_ENTRY) is None:
+        pytest.skip("gdn-chunk-end is not for the installed vLLM")
+
+    class Sched:
+        def _mamba_block_aligned_split(self, request, n, local=0, external=0):
+            return n
+
+    report = registry.LoadReport()
+    report.applied.append(exporter.MID_BLOCK_STOP_ENTRY)
+    monkeypatch.setattr(registry, "REPORT", report)
+    vllm = __import__("vllm").__version__.split("+")[0]
+    for target, bound in (("cuda", False), ("npu", False), ("cpu", True)):
+        report.stack = Stack(target, vllm)
+        sched = Sched()
+        sched.kv_cache_manager = types.SimpleNamespace()
+        assert exporter.apply_mid_block_stop(sched) is bound, target
+        assert ("_mamba_block_aligned_split" in vars(sched)) is bound, target

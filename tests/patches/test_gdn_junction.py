@@ -507,3 +507,23 @@ def test_mid_block_stop_stands_aside_where_the_step_writes_the_boundary(monkeypa
 
     assert stop("cuda")(v2(), _request(prompt=2000, computed=1024), 976) == 976
     assert stop("cuda")(v2(), _request(prompt=2000, computed=1056), 944) == 1152 - 1056
+
+
+def test_hooks_take_no_second_block_the_engine_did_not_decide(monkeypatch):
+    """The Mamba managers' hooks bound for the junction rule alone (the lab's junction replay; a
+    KV-cache manager whose engine did not decide the second block) take no second block, even with
+    ``VLLM_HYBRID_NPU_SECOND_CHECKPOINT=on``: only the engine's decision (``gdn-manager-engine``)
+    or the lab's ``apply_second_checkpoint``, which also binds the hooks that give it back, turn it
+    on (found in review: blocks taken here were never returned)."""
+    from vllm_hybrid_npu.patches import gdn_second_checkpoint as S
+
+    monkeypatch.setenv(S.ENV, "on")
+    mamba = types.SimpleNamespace()
+    kvm = types.SimpleNamespace(**{mod.RULE: _rule(mamba)})
+    during = []
+
+    def upstream(self, request, n, *a, **k):
+        during.append((dict(vars(mamba).get(mod.HINT, {})), dict(vars(mamba).get(S.HINT, {}))))
+
+    M._make_allocate(upstream, None)(kvm, _request(), 1500)  # the prompt's final chunk
+    assert during == [({"r": 768}, {})] and vars(kvm)[S.MANAGERS] == ()

@@ -105,16 +105,12 @@ def eligible(kv_cache_manager: Any) -> tuple:
 def managers_of(kv_cache_manager: Any) -> tuple:
     """The managers of ``kv_cache_manager`` that take second blocks (:data:`MANAGERS`), decided
     once per KV-cache manager: by the engine at its start (:func:`decide`) or by the lab
-    (``vllm_hybrid_npu_lab.exporter.apply_second_checkpoint``); where neither did, here:
-    :func:`eligible` with :data:`ENV` ``on``, else none.
-
-    Raises:
-        ValueError: :data:`ENV` set to a value other than ``off`` or ``on``.
-    """
+    (``vllm_hybrid_npu_lab.exporter.apply_second_checkpoint``, which also binds the hooks that
+    give the blocks back); where neither did (a KV-cache manager the hooks were bound on for
+    another rule), none: the environment is read by :func:`decide` only."""
     found = vars(kv_cache_manager).get(MANAGERS)
     if found is None:
-        found = eligible(kv_cache_manager) if mode() == "on" else ()
-        set_managers(kv_cache_manager, found)
+        found = vars(kv_cache_manager)[MANAGERS] = ()
     return found
 
 
