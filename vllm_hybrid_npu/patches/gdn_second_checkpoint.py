@@ -67,7 +67,6 @@ logger = logging.getLogger("vllm_hybrid_npu")
 ENV = "VLLM_HYBRID_NPU_SECOND_CHECKPOINT"
 MODES = ("off", "on")
 VERSIONS = ("0.30.0",)
-TARGETS = ("cpu", "cuda", "npu")
 #: A Mamba manager's ``{request id: (chunk start, prompt tokens)}`` for the ``allocate_slots``
 #: call in progress (a prompt's final chunk only).
 HINT = "_vhn_second_hint"
@@ -77,7 +76,6 @@ HINT = "_vhn_second_hint"
 EXTRA = "_vhn_second_blocks"
 #: A KV-cache manager's managers this applies to (a tuple, possibly empty), decided once.
 MANAGERS = "_vhn_second_managers"
-
 
 
 def mode() -> str:
