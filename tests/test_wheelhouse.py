@@ -73,7 +73,9 @@ def test_strip_split_batch_and_install_roundtrip(tmp_path):
 
 
 def test_install_refuses_a_missing_part_and_a_corrupt_wheel(tmp_path):
-    rng = random.Random(random.SystemRandom().randrange(1 << 30))
+    seed = random.SystemRandom().randrange(1 << 30)
+    print("seed", seed)
+    rng = random.Random(seed)
     src = _make_wheel(tmp_path, {"toypkg/blob.bin": rng.randbytes(3 << 20)})
     out = tmp_path / "house"
     wheelhouse.build(_args(vllm_wheel=str(src), out=str(out)))
@@ -81,7 +83,8 @@ def test_install_refuses_a_missing_part_and_a_corrupt_wheel(tmp_path):
     with pytest.raises(SystemExit, match="not found"):
         wheelhouse.install(argparse.Namespace(wheelhouse=[str(batches[0])], target=str(tmp_path / "s")))
     part = next(p for b in batches for p in b.iterdir() if ".part" in p.name)
-    part.write_bytes(b"x" + part.read_bytes()[1:])
+    data = part.read_bytes()
+    part.write_bytes(bytes([data[0] ^ 0xFF]) + data[1:])  # always a different byte
     with pytest.raises(SystemExit, match="sha256"):
         wheelhouse.install(argparse.Namespace(wheelhouse=[str(out)], target=str(tmp_path / "s")))
 
