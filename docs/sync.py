@@ -30,6 +30,7 @@ DOCS = ROOT / "docs"
 HELP_COLUMNS = 100
 HELP_HEADING = re.compile(r"^#+ `(?P<cmd>[^`]+?) --help`\s*$")
 ENV_SECTION = "## Environment variables"
+OPTIONS_SECTION = "### Options"
 
 
 @dataclass
@@ -120,6 +121,17 @@ def env_block(path: Path = DOCS / "configuration.md") -> Block:
                  markdown_table() + "\n")
 
 
+def options_block(path: Path = DOCS / "configuration.md") -> Block:
+    """The first table after the "Options" heading of ``path``."""
+    from vllm_hybrid_npu.envs import options_markdown_table
+
+    text = path.read_text()
+    at = text.index(OPTIONS_SECTION)
+    m = re.compile(r"^\|.*\n(?:\|.*\n)*", re.M).search(text, at)
+    return Block(path, "options table", m.start(), m.end(), m.group(0),
+                 options_markdown_table() + "\n")
+
+
 _DATE = re.compile(r"\b20\d\d-\d\d-\d\d\b")
 _CMD_WORDS = (r"(?:[A-Z_]+=\S+ )*(?:python3?|vllm-hybrid-npu(?:-lab)?|vllm serve|make|pytest|bash|"
               r"docker|nice|timeout|curl)\b")
@@ -206,6 +218,7 @@ def all_blocks() -> list[Block]:
     for path in sorted(DOCS.glob("*.md")):
         blocks += help_blocks(path)
     blocks.append(env_block())
+    blocks.append(options_block())
     return blocks
 
 

@@ -44,7 +44,7 @@ on failure):
   blocks held; pages counted): one prefill step where vLLM's split takes more, the junction and
   checkpoint blocks cached where that step wrote them, with the split's bytes; outputs and a
   third sharer's hit as after the split;
-* ``VLLM_HYBRID_NPU_CHUNK_CHECKPOINTS`` (vLLM 0.30) under chunked prefill and a retention
+* the option ``ckpt`` (vLLM 0.30) under chunked prefill and a retention
   interval above 0: with ``all`` a non-final chunk's checkpoint is cached and a prompt sharing
   exactly that prefix hits it; with ``final`` it is not (that prompt hits the highest chunk end
   on the retention grid below it), the prompt's own checkpoint still is; the same prefill steps,
@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import uuid
 
 import pytest
@@ -65,6 +66,7 @@ from engines import (  # e2e/engines.py
 from engines import engine_core as _core
 from greedy_compare import Sequence, assert_same  # e2e/greedy_compare.py
 
+from vllm_hybrid_npu.envs import OPTIONS_ENV, with_option
 from vllm_hybrid_npu.patches.gdn_prefill_checkpoint import ENV_VAR, VLLM_PLAN
 
 # Where the exporter does not apply (a stack outside its support-matrix rows) both engines
@@ -1417,7 +1419,7 @@ def test_prefix_match_unit_64_plans_where_the_scheduler_caches(tiny_model_dir, e
 
 def _retention_entry_outside() -> str | None:
     """Why the registry entry ``gdn-manager-cache`` (which carries
-    ``VLLM_HYBRID_NPU_CHUNK_CHECKPOINTS``; vLLM 0.30 only) does not apply to the installed stack,
+    the option ``ckpt``; vLLM 0.30 only) does not apply to the installed stack,
     as the plugin's load decides, or None."""
     from vllm_hybrid_npu.patches.gdn_mamba_manager import PATCHES
     from vllm_hybrid_npu.patches.registry import stack_skip_reason
@@ -1475,11 +1477,11 @@ def _chunk_checkpoints_by_hand(d: dict[str, int], block: int, mode: str) -> list
 
 
 @pytest.mark.skipif(_RETENTION_OUTSIDE is not None,
-                    reason=f"VLLM_HYBRID_NPU_CHUNK_CHECKPOINTS is vLLM 0.30's option "
+                    reason=f"the option ckpt is vLLM 0.30's "
                            f"(gdn-manager-cache): {_RETENTION_OUTSIDE}")
 def test_chunk_checkpoints_final_drops_non_final_chunk_checkpoints(tiny_model_dir, engine_args, rng,
                                                                    exact_across_schedules):
-    """``VLLM_HYBRID_NPU_CHUNK_CHECKPOINTS`` (``all``, the default, or ``final``; registry entry
+    """the option ``ckpt`` (``all``, the default, or ``final``; registry entry
     ``gdn-manager-cache``, which wraps vLLM 0.30's
     ``MambaManager._cache_partial_tail_block``) on the real engine: chunked prefill (token budget
     ``bB``) and a retention interval ``--prefix-cache-retention-interval rb * B > 0``, drawn with
@@ -1505,7 +1507,6 @@ def test_chunk_checkpoints_final_drops_non_final_chunk_checkpoints(tiny_model_di
       prompt under the module's rule across schedules (``_assert_same``, exact on CPU: every
       chunk and hit starts on the 64-token grid)."""
     from vllm_hybrid_npu.patches import registry
-    from vllm_hybrid_npu.patches.gdn_prefill_checkpoint import CHUNK_ENV
 
     block = _block_of(tiny_model_dir, engine_args)
     d = _chunk_checkpoint_draw(rng, block)
@@ -1523,7 +1524,8 @@ def test_chunk_checkpoints_final_drops_non_final_chunk_checkpoints(tiny_model_di
         if mode == "off":
             llm = _engine(tiny_model_dir("qwen3_next"), engine_args, "off", **chunked)
         else:
-            llm = _engine(tiny_model_dir("qwen3_next"), engine_args, "exporter", env={CHUNK_ENV: mode},
+            llm = _engine(tiny_model_dir("qwen3_next"), engine_args, "exporter",
+                          env={OPTIONS_ENV: f"ckpt={mode}"},
                           prefix_cache_retention_interval=rb * block, **chunked)
         try:
             assert _block(llm) == block or mode == "off", (where, mode, _block(llm))
@@ -1576,14 +1578,14 @@ def _new_mamba_keys(llm, before) -> dict[int, set[int]]:
 
 
 @contextlib.contextmanager
-def _registry_with(name: str, value: str):
-    """The plugin's registry re-applied in this process with the variable ``name`` set to
-    ``value`` (an opt-in read at load), yielding the load report; on exit the variable is undone
-    and the registry re-applied without it."""
+def _registry_with(key: str, value: str):
+    """The plugin's registry re-applied in this process with the option ``key`` set to ``value``
+    (an opt-in read at load), yielding the load report; on exit the option is undone and the
+    registry re-applied without it."""
     from vllm_hybrid_npu.patches import apply_patches, registry
 
     mp = pytest.MonkeyPatch()
-    mp.setenv(name, value)
+    mp.setenv(OPTIONS_ENV, with_option(os.environ.get(OPTIONS_ENV, ""), key, value))
     registry.unapply_all()
     try:
         yield apply_patches()
@@ -1596,9 +1598,9 @@ def _registry_with(name: str, value: str):
 def _entries_outside(module: str) -> str | None:
     """Why the first registry entry of ``vllm_hybrid_npu.patches.<module>`` (an opt-in's: its
     entries share their stacks) is not for the installed stack, as the plugin's load decides, or
-    None: ``sub_block_tail_split`` (``VLLM_HYBRID_NPU_SUB_BLOCK_TAIL_SPLIT=off``; vLLM 0.30),
+    None: ``sub_block_tail_split`` (``VLLM_HYBRID_NPU_OPTIONS=tailsplit=off``; vLLM 0.30),
     ``gdn_mamba_manager`` (the Mamba managers' hooks, which run
-    ``VLLM_HYBRID_NPU_SECOND_CHECKPOINT=on``; vLLM 0.30)."""
+    ``VLLM_HYBRID_NPU_OPTIONS=second=on``; vLLM 0.30)."""
     import importlib
 
     from vllm_hybrid_npu.patches.registry import stack_skip_reason
@@ -1612,7 +1614,7 @@ def _entries_outside(module: str) -> str | None:
                     reason=f"{_entries_outside('sub_block_tail_split')}")
 def test_sub_block_tail_split_off_runs_the_last_chunk_whole(tiny_model_dir, engine_args, rng,
                                                             exact_across_schedules):
-    """``VLLM_HYBRID_NPU_SUB_BLOCK_TAIL_SPLIT=off`` (registry entry ``sub-block-tail-split-off``)
+    """``VLLM_HYBRID_NPU_OPTIONS=tailsplit=off`` (registry entry ``sub-block-tail-split-off``)
     on the real engine, ``--prefix-match-unit 64``, dense retention (so that vLLM keys every block
     boundary a chunk crosses). Own engine, last; the plugin's registry re-applied with the
     variable set (and again without it after). Prompts drawn fresh:
@@ -1636,7 +1638,7 @@ def test_sub_block_tail_split_off_runs_the_last_chunk_whole(tiny_model_dir, engi
     from vllm_hybrid_npu.patches import sub_block_tail_split as T
 
     llm = None
-    with _registry_with(T.SPLIT_ENV, "off") as report:
+    with _registry_with("tailsplit", "off") as report:
         try:
             assert T.ENTRY in report.applied or T.ENTRY in report.pending, report.line()
             llm = _engine(tiny_model_dir("qwen3_next"), engine_args, "exporter", prefix_match_unit=64,
@@ -1693,7 +1695,7 @@ def _free_blocks(llm) -> int:
 @pytest.mark.parametrize("ssm_dtype", ["auto", "float32"])
 def test_second_checkpoint_keeps_the_block_boundary(tiny_model_dir, engine_args, rng,
                                                     exact_across_schedules, ssm_dtype):
-    """``VLLM_HYBRID_NPU_SECOND_CHECKPOINT=on`` (the ``gdn-manager-*`` hooks) on the real engine,
+    """``VLLM_HYBRID_NPU_OPTIONS=second=on`` (the ``gdn-manager-*`` hooks) on the real engine,
     ``--prefix-match-unit 64``, vLLM's default retention, the SSM cache in the target's own dtype
     and in float32. Own engines (ours, then vLLM's split), last; the registry re-applied with the
     variable set (and again without it after). A cold prompt of ``L`` tokens, ``L`` and its
@@ -1718,7 +1720,7 @@ def test_second_checkpoint_keeps_the_block_boundary(tiny_model_dir, engine_args,
 
     extra = {} if ssm_dtype == "auto" else {"mamba_ssm_cache_dtype": ssm_dtype}
     llm = None
-    with _registry_with(S.ENV, "on") as report:
+    with _registry_with("second", "on") as report:
         try:
             assert not report.failed, report.line()
             llm = _engine(tiny_model_dir("qwen3_next"), engine_args, "exporter", prefix_match_unit=64, **extra)
@@ -1781,7 +1783,7 @@ def test_second_checkpoint_keeps_the_block_boundary(tiny_model_dir, engine_args,
 @pytest.mark.skipif(_entries_outside("gdn_mamba_manager") is not None,
                     reason=f"{_entries_outside('gdn_mamba_manager')}")
 def test_second_checkpoint_through_the_host_tier(tiny_model_dir, engine_args, rng, exact_across_schedules):
-    """``VLLM_HYBRID_NPU_SECOND_CHECKPOINT=on`` beside vLLM's OffloadingConnector
+    """``VLLM_HYBRID_NPU_OPTIONS=second=on`` beside vLLM's OffloadingConnector
     (``kv_offloading_size`` 1 GiB, a device KV cache of 24 MiB, ``--prefix-match-unit 64``; issue
     38 item 3: sub-block hits and host-tier hits add up). A cold prompt whose checkpoint ``cp``
     lies inside its last block (two to four blocks, drawn fresh) leaves the GDN state at that
@@ -1798,7 +1800,7 @@ def test_second_checkpoint_through_the_host_tier(tiny_model_dir, engine_args, rn
     from vllm_hybrid_npu.patches import gdn_second_checkpoint as S
 
     llm = None
-    with _registry_with(S.ENV, "on"):
+    with _registry_with("second", "on"):
         try:
             llm = _engine(tiny_model_dir("qwen3_next"), engine_args, "exporter", kv_offloading_size=1.0,
                           disable_log_stats=False, kv_cache_memory_bytes=24 << 20, prefix_match_unit=64)

@@ -1,5 +1,5 @@
 """The plugin on a real vLLM engine (CPU): vLLM's align-mode path with our copy launcher
-(``VLLM_HYBRID_NPU_COPY_KERNEL=ours``; on CPU the registry keeps vLLM's CPU kernel by default)
+(``VLLM_HYBRID_NPU_OPTIONS=copy=ours``; on CPU the registry keeps vLLM's CPU kernel by default)
 against upstream unchanged (``VLLM_HYBRID_NPU_PATCHES=none``) and against prefix caching off, on tiny random Qwen3-Next /
 Qwen3.5 checkpoints; the load line of a real ``vllm serve``.
 
@@ -93,13 +93,13 @@ KV_TINY = 2_400_000  # bytes: ~18 blocks: 4 concurrent requests preempt each oth
 #: ``ours``: the plugin with our copy launcher forced on CPU and vLLM's own schedule (the plugin
 #: installs no scheduler, so both modes run the same schedule); ``upstream``: nothing patched.
 MODES = {
-    "ours": {"VLLM_HYBRID_NPU_COPY_KERNEL": "ours"},
+    "ours": {"VLLM_HYBRID_NPU_OPTIONS": "copy=ours"},
     "upstream": {"VLLM_HYBRID_NPU_PATCHES": "none"},
 }
 
 
 def _run(mode: str, configs: dict) -> dict:
-    drop = ("VLLM_PLUGINS", "VLLM_HYBRID_NPU_PATCHES", "VLLM_HYBRID_NPU_COPY_KERNEL",
+    drop = ("VLLM_PLUGINS", "VLLM_HYBRID_NPU_PATCHES", "VLLM_HYBRID_NPU_OPTIONS",
             "VLLM_HYBRID_NPU_CHECKPOINTS")
     env = {k: v for k, v in COLLECTION_ENV.items() if k not in drop}  # not what earlier engines set
     env.update(MODES[mode])

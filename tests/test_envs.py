@@ -48,5 +48,5 @@ def test_runtime_reads_its_variables_only_through_envs():
 
 def test_the_check_sees_a_direct_read():
     assert DIRECT_READ.search('x = os.environ.get(COPY_KERNEL_ENV, "")')
-    assert DIRECT_READ.search('os.environ["VLLM_HYBRID_NPU_TARGET"]')
+    assert DIRECT_READ.search('os.environ["VLLM_HYBRID_NPU_OPTIONS"]')
     assert not DIRECT_READ.search('os.environ.get("TRITON_INTERPRET")')

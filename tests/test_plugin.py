@@ -11,6 +11,7 @@ from importlib.metadata import entry_points
 import pytest
 
 from vllm_hybrid_npu import target
+from vllm_hybrid_npu.envs import OPTIONS_ENV
 
 PROBE = """
 import json, vllm_hybrid_npu.plugin as p
@@ -64,7 +65,7 @@ def test_vllm_plugins_can_exclude_it():
 
 
 def test_detect_target_here_is_cpu(monkeypatch):
-    monkeypatch.delenv(target.TARGET_ENV, raising=False)
+    monkeypatch.delenv(OPTIONS_ENV, raising=False)
     import torch
 
     if torch.cuda.is_available():
@@ -74,11 +75,12 @@ def test_detect_target_here_is_cpu(monkeypatch):
 
 @pytest.mark.parametrize("name", target.TARGETS)
 def test_detect_target_can_be_forced(monkeypatch, name):
-    monkeypatch.setenv(target.TARGET_ENV, name.upper())
+    monkeypatch.setenv(OPTIONS_ENV, f"target={name.upper()}")
     assert target.detect_target() == name
 
 
 def test_detect_target_rejects_unknown(monkeypatch):
-    monkeypatch.setenv(target.TARGET_ENV, "tpu")
-    with pytest.raises(ValueError, match="VLLM_HYBRID_NPU_TARGET='tpu'"):
+    monkeypatch.setenv(OPTIONS_ENV, "target=tpu")
+    with pytest.raises(ValueError,
+                       match="VLLM_HYBRID_NPU_OPTIONS: target='tpu' is not one of npu, cuda, cpu"):
         target.detect_target()

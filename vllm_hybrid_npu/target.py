@@ -9,30 +9,27 @@ from __future__ import annotations
 import importlib.util
 from vllm_hybrid_npu import envs
 
-TARGETS = ("npu", "cuda", "cpu")
+TARGETS = envs.OPTIONS["target"].values
 
-#: Environment variable that forces the target (one of :data:`TARGETS`); for tests and for
-#: machines where detection guesses wrong.
-TARGET_ENV = "VLLM_HYBRID_NPU_TARGET"
+#: The option (``VLLM_HYBRID_NPU_OPTIONS`` key) that forces the target (one of :data:`TARGETS`);
+#: for tests and for machines where detection guesses wrong.
+TARGET_KEY = "target"
 
 
 def detect_target() -> str:
     """Return the target of this process: ``"npu"``, ``"cuda"`` or ``"cpu"``.
 
-    Order: ``$VLLM_HYBRID_NPU_TARGET`` if set; then vLLM's own ``current_platform`` when vLLM
+    Order: the option ``target`` if set; then vLLM's own ``current_platform`` when vLLM
     is importable (``device_type`` ``"npu"`` comes from the vllm-ascend platform plugin,
     ``"cuda"`` from CUDA, ``"cpu"`` from the CPU build); else ``torch_npu`` / ``torch.cuda``
     availability; else ``"cpu"``.
 
     Raises:
-        ValueError: ``$VLLM_HYBRID_NPU_TARGET`` is set to something not in :data:`TARGETS`.
+        ValueError: the option ``target`` is set to something not in :data:`TARGETS` (or
+            ``VLLM_HYBRID_NPU_OPTIONS`` is malformed).
     """
-    forced = envs.get(TARGET_ENV).lower()
+    forced = envs.option(TARGET_KEY)
     if forced:
-        if forced not in TARGETS:
-            raise ValueError(
-                f"{TARGET_ENV}={forced!r} is not a known target; use one of {', '.join(TARGETS)}"
-            )
         return forced
     if importlib.util.find_spec("vllm") is not None:
         try:

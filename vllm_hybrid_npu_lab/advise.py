@@ -54,7 +54,7 @@ off (vLLM's split at its best, replayed on the check part beside the advice). Th
 the bound, every searched setting's extra steps beyond caching off's and whether it was eligible,
 and the search's cost in replays. ``--audit`` runs the same search on the check part and compares the advice with the
 best eligible setting found there (and prints the unconstrained best and vLLM's split at its
-best there). Where the installed vLLM has the runtime's ``VLLM_HYBRID_NPU_CHUNK_CHECKPOINTS``
+best there). Where the installed vLLM has the runtime's option ``ckpt``
 (vLLM 0.30), each search also replays ``ckpt=final`` beside the best exporter setting at 1, 2, 4
 and 8 blocks of retention (:func:`_final_scan`: 4 replays, more only while 8 blocks wins and is
 doubled), and the runtime's two opt-ins for a prefix-match unit below the block beside the
@@ -79,6 +79,7 @@ import re
 import sys
 from typing import Any, Callable
 
+from vllm_hybrid_npu.envs import OPTIONS_ENV
 from vllm_hybrid_npu_lab.replay import TARGET_HELP, TARGETS
 from vllm_hybrid_npu_lab.upstream_grid import (CKPT_FINAL, UpstreamSetting, final_available,
                                                 optins_available, policy_of)
@@ -389,8 +390,9 @@ def search(
         bound: the step bound (:class:`StepBound`, caching off's extra steps on the same
             requests); the replay dicts then need ``extra_prefill_steps_per_prompt``. ``None``:
             hits alone (``upstream-best``).
-        final: also scan ``ckpt=final`` (the runtime's ``VLLM_HYBRID_NPU_CHUNK_CHECKPOINTS=
-            final``, vLLM 0.30) beside the best exporter setting (:func:`_final_scan`; at most
+        final: also scan ``ckpt=final`` (the runtime's option,
+            ``VLLM_HYBRID_NPU_OPTIONS=ckpt=final``, vLLM 0.30) beside the best exporter setting
+            (:func:`_final_scan`; at most
             :data:`RET_VALUES`' positive intervals, 4, plus doublings of the largest while it
             wins); only where ``exporter``.
         optins: also replay the runtime's opt-ins for a prefix-match unit below the block
@@ -398,7 +400,7 @@ def search(
             the exporter setting with such a unit and the most hits (:func:`_optin_scan`); only
             where ``exporter``.
         second: with ``optins``, each of those also with ``second=on`` (the runtime's
-            ``VLLM_HYBRID_NPU_SECOND_CHECKPOINT=on``), and the seed with it alone: where the
+            ``VLLM_HYBRID_NPU_OPTIONS=second=on``), and the seed with it alone: where the
             target's runtime has it (:func:`second_available`).
 
     Raises:
@@ -510,11 +512,11 @@ def _final_scan(score_all: Callable[[list[Candidate]], list[Any]], valid: list[C
 def second_available(target: str, connector: bool) -> bool:
     """Whether ``second=on`` is replayed for ``target`` (``cuda``, ``npu``) with a host tier
     (``connector``: its KV connector) or without: the runtime applies
-    ``VLLM_HYBRID_NPU_SECOND_CHECKPOINT=on`` there (the installed vLLM is 0.30) and its step
+    ``VLLM_HYBRID_NPU_OPTIONS=second=on`` there (the installed vLLM is 0.30) and its step
     writes the second checkpoint where it exports junction states
     (:func:`vllm_hybrid_npu_lab.replay.junctions_modelled`: CUDA's one pass on the V2 runner,
     also beside a host tier; vllm-ascend's V1 runner without a KV connector). Raises ValueError
-    for a bad ``VLLM_HYBRID_NPU_CUDA_JUNCTIONS``."""
+    for a bad the option ``junctions``."""
     from vllm_hybrid_npu_lab.replay import junctions_modelled
 
     return (junctions_modelled(target, connector)
@@ -526,13 +528,13 @@ def _optin_scan(score_all: Callable[[list[Candidate]], list[Any]], valid: list[C
     """The runtime's opt-ins for a prefix-match unit below the block, beside the exporter's most
     hits with one: from the evaluated exporter setting with ``pmu`` set and the most token hits
     (whatever its steps: ``tailsplit=off`` exists to cut them), the same with ``tailsplit=off``
-    (``VLLM_HYBRID_NPU_SUB_BLOCK_TAIL_SPLIT=off``: fewer steps, one sub-block state fewer per
+    (``VLLM_HYBRID_NPU_OPTIONS=tailsplit=off``: fewer steps, one sub-block state fewer per
     short final chunk) and, where that setting has a host tier, with ``tails=off``
-    (``VLLM_HYBRID_NPU_HOST_TIER_PARTIAL_TAILS=off``: the host's pages to block-grid chunks) and
+    (``VLLM_HYBRID_NPU_OPTIONS=tails=off``: the host's pages to block-grid chunks) and
     with both. At the block's unit neither changes anything (no partial tail; the column clause
     fails alone only below the block), nor ``tails=off`` without a host tier, so those are not
     replayed; coordinate descent never varies them. With ``second``, each of those again with
-    ``second=on`` and the seed with it alone (``VLLM_HYBRID_NPU_SECOND_CHECKPOINT=on``: the block
+    ``second=on`` and the seed with it alone (``VLLM_HYBRID_NPU_OPTIONS=second=on``: the block
     boundary below a sub-block checkpoint kept too). Returns the scan's best by ``score_all``
     (None without such a setting); the replays land in ``evaluated``."""
     exp = [c for c in valid if c.setting.ckpt and c.setting.pmu is not None and not c.setting.optin]
@@ -660,14 +662,17 @@ def serve_flags(cand: Candidate, block_size: int, kv_cache_gib: float, tp: int) 
     if cand.host_gib:
         flags += ["--kv-offloading-size", f"{tp * cand.host_gib:g}"]
     env = [f"VLLM_HYBRID_NPU_PREFILL_CHECKPOINTS={'auto' if s.ckpt else 'off'}"]
+    options = []
     if s.chunk_checkpoints == CKPT_FINAL:
-        env.append(f"VLLM_HYBRID_NPU_CHUNK_CHECKPOINTS={CKPT_FINAL}")
+        options.append(f"ckpt={CKPT_FINAL}")
     if not s.tails:
-        env.append("VLLM_HYBRID_NPU_HOST_TIER_PARTIAL_TAILS=off")
+        options.append("tails=off")
     if not s.tail_split:
-        env.append("VLLM_HYBRID_NPU_SUB_BLOCK_TAIL_SPLIT=off")
+        options.append("tailsplit=off")
     if s.second:
-        env.append("VLLM_HYBRID_NPU_SECOND_CHECKPOINT=on")
+        options.append("second=on")
+    if options:
+        env.append(f"{OPTIONS_ENV}={','.join(options)}")
     return flags, env
 
 

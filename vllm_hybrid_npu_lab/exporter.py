@@ -9,7 +9,7 @@ forward pass that writes the state is not replayed (the lab has none), only its 
 
 On vLLM 0.30 the runtime also carries vLLM 0.32's retention fix (registry entry
 ``gdn-manager-cache``: ``MambaManager._cache_partial_tail_block`` keeps the prompt's checkpoint at
-retention interval 0) and, with ``VLLM_HYBRID_NPU_CHUNK_CHECKPOINTS=final``, drops a non-final
+retention interval 0) and, with ``VLLM_HYBRID_NPU_OPTIONS=ckpt=final``, drops a non-final
 chunk's checkpoint at a retention interval above 0. The lab takes that entry from the runtime's
 registry (:data:`vllm_hybrid_npu.patches.gdn_mamba_manager.PATCHES`, the Mamba managers' hooks)
 and applies its replacement to the replay scheduler's own Mamba managers only (bound on the
@@ -23,7 +23,7 @@ entry (its mid-block stop): a chunk started inside a block (after a hit finer th
 ends at the next block boundary, as vLLM's own split does without a prefill checkpoint, where the
 step does not write the crossed boundary. Bound on the replay scheduler instance, like the
 retention fix. Since 2026-11-29 the runtime lifts vLLM's junction stop on CUDA too (vLLM 0.30's V2
-runner, ``VLLM_HYBRID_NPU_CUDA_JUNCTIONS=on``, the default), as on the CPU path and vllm-ascend's
+runner, ``VLLM_HYBRID_NPU_OPTIONS=junctions=on``, the default), as on the CPU path and vllm-ascend's
 paths (replayed on CPU only): :mod:`.replay` binds the junction entries for both targets
 (:func:`apply_junction_entries`); on CUDA the stop stays for chunks started off the 64-token grid.
 """
@@ -66,7 +66,7 @@ def retention_entry() -> Any:
 
 def apply_retention_fix(scheduler: Any, chunk_checkpoints: str = "all") -> int:
     """Bind the runtime's retention replacement on ``scheduler``'s Mamba managers, with the
-    runtime's ``VLLM_HYBRID_NPU_CHUNK_CHECKPOINTS`` value ``chunk_checkpoints`` (``all`` or
+    runtime's option ``ckpt`` value ``chunk_checkpoints`` (``all`` or
     ``final``) set on each of them, whatever this process's environment says.
 
     Returns the number of managers patched (0 when the installed vLLM needs no fix or a manager
@@ -153,7 +153,7 @@ def apply_junction_entries(scheduler: Any, target: str = "npu") -> bool:
     """Model a path that exports junction states inside the step: the runtime's junction entries
     (:data:`JUNCTION_ENTRIES`, vLLM 0.30) on ``scheduler``, as the runtime applies them on the NPU
     (``target`` ``npu``: vllm-ascend 0.30.0rc2's three prefill paths, replayed on CPU only) or on
-    CUDA (``cuda``: the one pass on vLLM 0.30's V2 runner, ``VLLM_HYBRID_NPU_CUDA_JUNCTIONS=on``).
+    CUDA (``cuda``: the one pass on vLLM 0.30's V2 runner, ``VLLM_HYBRID_NPU_OPTIONS=junctions=on``).
     A chunk no longer stops at a shared-prefix junction whose state the step exports, nor below
     the token budget's end at a block boundary, and a chunk started mid-block runs on (the step
     writes the crossed boundary): the runtime's ``gdn-chunk-end`` is bound for ``target`` (its
@@ -227,7 +227,7 @@ def bind_entry(obj: Any, attr: str, patch: Any, stack: Any, upstream: Any = None
 
 def exporter_scheduler(base: type, chunk_checkpoints: str = "all") -> type:
     """A subclass of ``base`` (vLLM's ``Scheduler``) with the runtime's retention fix on its
-    Mamba managers, with ``VLLM_HYBRID_NPU_CHUNK_CHECKPOINTS`` = ``chunk_checkpoints`` for them
+    Mamba managers, with the option ``ckpt`` = ``chunk_checkpoints`` for them
     (see :func:`apply_retention_fix`), and the runtime's mid-block stop on its split
     (:func:`apply_mid_block_stop`); pair it with a setup built with
     ``prefill_checkpoints=True``."""
@@ -246,8 +246,8 @@ def tail_split_off_scheduler(base: type) -> type:
     """A subclass of ``base`` (vLLM's ``Scheduler``, or a lab subclass of it) whose align-mode
     split runs a prompt's last chunk whole where vLLM's checkpoint check fails by its column
     clause alone: the runtime's ``sub-block-tail-split-off`` entry
-    (:mod:`vllm_hybrid_npu.patches.sub_block_tail_split`, ``VLLM_HYBRID_NPU_SUB_BLOCK_TAIL_SPLIT
-    =off``; vLLM 0.30), whose replacement of the scheduler module's
+    (:mod:`vllm_hybrid_npu.patches.sub_block_tail_split`, ``VLLM_HYBRID_NPU_OPTIONS=tailsplit=off``;
+    vLLM 0.30), whose replacement of the scheduler module's
     ``is_mamba_prefill_checkpoint_valid`` is bound only while this scheduler's
     ``_mamba_block_aligned_split`` runs (restored after each call; a replay runs in one thread of
     its process), so other replays keep vLLM's answer and the KV-cache manager, which imports the
@@ -284,7 +284,7 @@ def tail_split_off_scheduler(base: type) -> type:
 def apply_second_checkpoint(scheduler: Any) -> bool:
     """Turn the runtime's second checkpoint block on for ``scheduler``
     (:mod:`vllm_hybrid_npu.patches.gdn_second_checkpoint`'s rules, the runtime's
-    ``VLLM_HYBRID_NPU_SECOND_CHECKPOINT=on``; vLLM 0.30: where the runtime's step exports junction
+    ``VLLM_HYBRID_NPU_OPTIONS=second=on``; vLLM 0.30: where the runtime's step exports junction
     states), whatever this process's environment says: its KV-cache manager's second-block
     managers set (``eligible``), the Mamba managers' hooks (``gdn-manager-*``) and the engine's
     plan (``gdn-checkpoint-send``) bound on the scheduler, its KV-cache manager and those

@@ -185,8 +185,8 @@ class SimulatedOffloadWorker:
 def tails_off_scheduler(base: type) -> type:
     """A subclass of ``base`` (vLLM's ``Scheduler``, or the lab's exporter subclass of it) whose
     host tier keeps no partial tail: the runtime's ``host-tier-partial-tails-off`` entry
-    (:mod:`vllm_hybrid_npu.patches.vllm_kv_offload_scheduler`, ``VLLM_HYBRID_NPU_HOST_TIER_PARTIAL_TAILS
-    =off``; vLLM 0.30) wraps ``SchedulerOffloadConfig.from_spec`` while this scheduler builds its
+    (:mod:`vllm_hybrid_npu.patches.vllm_kv_offload_scheduler`, ``VLLM_HYBRID_NPU_OPTIONS=tails=off``;
+    vLLM 0.30) wraps ``SchedulerOffloadConfig.from_spec`` while this scheduler builds its
     OffloadingConnector, and only then (the class is restored after; a replay runs in one thread
     of its process), so other replays in the process keep vLLM's partial tails. Without a host
     tier nothing changes. The installed vLLM is the policy's to check (``tails=off`` settings

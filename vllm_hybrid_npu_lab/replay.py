@@ -174,9 +174,9 @@ def junctions_modelled(target: str, connector: bool) -> bool:
     """Whether :func:`replay` binds the runtime's junction entries for ``target`` (a replay with
     a KV connector, ``connector``, or without), as the runtime's ``junctions_off`` decides on
     vLLM 0.30: ``npu`` without a KV connector (vllm-ascend's paths turn them off beside one);
-    ``cuda`` where ``VLLM_HYBRID_NPU_CUDA_JUNCTIONS`` is on (the default; read from this
+    ``cuda`` where the option ``junctions`` is on (the default; read from this
     process's environment, so ``off`` replays CUDA with vLLM's stops), beside a KV connector too,
-    as the runtime on the V2 runner. Raises ValueError for a bad value of that variable."""
+    as the runtime on the V2 runner. Raises ValueError for a bad value of that option."""
     if target == "npu":
         return not connector
     from vllm_hybrid_npu.patches.gdn_prefill_checkpoint import cuda_junctions_off
@@ -187,7 +187,7 @@ TARGET_HELP = ("the GDN prefill-checkpoint exporter path modelled: cuda (the one
                "export on vLLM 0.30's V2 runner, default: junction states and budget chunk ends "
                "exported inside the step, also beside a host tier; a chunk started off the "
                "64-token grid still stops at the next block boundary; with "
-               "VLLM_HYBRID_NPU_CUDA_JUNCTIONS=off in the environment, vLLM's stops) or npu "
+               "VLLM_HYBRID_NPU_OPTIONS=junctions=off in the environment, vLLM's stops) or npu "
                "(vllm-ascend 0.30.0rc2's prefill paths as the plugin runs them on vLLM 0.30, "
                "replayed on CPU only: the same exports; off beside a host tier, whose KV connector "
                "turns them off there; with vllm-ascend's own scheduler changes for every setting: "

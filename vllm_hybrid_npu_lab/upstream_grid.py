@@ -21,20 +21,20 @@ can pass to ``vllm serve`` (vLLM 0.30, ``vllm/config/cache.py`` / ``vllm/config/
   ``auto``, the plugin's default on CPU and CUDA; off = ``off`` or plain vLLM): the GDN specs
   declare vLLM's own checkpoint block, the block is rounded up to the 64-token grid
   (:mod:`.exporter`). ``ckpt=final`` is the exporter with the runtime's
-  ``VLLM_HYBRID_NPU_CHUNK_CHECKPOINTS=final`` (vLLM 0.30): a non-final prefill chunk's checkpoint
+  ``VLLM_HYBRID_NPU_OPTIONS=ckpt=final`` (vLLM 0.30): a non-final prefill chunk's checkpoint
   is not kept at a retention interval above 0 (:data:`CKPT_FINAL`).
-* ``tails=off``: the runtime's ``VLLM_HYBRID_NPU_HOST_TIER_PARTIAL_TAILS=off`` (vLLM 0.30): the
+* ``tails=off``: the runtime's ``VLLM_HYBRID_NPU_OPTIONS=tails=off`` (vLLM 0.30): the
   host tier (``--kv-offloading-size``) keeps no partial tail (vLLM's own branch without them;
   :func:`vllm_hybrid_npu_lab.host_tier.tails_off_scheduler`); without a host tier it changes
   nothing. Not in the grid; ``advise`` replays it beside its exporter setting with a
   prefix-match unit and the most hits, where that has a host tier (``advise._optin_scan``).
-* ``tailsplit=off``: the runtime's ``VLLM_HYBRID_NPU_SUB_BLOCK_TAIL_SPLIT=off`` (vLLM 0.30): with
+* ``tailsplit=off``: the runtime's ``VLLM_HYBRID_NPU_OPTIONS=tailsplit=off`` (vLLM 0.30): with
   ``ckpt`` and ``pmu`` below the block, a prompt's last chunk that fails vLLM's checkpoint check by
   its column clause alone runs whole instead of stopping at its last prefix-match boundary, and
   that state is not cached (:func:`vllm_hybrid_npu_lab.exporter.tail_split_off_scheduler`);
   without ``ckpt`` or at the block's unit it changes nothing. Not in the grid; ``advise``
   replays it beside the same setting, alone and with ``tails=off``.
-* ``second=on``: the runtime's ``VLLM_HYBRID_NPU_SECOND_CHECKPOINT=on`` (vLLM 0.30): with ``ckpt``
+* ``second=on``: the runtime's ``VLLM_HYBRID_NPU_OPTIONS=second=on`` (vLLM 0.30): with ``ckpt``
   and ``pmu`` below the block, a prompt whose checkpoint lies inside its last block keeps the
   state at that block's start too, in a second block, cached and offered to the host tier
   (:func:`vllm_hybrid_npu_lab.exporter.second_checkpoint_scheduler`). The runtime has it where
@@ -62,7 +62,7 @@ from typing import Any
 from vllm_hybrid_npu_lab.registry import POLICIES, Policy, register_policy
 
 
-#: ``UpstreamSetting.ckpt`` value: the exporter with ``VLLM_HYBRID_NPU_CHUNK_CHECKPOINTS=final``
+#: ``UpstreamSetting.ckpt`` value: the exporter with ``VLLM_HYBRID_NPU_OPTIONS=ckpt=final``
 CKPT_FINAL = "final"
 
 
@@ -73,11 +73,11 @@ class UpstreamSetting:
     match unit in tokens (``None`` = the block size); ``ckpt``: ``False`` (vLLM's split),
     ``True`` (the exporter) or :data:`CKPT_FINAL` (the exporter keeping a non-final chunk's
     checkpoint only where vLLM's retention-0 rule would: the runtime's
-    ``VLLM_HYBRID_NPU_CHUNK_CHECKPOINTS=final``); ``tails``: ``False`` for the runtime's
-    ``VLLM_HYBRID_NPU_HOST_TIER_PARTIAL_TAILS=off`` (the host tier keeps no partial tail);
-    ``tail_split``: ``False`` for the runtime's ``VLLM_HYBRID_NPU_SUB_BLOCK_TAIL_SPLIT=off`` (a
+    ``VLLM_HYBRID_NPU_OPTIONS=ckpt=final``); ``tails``: ``False`` for the runtime's
+    ``VLLM_HYBRID_NPU_OPTIONS=tails=off`` (the host tier keeps no partial tail);
+    ``tail_split``: ``False`` for the runtime's ``VLLM_HYBRID_NPU_OPTIONS=tailsplit=off`` (a
     prompt's last chunk failing vLLM's checkpoint check by its column clause alone runs whole);
-    ``second``: ``True`` for the runtime's ``VLLM_HYBRID_NPU_SECOND_CHECKPOINT=on`` (a prompt whose
+    ``second``: ``True`` for the runtime's ``VLLM_HYBRID_NPU_OPTIONS=second=on`` (a prompt whose
     checkpoint lies inside its last block keeps that block's start too, in a second block; the
     runtime has it where its step exports junction states)."""
 
@@ -98,7 +98,7 @@ class UpstreamSetting:
 
     @property
     def chunk_checkpoints(self) -> str | None:
-        """The runtime's ``VLLM_HYBRID_NPU_CHUNK_CHECKPOINTS`` value of this setting (``all`` or
+        """The runtime's option ``ckpt`` value of this setting (``all`` or
         ``final``), ``None`` without the exporter."""
         if not self.ckpt:
             return None
@@ -195,16 +195,16 @@ def policy_of(setting: UpstreamSetting) -> Policy:
     what = "vLLM's Scheduler with upstream options " + setting.name.split(":", 1)[1]
     if setting.ckpt:
         what += " (ckpt: the plugin's GDN prefill-checkpoint exporter"
-        what += (", VLLM_HYBRID_NPU_CHUNK_CHECKPOINTS=final: a non-final chunk's checkpoint "
+        what += (", VLLM_HYBRID_NPU_OPTIONS=ckpt=final: a non-final chunk's checkpoint "
                  "not kept at retention > 0)" if setting.ckpt == CKPT_FINAL else ")")
     if not setting.tails:
-        what += (" (tails=off: VLLM_HYBRID_NPU_HOST_TIER_PARTIAL_TAILS=off, the host tier keeps no "
+        what += (" (tails=off: VLLM_HYBRID_NPU_OPTIONS=tails=off, the host tier keeps no "
                  "partial tail)")
     if not setting.tail_split:
-        what += (" (tailsplit=off: VLLM_HYBRID_NPU_SUB_BLOCK_TAIL_SPLIT=off, a prompt's last chunk "
+        what += (" (tailsplit=off: VLLM_HYBRID_NPU_OPTIONS=tailsplit=off, a prompt's last chunk "
                  "failing vLLM's checkpoint check by its column clause alone runs whole)")
     if setting.second:
-        what += (" (second=on: VLLM_HYBRID_NPU_SECOND_CHECKPOINT=on, a prompt's checkpoint inside "
+        what += (" (second=on: VLLM_HYBRID_NPU_OPTIONS=second=on, a prompt's checkpoint inside "
                  "its last block takes a second block, the block's start stays cached; the "
                  "runtime's paths that export junction states)")
     chunk = setting.chunk_checkpoints
@@ -217,17 +217,17 @@ def policy_of(setting: UpstreamSetting) -> Policy:
         factory = functools.partial(_second_checkpoint_scheduler, factory)
     why = []
     if chunk == CKPT_FINAL:
-        why.append("ckpt=final is the runtime's VLLM_HYBRID_NPU_CHUNK_CHECKPOINTS=final, carried "
+        why.append("ckpt=final is the runtime's VLLM_HYBRID_NPU_OPTIONS=ckpt=final, carried "
                    "by its vLLM 0.30 entry gdn-manager-cache (vLLM 0.32 keeps a chunk's "
                    "checkpoint on the retention grid itself)")
     if not setting.tails:
-        why.append("tails=off is the runtime's VLLM_HYBRID_NPU_HOST_TIER_PARTIAL_TAILS=off, its "
+        why.append("tails=off is the runtime's VLLM_HYBRID_NPU_OPTIONS=tails=off, its "
                    "vLLM 0.30 entry host-tier-partial-tails-off")
     if not setting.tail_split:
-        why.append("tailsplit=off is the runtime's VLLM_HYBRID_NPU_SUB_BLOCK_TAIL_SPLIT=off, its "
+        why.append("tailsplit=off is the runtime's VLLM_HYBRID_NPU_OPTIONS=tailsplit=off, its "
                    "vLLM 0.30 entry sub-block-tail-split-off")
     if setting.second:
-        why.append("second=on is the runtime's VLLM_HYBRID_NPU_SECOND_CHECKPOINT=on, its vLLM "
+        why.append("second=on is the runtime's VLLM_HYBRID_NPU_OPTIONS=second=on, its vLLM "
                    "0.30 entries gdn-manager-*")
     # the runtime options live in vLLM 0.30 registry entries
     versions = {"vllm": ("0.30.0",), "vllm_why": "; ".join(why)} if why else {}

@@ -56,6 +56,8 @@ REPO = HERE.parents[1]
 sys.path.insert(0, str(HERE.parent))  # tests/ -> ``ascend`` package
 from ascend import ascend_env, upstream  # noqa: E402
 
+from vllm_hybrid_npu.envs import OPTIONS_ENV, with_option  # noqa: E402
+
 BLOCK_SIZE = 16
 NUM_BLOCKS = 600
 CONV_SHAPE = (3, 64)  # (conv_kernel - 1, conv_dim), SD layout, bf16
@@ -388,7 +390,7 @@ def run(args, result) -> None:
 
     # the bytes are moved by our Triton kernel itself, under the Triton interpreter (CPU tensors);
     # ``--copy-impl torch`` uses ops' torch implementation instead (faster, same contract)
-    os.environ[ops.COPY_IMPL_ENV] = args.copy_impl
+    os.environ[OPTIONS_ENV] = with_option(os.environ.get(OPTIONS_ENV, ""), "copy-impl", args.copy_impl)
     if args.copy_impl == "triton":
         os.environ["TRITON_INTERPRET"] = "1"  # read by ops (not by vLLM: imported already)
     ops.refresh_settings()
@@ -435,7 +437,7 @@ def run(args, result) -> None:
         # the device path: ops picks its Triton launch for device tensors (not the CPU choice)
         import vllm_hybrid_npu.ops as ops_mod
 
-        os.environ[ops_mod.COPY_IMPL_ENV] = "auto"
+        os.environ[OPTIONS_ENV] = with_option(os.environ.get(OPTIONS_ENV, ""), "copy-impl", "auto")
         ops_mod.refresh_settings()
         report, monitored = install_sync_monitor(pmu, mamba_utils, torch)
         result["sync_check"] = report

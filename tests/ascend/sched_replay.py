@@ -33,11 +33,11 @@ junction): the first is cold, the second's attention hits ``S`` and its GDN stat
 (``shared_prefix_boundary = S``), the third hits ``S``. Recorded: the junction rule's managers,
 which class carries the plugin's manager wrappers, the split's wrapper chain, each request's
 prefill chunks and the second request's Mamba block columns. ``--junctions off`` replays the
-lab's default target with CUDA's junction export off (``VLLM_HYBRID_NPU_CUDA_JUNCTIONS=off``: the
+lab's default target with CUDA's junction export off (``VLLM_HYBRID_NPU_OPTIONS=junctions=off``: the
 rule forced off, vLLM's junction stop), the control.
 
 ``--mode tailsplit --order ... --tail-split off|on`` (issue 38 item 3): the plugin's
-``sub-block-tail-split-off`` entry (``VLLM_HYBRID_NPU_SUB_BLOCK_TAIL_SPLIT``) with the same
+``sub-block-tail-split-off`` entry (the option ``tailsplit``) with the same
 vllm-ascend patches, in either order, ``--prefix-match-unit 64`` and the checkpoint declared: a
 cold prompt of ``64 < p < 256`` tokens off the 64-token grid (its checkpoint fails vLLM's check by
 its column clause alone), then its exact repeat. Recorded: whether the entry applied, the split's
@@ -45,7 +45,7 @@ wrapper chain, the scheduler module's ``is_mamba_prefill_checkpoint_valid`` (our
 the KV-cache manager module's, each request's prefill chunks and hits.
 
 ``--mode second --order ... --second on|off`` (issue 38 item 3): the plugin's
-second block (``VLLM_HYBRID_NPU_SECOND_CHECKPOINT``, its rules in the ``gdn-manager-*`` hooks) with the same
+second block (the option ``second``, its rules in the ``gdn-manager-*`` hooks) with the same
 vllm-ascend patches, in either order, ``--prefix-match-unit 64``, block 256, the checkpoint
 declared, the NPU target (the runtime's engine entry decides, from the NPU stack's exporter
 path, in the replay's ``Scheduler.__init__``): a cold prompt A of ``577 <= p <= 640`` tokens
@@ -69,6 +69,8 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path.insert(0, str(HERE.parent))
 from ascend import ascend_env, upstream  # noqa: E402
+
+from vllm_hybrid_npu.envs import OPTIONS_ENV, with_option  # noqa: E402
 
 ASCEND = "0.30.0rc2"
 
@@ -202,6 +204,10 @@ def run(args, result) -> None:
     result["balance_scheduler"] = f"{balance_mod.BalanceScheduler.__module__}.BalanceScheduler"
 
 
+def _set_option(key: str, value: str) -> None:
+    os.environ[OPTIONS_ENV] = with_option(os.environ.get(OPTIONS_ENV, ""), key, value)
+
+
 def _chain(fn) -> list:
     """``fn`` and the functions it wraps (``__wrapped__``), outermost first: each one's source
     file from its package directory on, and for the plugin's its ``make`` (``functools.wraps``
@@ -305,7 +311,7 @@ def run_junction(args, result) -> None:
     if args.junctions == "off":
         # the lab's default target (cuda) replays CUDA's junction export, on by default since
         # 2026-11-29: the control keeps vLLM's junction stop
-        os.environ["VLLM_HYBRID_NPU_CUDA_JUNCTIONS"] = "off"
+        _set_option("junctions", "off")
     res = replay(reqs, setup, Recording, carry_outputs=False)
     result["cached_per_request"] = list(res.cached_per_request)
     result["chunks"], result["mamba_columns"] = chunks, columns
@@ -313,7 +319,7 @@ def run_junction(args, result) -> None:
 
 
 def run_tailsplit(args, result) -> None:
-    os.environ["VLLM_HYBRID_NPU_SUB_BLOCK_TAIL_SPLIT"] = args.tail_split
+    _set_option("tailsplit", args.tail_split)
     report = _apply_in_order(args.order)
     result["failed"], result["applied"] = dict(report.failed), list(report.applied)
     import vllm.v1.core.sched.scheduler as sched_mod
@@ -362,7 +368,7 @@ def _record_prefill_chunks(scheduler, output, chunks: dict) -> None:
 
 
 def run_second(args, result) -> None:
-    os.environ["VLLM_HYBRID_NPU_SECOND_CHECKPOINT"] = args.second
+    _set_option("second", args.second)
     report = _apply_in_order(args.order)
     result["failed"], result["applied"] = dict(report.failed), list(report.applied)
     import vllm.v1.core.single_type_kv_cache_manager as stm

@@ -169,7 +169,7 @@ def test_shared_prefix_junction_runs_inside_the_step(junction):
                                         ("ascend-first", "on")],
                 ids=["ascend-first", "registry-first", "control-split"])
 def tailsplit(request, tmp_path_factory):
-    """``sched_replay.py --mode tailsplit``: ``VLLM_HYBRID_NPU_SUB_BLOCK_TAIL_SPLIT`` with
+    """``sched_replay.py --mode tailsplit``: the option ``tailsplit`` with
     vllm-ascend's scheduler-side platform patches, in either order; the control keeps vLLM's
     split (``on``)."""
     order, split = request.param
@@ -200,7 +200,7 @@ def test_tail_split_off_runs_through_vllm_ascends_split(tailsplit):
                                         ("ascend-first", "off")],
                 ids=["ascend-first", "registry-first", "control-rekey"])
 def second(request, tmp_path_factory):
-    """``sched_replay.py --mode second``: ``VLLM_HYBRID_NPU_SECOND_CHECKPOINT`` with
+    """``sched_replay.py --mode second``: the option ``second`` with
     vllm-ascend's scheduler-side platform patches, in either order; the control keeps vLLM's
     re-key (``off``)."""
     order, on = request.param

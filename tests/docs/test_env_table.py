@@ -20,7 +20,7 @@ import re
 import pytest
 from _sync import ROOT, sync
 
-from vllm_hybrid_npu.envs import ENV_VARS
+from vllm_hybrid_npu.envs import ENV_VARS, OPTIONS, OPTIONS_ENV
 
 PACKAGES = ("vllm_hybrid_npu", "vllm_hybrid_npu_lab", "benchmarks")
 OURS = re.compile(r"\bVLLM_HYBRID_NPU_[A-Z0-9_]*[A-Z0-9]\b")
@@ -76,6 +76,11 @@ def _readers():
 
         return detect_target()
 
+    def unsupported():
+        from vllm_hybrid_npu.support import Stack, unsupported_reason
+
+        return "apply" if unsupported_reason(Stack("cuda", "0.29.0")) is None else "refuse"
+
     def copy_kernel():
         from vllm_hybrid_npu.patches.vllm_mamba_utils import copy_kernel_choice
 
@@ -111,43 +116,80 @@ def _readers():
     # CHECKPOINTS is retired: unset gives None (no setting), not a value
     return {"VLLM_HYBRID_NPU_PATCHES": (patches, True), "VLLM_HYBRID_NPU_CHECKPOINTS": (checkpoints, False),
             "VLLM_HYBRID_NPU_PREFILL_CHECKPOINTS": (prefill_checkpoints, True),
-            "VLLM_HYBRID_NPU_COPY_KERNEL": (copy_kernel, True),
-            "VLLM_HYBRID_NPU_CHUNK_CHECKPOINTS": (chunk_checkpoints, True),
-            "VLLM_HYBRID_NPU_CUDA_JUNCTIONS": (cuda_junctions, True),
-            "VLLM_HYBRID_NPU_HOST_TIER_PARTIAL_TAILS": (host_tier_partial_tails, True),
-            "VLLM_HYBRID_NPU_SUB_BLOCK_TAIL_SPLIT": (sub_block_tail_split, True),
-            "VLLM_HYBRID_NPU_SECOND_CHECKPOINT": (second_checkpoint, True),
-            "VLLM_HYBRID_NPU_TOKEN_BUDGET": (token_budget, True),
-            "VLLM_HYBRID_NPU_COPY_IMPL": (copy_impl, False), "VLLM_HYBRID_NPU_TARGET": (target, False)}
+            "copy": (copy_kernel, True), "ckpt": (chunk_checkpoints, True),
+            "junctions": (cuda_junctions, True), "tails": (host_tier_partial_tails, True),
+            "tailsplit": (sub_block_tail_split, True), "second": (second_checkpoint, True),
+            "budget": (token_budget, True), "unsupported": (unsupported, True),
+            "copy-impl": (copy_impl, False), "target": (target, False)}
 
 
 ENUMERATED = [v for v in ENV_VARS.values() if v.values]
 
 
-@pytest.mark.parametrize("var", ENUMERATED, ids=[v.name for v in ENUMERATED])
-def test_declared_values_are_what_the_reader_accepts(var, monkeypatch):
-    assert var.name in _readers(), f"no reader known for {var.name}: add it to _readers()"
-    read, returns_setting = _readers()[var.name]
+def _check_reader(name, values, default, set_value, unset, monkeypatch, error_names):
+    read, returns_setting = _readers()[name]
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     try:
-        for value in var.values:
-            monkeypatch.setenv(var.name, value)
+        for value in values:
+            set_value(value)
             read()  # accepted
-        monkeypatch.delenv(var.name)
+        unset()
         if returns_setting:
-            assert read() == var.default, f"{var.name} unset: not the declared default {var.default!r}"
-        monkeypatch.setenv(var.name, "no-such-value")
-        with pytest.raises(ValueError, match=var.name) as err:
+            assert read() == default, f"{name} unset: not the declared default {default!r}"
+        set_value("no-such-value")
+        with pytest.raises(ValueError, match=error_names) as err:
             read()
         listed = re.search(r"one of ([\w, -]+)", str(err.value))
         assert listed, f"the error should list the accepted values: {err.value}"
-        assert [v.strip() for v in listed.group(1).split(",")] == list(var.values)
+        assert [v.strip() for v in listed.group(1).split(",")] == list(values)
     finally:
         monkeypatch.undo()
-        if var.name == "VLLM_HYBRID_NPU_COPY_IMPL":
-            from vllm_hybrid_npu.ops import memcpy
+        from vllm_hybrid_npu.ops import memcpy
 
-            memcpy.refresh_settings()
+        memcpy.refresh_settings()
+
+
+@pytest.mark.parametrize("var", ENUMERATED, ids=[v.name for v in ENUMERATED])
+def test_declared_values_are_what_the_reader_accepts(var, monkeypatch):
+    assert var.name in _readers(), f"no reader known for {var.name}: add it to _readers()"
+    _check_reader(var.name, var.values, var.default, lambda v: monkeypatch.setenv(var.name, v),
+                  lambda: monkeypatch.delenv(var.name), monkeypatch, var.name)
+
+
+@pytest.mark.parametrize("opt", list(OPTIONS.values()), ids=list(OPTIONS))
+def test_declared_option_values_are_what_the_reader_accepts(opt, monkeypatch):
+    """Each key of ``VLLM_HYBRID_NPU_OPTIONS``, beside another key set (the items are read
+    apart), its values accepted, its default when absent, anything else refused naming the
+    variable and the key."""
+    assert opt.key in _readers(), f"no reader known for option {opt.key}: add it to _readers()"
+    other = next(o for o in OPTIONS.values() if o.key != opt.key)
+    keep = f"{other.key}={other.default if other.default in other.values else other.values[0]}"
+    _check_reader(opt.key, opt.values, opt.default,
+                  lambda v: monkeypatch.setenv(OPTIONS_ENV, f"{keep},{opt.key}={v}"),
+                  lambda: monkeypatch.setenv(OPTIONS_ENV, keep), monkeypatch,
+                  f"{OPTIONS_ENV}: {opt.key}=")
+
+
+def test_options_refuse_unknown_keys_repeats_and_the_variables_they_replaced(monkeypatch):
+    """A malformed ``VLLM_HYBRID_NPU_OPTIONS`` stops the load naming the variable; so does a
+    variable an option replaced, naming its key (the user's value carried where it is one)."""
+    from vllm_hybrid_npu import envs
+
+    for bad, words in (("secnd=on", "unknown key 'secnd'"), ("second", "is not key=value"),
+                       ("second=on,second=off", "key 'second' given twice")):
+        monkeypatch.setenv(OPTIONS_ENV, bad)
+        with pytest.raises(ValueError, match=f"{OPTIONS_ENV}: .*{re.escape(words)}"):
+            envs.check()
+    monkeypatch.setenv(OPTIONS_ENV, " second = ON , ,tails=off")
+    assert envs.options() == {"second": "on", "tails": "off"}
+    monkeypatch.delenv(OPTIONS_ENV)
+    for opt in OPTIONS.values():
+        monkeypatch.setenv(opt.replaces, opt.values[-1])
+        with pytest.raises(ValueError, match=f"{opt.replaces} is retired: .* key '{opt.key}' .*"
+                                             f"{OPTIONS_ENV}={opt.key}={opt.values[-1]}"):
+            envs.check()
+        monkeypatch.delenv(opt.replaces)
+    envs.check()
 
 
 def test_every_plugin_variable_in_the_code_is_declared_and_every_declared_one_is_used():

@@ -18,6 +18,8 @@ from vllm_hybrid_npu_lab.presets import resolve_model
 from vllm_hybrid_npu_lab.replay import replay
 from vllm_hybrid_npu_lab.trace import TraceRequest
 from vllm_hybrid_npu_lab.upstream_grid import UpstreamSetting, final_available, parse_setting, policy_of
+from vllm_hybrid_npu import envs
+from vllm_hybrid_npu.envs import OPTIONS_ENV
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +98,7 @@ def test_setting_names_parse_back():
         s = UpstreamSetting(ret, lpt, pmu, ckpt)
         assert parse_setting(s.name) == s
         if ckpt == "final" and not final_available():  # the runtime's option: vLLM 0.30 only
-            with pytest.raises(ValueError, match="--policy .*VLLM_HYBRID_NPU_CHUNK_CHECKPOINTS"):
+            with pytest.raises(ValueError, match="--policy .*VLLM_HYBRID_NPU_OPTIONS=ckpt=final"):
                 get_policy(s.name)
             continue
         assert get_policy(s.name).prefill_checkpoints == bool(ckpt)
@@ -122,7 +124,7 @@ def test_serve_flags_are_vllms_units():
     flags, env = serve_flags(Candidate(), 1056, 16, 1)
     assert "--prefix-cache-retention-interval" not in flags and env[0].endswith("=off")
     _, env = serve_flags(Candidate(UpstreamSetting(ret=2, ckpt="final")), 1088, 16, 1)
-    assert env == ["VLLM_HYBRID_NPU_PREFILL_CHECKPOINTS=auto", "VLLM_HYBRID_NPU_CHUNK_CHECKPOINTS=final"]
+    assert env == ["VLLM_HYBRID_NPU_PREFILL_CHECKPOINTS=auto", "VLLM_HYBRID_NPU_OPTIONS=ckpt=final"]
 
 
 def test_final_scan_sits_beside_the_exporters_best_and_is_bounded():
@@ -204,7 +206,7 @@ def test_optin_scan_sits_beside_the_best_sub_block_exporter_and_never_counts_as_
     assert search(evaluate, Candidate(), 8.0, bound=bound, exporter=False, optins=True).cost()["optins"] == 0
 
 
-def test_optin_settings_parse_back_and_name_their_env():
+def test_optin_settings_parse_back_and_name_their_env(monkeypatch):
     s = UpstreamSetting(ret=1, pmu=64, ckpt="final", tails=False, tail_split=False, second=True)
     assert s.name == "upstream:ret=1b,pmu=64,ckpt=final,tails=off,tailsplit=off,second=on"
     assert parse_setting(s.name) == s
@@ -213,9 +215,10 @@ def test_optin_settings_parse_back_and_name_their_env():
     with pytest.raises(ValueError, match="--policy"):
         parse_setting("upstream:pmu=64,ckpt,second=off")
     _, env = serve_flags(Candidate(s, host_gib=256), 1088, 16, 1)
-    assert env[-3:] == ["VLLM_HYBRID_NPU_HOST_TIER_PARTIAL_TAILS=off",
-                        "VLLM_HYBRID_NPU_SUB_BLOCK_TAIL_SPLIT=off",
-                        "VLLM_HYBRID_NPU_SECOND_CHECKPOINT=on"]
+    assert env[-1] == "VLLM_HYBRID_NPU_OPTIONS=ckpt=final,tails=off,tailsplit=off,second=on"
+    # the runtime reads that line as the lab's keys and values (one vocabulary)
+    monkeypatch.setenv(*env[-1].split("=", 1))
+    assert envs.options() == {"ckpt": "final", "tails": "off", "tailsplit": "off", "second": "on"}
 
 
 def test_search_is_a_local_optimum_on_every_axis(rng):
@@ -763,16 +766,16 @@ def test_search_with_a_step_bound_finds_the_best_eligible_and_the_unconstrained_
 
 
 def test_second_replayed_where_the_targets_runtime_has_it(monkeypatch):
-    # VLLM_HYBRID_NPU_SECOND_CHECKPOINT=on: the runtime writes the second checkpoint where its
+    # VLLM_HYBRID_NPU_OPTIONS=second=on: the runtime writes the second checkpoint where its
     # step exports junction states: CUDA's one pass (vLLM 0.30's V2 runner), beside a host tier
     # too; vllm-ascend's V1 runner without a KV connector (a host tier's turns it off there)
     from vllm_hybrid_npu_lab.advise import second_available
 
-    monkeypatch.delenv("VLLM_HYBRID_NPU_CUDA_JUNCTIONS", raising=False)
+    monkeypatch.delenv(OPTIONS_ENV, raising=False)
     runtime = policy_of(UpstreamSetting(pmu=64, ckpt=True, second=True)).unavailable() is None
     assert second_available("cuda", True) == second_available("cuda", False) == runtime
     assert second_available("npu", False) == runtime and not second_available("npu", True)
-    monkeypatch.setenv("VLLM_HYBRID_NPU_CUDA_JUNCTIONS", "off")
+    monkeypatch.setenv(OPTIONS_ENV, "junctions=off")
     assert not second_available("cuda", True) and not second_available("cuda", False)
 
 

@@ -277,7 +277,7 @@ def test_host_breakdown_cli(tmp_path, tiny_model_dir, capsys, write_trace, rng):
 
 
 def test_tails_off_keeps_no_partial_tail_on_the_host(cfg, rng):
-    """The runtime's ``VLLM_HYBRID_NPU_HOST_TIER_PARTIAL_TAILS=off`` (the lab's ``tails=off``,
+    """The runtime's ``VLLM_HYBRID_NPU_OPTIONS=tails=off`` (the lab's ``tails=off``,
     vLLM 0.30), on the trace above. vLLM's split at ``--prefix-match-unit 64`` leaves states at
     ``256 (x // 256)`` and ``64 (x // 64)``; with the tails kept the host holds both and the repeat
     loads the tail (the test above). With ``tails=off`` the host holds only the block boundary,

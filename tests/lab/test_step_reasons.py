@@ -24,6 +24,7 @@ from vllm_hybrid_npu_lab.step_reasons import (
     format_reasons,
 )
 from vllm_hybrid_npu_lab.trace import TraceRequest
+from vllm_hybrid_npu.envs import OPTIONS_ENV
 
 #: the installed vLLM's (major, minor)
 VLLM = tuple(int(x) for x in vllm.__version__.split(".")[:2])
@@ -87,20 +88,20 @@ def test_both_targets_export_the_junction_inside_the_step(cfg, rng, monkeypatch)
     # tokens, off the 384 grid), lengths in (1152, 1536). A: one step (its checkpoint at 1152 is
     # valid). B: attention hits to 1024 and no GDN state there: the junction, floored to 768.
     # vllm-ascend's paths (target npu) and CUDA's one pass on the V2 runner (target cuda, the
-    # runtime's VLLM_HYBRID_NPU_CUDA_JUNCTIONS=on, the default): the runtime's junction entries,
+    # runtime's VLLM_HYBRID_NPU_OPTIONS=junctions=on, the default): the runtime's junction entries,
     # one step, the state at 768 exported into the block vLLM caches there. With
-    # VLLM_HYBRID_NPU_CUDA_JUNCTIONS=off CUDA keeps vLLM's stop: [0, 768), then the rest (its
+    # VLLM_HYBRID_NPU_OPTIONS=junctions=off CUDA keeps vLLM's stop: [0, 768), then the rest (its
     # checkpoint at 1152 valid from 768): one junction step. Either way C hits 768 and takes one
     # step.
     from vllm_hybrid_npu.patches import gdn_prefill_checkpoint as gpc
 
     rows = [(rng.randint(1153, 1535), [1, 2, k]) for k in (3, 4, 5)]
-    monkeypatch.delenv(gpc.CUDA_JUNCTIONS_ENV, raising=False)
+    monkeypatch.delenv(OPTIONS_ENV, raising=False)
     for target in ("cuda", "npu"):
         res, by = _replay(cfg, rows, "upstream:ckpt", block_size=384, target=target)
         assert res.cached_per_request == [0, 0, 768] and by == {}, (target, rows)
         assert res.prefill_steps_per_prompt == 1, target
-    monkeypatch.setenv(gpc.CUDA_JUNCTIONS_ENV, "off")
+    monkeypatch.setenv(OPTIONS_ENV, "junctions=off")
     cuda, by = _replay(cfg, rows, "upstream:ckpt", block_size=384)
     assert cuda.cached_per_request == [0, 0, 768] and by == {"junction": 1}, rows
     assert cuda.prefill_steps_per_prompt == 4 / 3
@@ -185,14 +186,14 @@ def test_exporter_hit_inside_a_block_stops_at_the_next_boundary(cfg, rng, monkey
     a = rng.choice([n for n in range(1025, 1280) if n % 64 and (n - 1) // 64 * 64 > 1024])
     m = (a - 1) // 64 * 64
     rows = [(a, [1, 2, 3]), (1600, [1, 2, 3, 4])]
-    monkeypatch.delenv(gpc.CUDA_JUNCTIONS_ENV, raising=False)
+    monkeypatch.delenv(OPTIONS_ENV, raising=False)
     res, by = _replay(cfg, rows, "upstream:pmu=64,ckpt")
     assert res.cached_per_request == [0, m]
     if VLLM == (0, 30):
         assert res.prefill_steps_per_prompt == 1 and by == {}, a
     else:  # the junction entries are 0.30's: the stop stays
         assert res.prefill_steps_per_prompt == 3 / 2 and by == {"mid_block_start": 1}, a
-    monkeypatch.setenv(gpc.CUDA_JUNCTIONS_ENV, "off")
+    monkeypatch.setenv(OPTIONS_ENV, "junctions=off")
     res, by = _replay(cfg, rows, "upstream:pmu=64,ckpt")
     assert res.cached_per_request == [0, m]
     assert res.prefill_steps_per_prompt == 3 / 2 and by == {"mid_block_start": 1}, a
@@ -222,7 +223,7 @@ def test_checkpoint_off_its_grid_is_checkpoint_invalid(cfg, rng):
 
 
 def test_tailsplit_off_keeps_a_column_only_invalid_final_chunk_whole(cfg, rng):
-    # The runtime's VLLM_HYBRID_NPU_SUB_BLOCK_TAIL_SPLIT=off (the lab's tailsplit=off, vLLM 0.30).
+    # The runtime's VLLM_HYBRID_NPU_OPTIONS=tailsplit=off (the lab's tailsplit=off, vLLM 0.30).
     # Block 256, unit 64, exporter declared. A cold prompt of p tokens, 64 < p < 256, off the
     # 64-token grid: its checkpoint (p - 1) // 64 * 64 is on the grid and inside the prompt, but
     # its column cdiv(p, 256) - 2 = -1 is not past the initial state's (-1): not valid, so vLLM
@@ -249,7 +250,7 @@ def test_tailsplit_off_keeps_a_column_only_invalid_final_chunk_whole(cfg, rng):
 
 @pytest.mark.parametrize("target", ["cuda", "npu"])
 def test_second_on_keeps_the_block_boundary_for_a_sharer(cfg, rng, target, monkeypatch):
-    # The runtime's VLLM_HYBRID_NPU_SECOND_CHECKPOINT=on (the lab's second=on, vLLM 0.30). Block
+    # The runtime's VLLM_HYBRID_NPU_OPTIONS=second=on (the lab's second=on, vLLM 0.30). Block
     # 256, unit 64, exporter declared, retention 0. A cold prompt of p tokens, 577 <= p <= 640
     # (trace blocks 1, 2): its checkpoint 576 lies inside block 2; vLLM reserves it column 1,
     # which it keys at 512 and then re-keys at 576, so a second prompt sharing only trace block 1
@@ -259,7 +260,7 @@ def test_second_on_keeps_the_block_boundary_for_a_sharer(cfg, rng, target, monke
     # entries), with it its chunk from 512 reserves its own checkpoint (column 2 past 1): one
     # step per prompt either way. The same on the NPU target (vllm-ascend's V1 runner, no KV
     # connector). Where the step exports no junction state (CUDA with
-    # VLLM_HYBRID_NPU_CUDA_JUNCTIONS=off) the engine takes no second block: as without it.
+    # VLLM_HYBRID_NPU_OPTIONS=junctions=off) the engine takes no second block: as without it.
     from vllm_hybrid_npu_lab.upstream_grid import parse_setting, policy_of
 
     if policy_of(parse_setting("upstream:pmu=64,ckpt,second=on")).unavailable():
@@ -272,7 +273,7 @@ def test_second_on_keeps_the_block_boundary_for_a_sharer(cfg, rng, target, monke
     assert res.cached_per_request == [0, 512] and res.prefill_steps_per_prompt == 1, (p, m, by)
     assert parse_setting("upstream:pmu=64,ckpt,second=on").optin
     if target == "cuda":
-        monkeypatch.setenv("VLLM_HYBRID_NPU_CUDA_JUNCTIONS", "off")
+        monkeypatch.setenv(OPTIONS_ENV, "junctions=off")
         res, by = _replay(cfg, rows, "upstream:pmu=64,ckpt,second=on", target=target)
         assert res.cached_per_request == [0, 0], (p, m, by)
 

@@ -22,7 +22,8 @@ import numpy as np
 import pytest
 import torch
 
-from vllm_hybrid_npu.ops import COPY_IMPL_ENV, active_impl, batch_memcpy, refresh_settings
+from vllm_hybrid_npu.ops import active_impl, batch_memcpy, refresh_settings
+from vllm_hybrid_npu.envs import OPTIONS_ENV
 
 _HAS_NPU = importlib.util.find_spec("torch_npu") is not None
 if _HAS_NPU:
@@ -72,7 +73,7 @@ TRITON_TARGETS = [p for p in TARGETS if p.values[0][1] == "triton"]
 
 def _select_target(param, monkeypatch):
     device, impl = param
-    monkeypatch.delenv(COPY_IMPL_ENV, raising=False)
+    monkeypatch.delenv(OPTIONS_ENV, raising=False)
     if device == "cpu" and impl == "triton":
         monkeypatch.setenv("TRITON_INTERPRET", "1")
         reason = _interpreter_broken()
@@ -315,12 +316,12 @@ def test_selection_by_setting(monkeypatch):
         refresh_settings()
 
     try:
-        setenv(COPY_IMPL_ENV, "torch")
+        setenv(OPTIONS_ENV, "copy-impl=torch")
         assert active_impl("cpu") == "torch"
-        setenv(COPY_IMPL_ENV, "bogus")
-        with pytest.raises(ValueError, match=COPY_IMPL_ENV):
+        setenv(OPTIONS_ENV, "copy-impl=bogus")
+        with pytest.raises(ValueError, match=OPTIONS_ENV):
             active_impl("cpu")
-        setenv(COPY_IMPL_ENV, "auto")
+        setenv(OPTIONS_ENV, "copy-impl=auto")
         setenv("TRITON_INTERPRET", None)
         assert active_impl("cpu") == "torch"  # CPU without the interpreter: fallback
         setenv("TRITON_INTERPRET", "1")

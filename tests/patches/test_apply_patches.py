@@ -19,6 +19,7 @@ from vllm_hybrid_npu import patches, support
 from vllm_hybrid_npu.patches import registry
 from vllm_hybrid_npu.patches.registry import Patch, PatchError
 from vllm_hybrid_npu.support import Stack
+from vllm_hybrid_npu.envs import OPTIONS_ENV
 
 CPU = Stack("cpu", "0.30.0")
 
@@ -143,21 +144,21 @@ def test_two_entries_can_wrap_one_attribute_and_unapply_in_reverse():
 
 
 def test_outside_the_matrix_nothing_applies_and_the_line_names_the_versions(monkeypatch):
-    monkeypatch.delenv(support.ALLOW_UNSUPPORTED_ENV, raising=False)
+    monkeypatch.delenv(OPTIONS_ENV, raising=False)
     stack = Stack("cuda", "0.29.0")
     reason = support.unsupported_reason(stack)
     assert "target=cuda vllm=0.29.0 is outside the support matrix" in reason
-    assert support.ALLOW_UNSUPPORTED_ENV in reason
+    assert "VLLM_HYBRID_NPU_OPTIONS=unsupported=apply" in reason
     report = patches.apply_patches(stack=stack)
     assert report.applied == [] and report.pending == {} and report.line().startswith("no patches: ")
-    monkeypatch.setenv(support.ALLOW_UNSUPPORTED_ENV, "1")
+    monkeypatch.setenv(OPTIONS_ENV, "unsupported=apply")
     assert support.unsupported_reason(stack) is None
     assert support.unsupported_reason(Stack("npu", "0.30.0", "0.29.0rc1")) is None
 
 
 def test_a_row_covering_some_entries_skips_the_others_as_outside_the_matrix(monkeypatch):
     """vLLM 0.33.0's rows cover some entries (not the copy kernel)."""
-    monkeypatch.delenv(support.ALLOW_UNSUPPORTED_ENV, raising=False)
+    monkeypatch.delenv(OPTIONS_ENV, raising=False)
     stack = Stack("cpu", "0.33.0")
     assert support.unsupported_reason(stack) is None
     _fake_module("fake_mod_row", f=lambda: 1, g=lambda: 2)
@@ -172,7 +173,7 @@ def test_a_row_covering_some_entries_skips_the_others_as_outside_the_matrix(monk
                                        "only)"}
     assert "skipped=[other: outside the support matrix" in report.line()
     registry.unapply_all()
-    monkeypatch.setenv(support.ALLOW_UNSUPPORTED_ENV, "1")  # lifts the row's restriction
+    monkeypatch.setenv(OPTIONS_ENV, "unsupported=apply")  # lifts the row's restriction
     assert registry.apply_all(entries, stack).applied == ["config-checks", "other"]
 
 
@@ -198,7 +199,7 @@ def test_vllm_033_rows_are_the_entries_listing_it():
 
 
 def test_npu_needs_the_matching_vllm_ascend(monkeypatch):
-    monkeypatch.delenv(support.ALLOW_UNSUPPORTED_ENV, raising=False)
+    monkeypatch.delenv(OPTIONS_ENV, raising=False)
     assert support.unsupported_reason(Stack("npu", "0.30.0", "0.30.0rc2")) is None
     assert support.unsupported_reason(Stack("npu", "0.23.0", "0.23.0.post1")) is None
     assert "outside" in support.unsupported_reason(Stack("npu", "0.30.0", "0.23.0.post1"))
@@ -245,8 +246,7 @@ print("RESULT " + json.dumps({
 
 
 def _probe(**env_extra):
-    drop = ("VLLM_PLUGINS", patches.MODE_ENV, "VLLM_HYBRID_NPU_CHECKPOINTS",
-            "VLLM_HYBRID_NPU_COPY_KERNEL", support.ALLOW_UNSUPPORTED_ENV)
+    drop = ("VLLM_PLUGINS", patches.MODE_ENV, "VLLM_HYBRID_NPU_CHECKPOINTS", OPTIONS_ENV)
     env = {k: v for k, v in os.environ.items() if k not in drop}
     env.update(env_extra)
     proc = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True,
@@ -308,7 +308,7 @@ def test_copy_kernel_ours_replaces_the_launcher_only():
 
     if vllm.__version__.startswith("0.33."):
         pytest.skip("vLLM 0.33: the copy-kernel entry is outside the support matrix there")
-    r = _probe(VLLM_HYBRID_NPU_COPY_KERNEL="ours")
+    r = _probe(VLLM_HYBRID_NPU_OPTIONS="copy=ours")
     assert "copy-kernel" in r["applied"] and r["copy"] is True
 
 
@@ -343,7 +343,7 @@ print("RESULT " + json.dumps({"applied": r.applied, "pending": r.pending, "line"
 
 def test_without_vllm_nothing_is_applied_and_the_line_says_why():
     env = {k: v for k, v in os.environ.items() if k != patches.MODE_ENV}
-    env["VLLM_HYBRID_NPU_TARGET"] = "cpu"
+    env[OPTIONS_ENV] = "target=cpu"
     proc = subprocess.run([sys.executable, "-c", NO_VLLM], env=env, capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -363,7 +363,7 @@ def test_copy_kernel_entry_copies_vllm_buffers_exactly(apply_entries, monkeypatc
 
     if vllm.__version__.startswith("0.33."):
         pytest.skip("vLLM 0.33: the copy-kernel entry is outside the support matrix there")
-    monkeypatch.setenv("VLLM_HYBRID_NPU_COPY_KERNEL", "ours")
+    monkeypatch.setenv(OPTIONS_ENV, "copy=ours")
     report = apply_entries("copy-kernel")
     assert report.applied == ["copy-kernel"], report.line()
     g = torch.Generator().manual_seed(seed)

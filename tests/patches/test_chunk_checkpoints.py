@@ -1,4 +1,4 @@
-"""``VLLM_HYBRID_NPU_CHUNK_CHECKPOINTS`` (registry entry ``gdn-manager-cache``, vLLM 0.30):
+"""the option ``ckpt`` (registry entry ``gdn-manager-cache``, vLLM 0.30):
 which prefill checkpoints of a chunked cold prompt vLLM's real ``Scheduler`` and ``MambaManager``
 keep in the prefix cache, with the GDN specs declaring the exporter's checkpoint block (the
 lab's ``build_setup(prefill_checkpoints=True)``; only the forward pass is stood in).
@@ -22,6 +22,7 @@ from vllm_hybrid_npu.support import Stack  # noqa: E402
 from vllm_hybrid_npu_lab.model import build_setup  # noqa: E402
 from vllm_hybrid_npu_lab.presets import TINY_HYBRID, resolve_model  # noqa: E402
 from vllm_hybrid_npu_lab.upstream_grid import UpstreamSetting  # noqa: E402
+from vllm_hybrid_npu.envs import OPTIONS_ENV  # noqa: E402
 
 B = 256
 ENTRY = "gdn-manager-cache"
@@ -36,12 +37,12 @@ def cfg(tmp_path_factory):
 
 @pytest.fixture
 def entry(apply_entries, monkeypatch):
-    """``entry(mode)``: the retention entry applied with ``$VLLM_HYBRID_NPU_CHUNK_CHECKPOINTS``
+    """``entry(mode)``: the retention entry applied with the option ``ckpt``
     = ``mode``; skips where the installed vLLM is outside the entry's versions."""
     monkeypatch.delenv("VLLM_HYBRID_NPU_PREFILL_CHECKPOINTS", raising=False)
 
     def apply(mode):
-        monkeypatch.setenv(gpc.CHUNK_ENV, mode)
+        monkeypatch.setenv(OPTIONS_ENV, f"ckpt={mode}")
         report = apply_entries(ENTRY)
         if ENTRY in report.skipped:
             pytest.skip(f"{ENTRY}: {report.skipped[ENTRY]}")
@@ -182,20 +183,20 @@ def test_a_prompt_ending_past_a_dropped_checkpoint_hits_below_it(cfg, entry, see
 
 
 def test_bad_value_names_the_variable(apply_entries, monkeypatch):
-    monkeypatch.setenv(gpc.CHUNK_ENV, "drop")
-    with pytest.raises(ValueError, match=f"{gpc.CHUNK_ENV}='drop' is not one of all, final"):
+    monkeypatch.setenv(OPTIONS_ENV, "ckpt=drop")
+    with pytest.raises(ValueError, match=f"{OPTIONS_ENV}: ckpt='drop' is not one of all, final"):
         gpc.chunk_checkpoints()
-    with pytest.raises(ValueError, match=gpc.CHUNK_ENV):  # at load, where the entry applies
+    with pytest.raises(ValueError, match=OPTIONS_ENV):  # at load, where the entry applies
         apply_entries(ENTRY, stack=Stack("cpu", "0.30.0"))
-    monkeypatch.setenv(gpc.CHUNK_ENV, "FINAL ")
+    monkeypatch.setenv(OPTIONS_ENV, "ckpt=FINAL ")
     assert gpc.chunk_checkpoints() == "final"
-    monkeypatch.delenv(gpc.CHUNK_ENV)
+    monkeypatch.delenv(OPTIONS_ENV, raising=False)
     assert gpc.chunk_checkpoints() == "all"
 
 
 def test_left_out_on_vllm_032(apply_entries, monkeypatch):
     # vLLM 0.32 keeps a non-final chunk's checkpoint only on the retention grid itself (its
     # is_retained_checkpoint); the entry, and with it the option, stays 0.30's
-    monkeypatch.setenv(gpc.CHUNK_ENV, "final")
+    monkeypatch.setenv(OPTIONS_ENV, "ckpt=final")
     report = apply_entries(ENTRY, stack=Stack("cpu", "0.32.0"))
     assert report.skipped[ENTRY] == "not for vLLM 0.32.0 (for 0.30.0)"

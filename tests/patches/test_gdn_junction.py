@@ -28,6 +28,7 @@ pytest.importorskip("vllm.v1.kv_cache_interface")
 
 from vllm_hybrid_npu.patches import gdn_junction as mod  # noqa: E402
 from vllm_hybrid_npu.patches import gdn_mamba_manager as M  # noqa: E402
+from vllm_hybrid_npu.envs import OPTIONS_ENV  # noqa: E402
 
 B = 384
 
@@ -389,14 +390,14 @@ def test_junction_paths_by_configuration(monkeypatch):
 
     monkeypatch.delenv("FLA_USE_FAST_OPS", raising=False)
     monkeypatch.setattr(registry.REPORT, "stack", Stack("cuda", "0.30.0"))
-    monkeypatch.delenv(gpc.CUDA_JUNCTIONS_ENV, raising=False)  # default: on (run on an H200)
+    monkeypatch.delenv(OPTIONS_ENV, raising=False)  # default: on (run on an H200)
     assert gpc.junctions_off(config(v2=True), "triton") is None
-    monkeypatch.setenv(gpc.CUDA_JUNCTIONS_ENV, "off")
-    assert f"{gpc.CUDA_JUNCTIONS_ENV}=off" in gpc.junctions_off(config(v2=True), "triton")
-    monkeypatch.setenv(gpc.CUDA_JUNCTIONS_ENV, "yes")
-    with pytest.raises(ValueError, match=gpc.CUDA_JUNCTIONS_ENV):
+    monkeypatch.setenv(OPTIONS_ENV, "junctions=off")
+    assert f"{OPTIONS_ENV}=junctions=off" in gpc.junctions_off(config(v2=True), "triton")
+    monkeypatch.setenv(OPTIONS_ENV, "junctions=yes")
+    with pytest.raises(ValueError, match=OPTIONS_ENV):
         gpc.junctions_off(config(v2=True), "triton")
-    monkeypatch.setenv(gpc.CUDA_JUNCTIONS_ENV, "on")
+    monkeypatch.setenv(OPTIONS_ENV, "junctions=on")
     for path in ("cpu", "ascend", "ascend-fla-npu", "ascend-fused", "ascend-chunk"):
         assert gpc.junctions_off(config(), path) is None, path
     assert "one checkpoint per row" in gpc.junctions_off(config(), None)
@@ -469,7 +470,7 @@ def test_mid_block_stop_stands_aside_where_the_step_writes_the_boundary(monkeypa
 
     path = {"npu": "ascend-chunk", "cuda": "triton"}
     monkeypatch.setattr(gpc, "exporter_path", lambda config, target: (path[target], ""))
-    monkeypatch.setenv(gpc.CUDA_JUNCTIONS_ENV, "off")
+    monkeypatch.setenv(OPTIONS_ENV, "junctions=off")
 
     def scheduler(kv=None):
         return types.SimpleNamespace(cache_config=types.SimpleNamespace(block_size=B),
@@ -494,7 +495,7 @@ def test_mid_block_stop_stands_aside_where_the_step_writes_the_boundary(monkeypa
     # crossed boundary at a 64-token chunk start only
     from vllm_hybrid_npu.patches import registry
 
-    monkeypatch.delenv(gpc.CUDA_JUNCTIONS_ENV)
+    monkeypatch.delenv(OPTIONS_ENV, raising=False)
     monkeypatch.delenv("FLA_USE_FAST_OPS", raising=False)
     monkeypatch.setattr(registry.REPORT, "stack", Stack("cuda", "0.30.0"))
 
@@ -512,12 +513,12 @@ def test_mid_block_stop_stands_aside_where_the_step_writes_the_boundary(monkeypa
 def test_hooks_take_no_second_block_the_engine_did_not_decide(monkeypatch):
     """The Mamba managers' hooks bound for the junction rule alone (the lab's junction replay; a
     KV-cache manager whose engine did not decide the second block) take no second block, even with
-    ``VLLM_HYBRID_NPU_SECOND_CHECKPOINT=on``: only the engine's decision (``gdn-manager-engine``)
+    ``VLLM_HYBRID_NPU_OPTIONS=second=on``: only the engine's decision (``gdn-manager-engine``)
     or the lab's ``apply_second_checkpoint``, which also binds the hooks that give it back, turn it
     on (found in review: blocks taken here were never returned)."""
     from vllm_hybrid_npu.patches import gdn_second_checkpoint as S
 
-    monkeypatch.setenv(S.ENV, "on")
+    monkeypatch.setenv(OPTIONS_ENV, "second=on")
     mamba = types.SimpleNamespace()
     kvm = types.SimpleNamespace(**{mod.RULE: _rule(mamba)})
     during = []

@@ -1,4 +1,4 @@
-"""``VLLM_HYBRID_NPU_SECOND_CHECKPOINT=on`` (:mod:`vllm_hybrid_npu.patches.gdn_second_checkpoint`,
+"""``VLLM_HYBRID_NPU_OPTIONS=second=on`` (:mod:`vllm_hybrid_npu.patches.gdn_second_checkpoint`,
 vLLM 0.30, the CPU path and CUDA's one pass): a prompt whose GDN checkpoint ``cp`` lies inside its last block
 keeps the state at that block's start ``q`` too, in a second block outside the block table.
 
@@ -31,6 +31,7 @@ pytest.importorskip("vllm")
 from vllm_hybrid_npu.patches import gdn_mamba_manager as M  # noqa: E402
 from vllm_hybrid_npu.patches import gdn_second_checkpoint as S  # noqa: E402
 from vllm_hybrid_npu.patches import gdn_step_checkpoints as P  # noqa: E402
+from vllm_hybrid_npu.envs import OPTIONS_ENV  # noqa: E402
 
 B, UNIT = 256, 64
 #: the Mamba managers' hooks, which run the second block's rules
@@ -54,7 +55,7 @@ def _outside() -> str | None:
     return stack_skip_reason(M.PATCHES[0], _cpu_stack())
 
 
-pytestmark = pytest.mark.skipif(_outside() is not None, reason=f"{S.ENV}: {_outside()}")
+pytestmark = pytest.mark.skipif(_outside() is not None, reason=f"the option second: {_outside()}")
 
 
 @pytest.fixture(scope="module")
@@ -150,7 +151,7 @@ def test_second_block_keeps_the_block_boundary(tiny_config, apply_entries, monke
     q, c = cp // B * B, -(-n // B) - 2
     d = rng.randrange(1, cp - q)  # a second prompt shares q + d tokens, not cp
     where = dict(seed=seed, on=on, n=n, cp=cp, q=q, d=d, scheduler=scheduler)
-    monkeypatch.setenv(S.ENV, "on" if on else "off")
+    monkeypatch.setenv(OPTIONS_ENV, "second=on" if on else "second=off")
     report = apply_entries(*ENTRIES, stack=_cpu_stack())
     # the worker's entry waits for the model runner's module (not imported by a scheduler);
     # the hooks apply either way, the engine decides at its start whether the rule runs
@@ -186,7 +187,7 @@ def test_second_block_keeps_the_block_boundary(tiny_config, apply_entries, monke
 def test_no_second_block_where_the_column_holds_it(tiny_config, apply_entries, monkeypatch, seed):
     """A checkpoint on the block grid, a non-final chunk, a hit past ``q``: vLLM's blocks only."""
     rng = random.Random(seed)
-    monkeypatch.setenv(S.ENV, "on")
+    monkeypatch.setenv(OPTIONS_ENV, "second=on")
     apply_entries(*ENTRIES, stack=_cpu_stack())
     on_grid = rng.choice([x for x in range(2 * B + 1, 2 * B + UNIT + 1)])  # cp = 512
     long_n = rng.randrange(1100, 1500)  # over a 1,024-token budget: a non-final first chunk
@@ -214,10 +215,10 @@ def test_no_second_block_where_the_column_holds_it(tiny_config, apply_entries, m
 
 
 def test_mode_names_the_variable(monkeypatch):
-    monkeypatch.setenv(S.ENV, "yes")
-    with pytest.raises(ValueError, match=S.ENV):
+    monkeypatch.setenv(OPTIONS_ENV, "second=yes")
+    with pytest.raises(ValueError, match=OPTIONS_ENV):
         S.mode()
-    monkeypatch.delenv(S.ENV)
+    monkeypatch.delenv(OPTIONS_ENV, raising=False)
     assert S.mode() == "off"
 
 
@@ -284,7 +285,7 @@ def test_engine_without_the_path_takes_no_second_block(tiny_config, apply_entrie
     from vllm_hybrid_npu.support import Stack
 
     rng = random.Random(seed)
-    monkeypatch.setenv(S.ENV, "on")
+    monkeypatch.setenv(OPTIONS_ENV, "second=on")
     monkeypatch.delenv("FLA_USE_FAST_OPS", raising=False)
     cuda = [p.name for p in M.PATCHES if "cuda" in p.targets] + ["gdn-checkpoint-send"]
     report = apply_entries(*cuda, stack=Stack("cuda", _cpu_stack().vllm))

@@ -32,6 +32,7 @@ from vllm_hybrid_npu.patches import gdn_prefill_checkpoint as gpc  # noqa: E402
 from vllm_hybrid_npu.patches import gdn_second_checkpoint as second  # noqa: E402
 from vllm_hybrid_npu.patches import gdn_step_checkpoints as P  # noqa: E402
 from vllm_hybrid_npu.support import Stack  # noqa: E402
+from vllm_hybrid_npu.envs import OPTIONS_ENV  # noqa: E402
 
 B = 384
 CUDA = Stack("cuda", "0.30.0")
@@ -39,9 +40,9 @@ CUDA = Stack("cuda", "0.30.0")
 
 @pytest.fixture(autouse=True)
 def _cuda_junctions_on(monkeypatch):
-    """CUDA's junction export (``VLLM_HYBRID_NPU_CUDA_JUNCTIONS``, default on): on in every test
+    """CUDA's junction export (the option ``junctions``, default on): on in every test
     here, whatever the caller's environment says."""
-    monkeypatch.setenv(gpc.CUDA_JUNCTIONS_ENV, "on")
+    monkeypatch.setenv(OPTIONS_ENV, "junctions=on")
 
 
 def test_step_checkpoints_by_hand():

@@ -1,4 +1,4 @@
-"""``VLLM_HYBRID_NPU_HOST_TIER_PARTIAL_TAILS`` (registry entry ``host-tier-partial-tails-off``,
+"""the option ``tails`` (registry entry ``host-tier-partial-tails-off``,
 vLLM 0.30): vLLM's host tier (the OffloadingConnector's scheduler side, built by vLLM's real
 ``Scheduler`` from ``--kv-offloading-size``) keeps partial tails by default and none with ``off``.
 
@@ -19,6 +19,7 @@ from vllm_hybrid_npu.patches import vllm_kv_offload_scheduler as T  # noqa: E402
 from vllm_hybrid_npu_lab.model import build_setup  # noqa: E402
 from vllm_hybrid_npu_lab.presets import TINY_HYBRID, resolve_model  # noqa: E402
 from vllm_hybrid_npu_lab.upstream_grid import UpstreamSetting  # noqa: E402
+from vllm_hybrid_npu.envs import OPTIONS_ENV  # noqa: E402
 
 
 def _installed() -> str:
@@ -56,15 +57,15 @@ def _connector_config(cfg, pmu):
 
 
 def test_default_keeps_vllms_partial_tails(cfg, apply_entries, monkeypatch):
-    monkeypatch.delenv(T.TAILS_ENV, raising=False)
+    monkeypatch.delenv(OPTIONS_ENV, raising=False)
     report = apply_entries(T.ENTRY)
     assert T.ENTRY not in report.applied
-    assert report.skipped[T.ENTRY] == f"{T.TAILS_ENV}=on (vLLM's partial tails)"
+    assert report.skipped[T.ENTRY] == f"{OPTIONS_ENV}=tails=on (vLLM's partial tails)"
     assert _connector_config(cfg, 64).config.supports_partial_tail is True
 
 
 def test_off_takes_vllms_branch_without_partial_tails(cfg, apply_entries, monkeypatch):
-    monkeypatch.setenv(T.TAILS_ENV, "off")
+    monkeypatch.setenv(OPTIONS_ENV, "tails=off")
     report = apply_entries(T.ENTRY)
     if T.ENTRY in report.skipped:
         pytest.skip(f"{T.ENTRY}: {report.skipped[T.ENTRY]}")
@@ -77,10 +78,10 @@ def test_off_takes_vllms_branch_without_partial_tails(cfg, apply_entries, monkey
 
 def test_off_leaves_everything_else_of_the_config(cfg, apply_entries, monkeypatch):
     """The config with ``off`` equals vLLM's own in every field but ``supports_partial_tail``."""
-    monkeypatch.delenv(T.TAILS_ENV, raising=False)
+    monkeypatch.delenv(OPTIONS_ENV, raising=False)
     apply_entries()
     vllms = _connector_config(cfg, 64).config
-    monkeypatch.setenv(T.TAILS_ENV, "off")
+    monkeypatch.setenv(OPTIONS_ENV, "tails=off")
     report = apply_entries(T.ENTRY)
     if T.ENTRY in report.skipped:
         pytest.skip(f"{T.ENTRY}: {report.skipped[T.ENTRY]}")

@@ -1,4 +1,4 @@
-"""``VLLM_HYBRID_NPU_SUB_BLOCK_TAIL_SPLIT`` (registry entry ``sub-block-tail-split-off``, vLLM
+"""the option ``tailsplit`` (registry entry ``sub-block-tail-split-off``, vLLM
 0.30): the scheduler's name of ``is_mamba_prefill_checkpoint_valid`` also answers True where vLLM's
 check fails by its column clause alone, so vLLM's own split runs such a final chunk whole.
 
@@ -30,6 +30,7 @@ pytest.importorskip("vllm")
 
 from vllm_hybrid_npu.core import prefill_checkpoints as core  # noqa: E402
 from vllm_hybrid_npu.patches import sub_block_tail_split as T  # noqa: E402
+from vllm_hybrid_npu.envs import OPTIONS_ENV  # noqa: E402
 
 
 def _outside() -> str | None:
@@ -69,17 +70,17 @@ def test_entry_skipped_by_default_and_applied_with_off(apply_entries, monkeypatc
     import vllm.v1.core.single_type_kv_cache_manager as M
     import vllm.v1.kv_cache_interface as K
 
-    monkeypatch.delenv(T.SPLIT_ENV, raising=False)
+    monkeypatch.delenv(OPTIONS_ENV, raising=False)
     report = apply_entries(T.ENTRY)
-    assert report.skipped[T.ENTRY] == f"{T.SPLIT_ENV}=on (vLLM's split)"
+    assert report.skipped[T.ENTRY] == f"{OPTIONS_ENV}=tailsplit=on (vLLM's split)"
     assert S.is_mamba_prefill_checkpoint_valid is K.is_mamba_prefill_checkpoint_valid
-    monkeypatch.setenv(T.SPLIT_ENV, "off")
+    monkeypatch.setenv(OPTIONS_ENV, "tailsplit=off")
     report = apply_entries(T.ENTRY)
     assert report.applied == [T.ENTRY] and not report.failed, report.line()
     assert S.is_mamba_prefill_checkpoint_valid is not K.is_mamba_prefill_checkpoint_valid
     assert M.is_mamba_prefill_checkpoint_valid is K.is_mamba_prefill_checkpoint_valid
-    monkeypatch.setenv(T.SPLIT_ENV, "no")
-    with pytest.raises(ValueError, match=T.SPLIT_ENV):
+    monkeypatch.setenv(OPTIONS_ENV, "tailsplit=no")
+    with pytest.raises(ValueError, match=OPTIONS_ENV):
         T.tail_split()
 
 
@@ -137,10 +138,10 @@ def test_vllms_split_runs_the_column_only_chunk_whole(scheduler_of, apply_entrie
                 s._mamba_block_aligned_split(_request(3000), 700),  # a non-final chunk
                 s32._mamba_block_aligned_split(_request(p32), p32))
 
-    monkeypatch.delenv(T.SPLIT_ENV, raising=False)
+    monkeypatch.delenv(OPTIONS_ENV, raising=False)
     apply_entries(T.ENTRY)
     vllms = splits()
-    monkeypatch.setenv(T.SPLIT_ENV, "off")
+    monkeypatch.setenv(OPTIONS_ENV, "tailsplit=off")
     assert apply_entries(T.ENTRY).applied == [T.ENTRY]
     ours = splits()
     # vLLM: the tail stop, the next block boundary, the tail stop from 256, the non-final chunk

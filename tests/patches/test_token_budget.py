@@ -18,6 +18,7 @@ import pytest
 import vllm
 
 from vllm_hybrid_npu.core import token_budget as tb
+from vllm_hybrid_npu.envs import OPTIONS_ENV
 
 V030_032 = vllm.__version__.startswith(("0.30.", "0.32."))
 ENTRIES = ("token-budget-default", "token-budget", "token-budget-check", "gdn-checkpoint-block-size")
@@ -178,7 +179,7 @@ def test_default_budget_raised_to_the_blocks_multiple(model, apply_entries, log)
     assert max(cfg.compilation_config.compile_ranges_endpoints) == s.max_num_batched_tokens
     line = next(r.getMessage() for r in log.records if "vLLM's default" in r.getMessage())
     assert f"{default} (vLLM's default) -> {s.max_num_batched_tokens}" in line
-    assert "Cost:" in line and "VLLM_HYBRID_NPU_TOKEN_BUDGET=off" in line
+    assert "Cost:" in line and "VLLM_HYBRID_NPU_OPTIONS=budget=off" in line
 
 
 @pytest.mark.parametrize("case", ["explicit", "scheduled-explicit", "caching-off", "no-exporter", "switch-off"])
@@ -187,7 +188,7 @@ def test_budget_left_alone(model, apply_entries, monkeypatch, log, case):
     if case == "no-exporter":
         monkeypatch.setenv("VLLM_HYBRID_NPU_PREFILL_CHECKPOINTS", "off")
     if case == "switch-off":
-        monkeypatch.setenv("VLLM_HYBRID_NPU_TOKEN_BUDGET", "off")
+        monkeypatch.setenv(OPTIONS_ENV, "budget=off")
     report = apply_entries(*ENTRIES)
     kw = {"enable_prefix_caching": case != "caching-off"}
     if case != "caching-off":

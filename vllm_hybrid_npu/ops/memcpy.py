@@ -15,7 +15,7 @@ Implementations:
   addresses; for CPUs without triton and CUDA without Triton; NPU tensors are refused: on 310P
   the plugin keeps vllm-ascend's own tensor-copy path).
 
-Selection: environment variable ``VLLM_HYBRID_NPU_COPY_IMPL`` = ``auto`` (default) | ``triton``
+Selection: the option ``copy-impl`` (``VLLM_HYBRID_NPU_OPTIONS``) = ``auto`` (default) | ``triton``
 | ``torch``, or the ``impl=`` argument. ``auto`` picks ``triton`` on CUDA when triton imports,
 on NPU when triton (triton-ascend) imports and the device is not a 310P, and on CPU only when
 ``TRITON_INTERPRET=1``; ``torch`` otherwise. The choice is logged once per device type at INFO
@@ -37,9 +37,10 @@ from vllm_hybrid_npu import envs
 
 logger = logging.getLogger(__name__)
 
-#: Environment variable selecting the implementation: ``auto`` | ``triton`` | ``torch``.
-COPY_IMPL_ENV = "VLLM_HYBRID_NPU_COPY_IMPL"
-IMPLS = ("auto", "triton", "torch")
+#: The option (``VLLM_HYBRID_NPU_OPTIONS`` key) selecting the implementation: ``auto`` |
+#: ``triton`` | ``torch``.
+COPY_IMPL_KEY = "copy-impl"
+IMPLS = envs.OPTIONS[COPY_IMPL_KEY].values
 
 try:
     from vllm_hybrid_npu.ops import _triton_copy
@@ -53,18 +54,22 @@ _logged: set[tuple[str, str]] = set()
 _resolved: dict[tuple, str] = {}  # (device, impl) -> choice, for the current settings
 
 
-_env_cache: tuple[str | None, str | None] | None = None
+_env_cache: tuple[str | ValueError | None, str | None] | None = None
 
 
 def refresh_settings() -> None:
-    """Re-read ``$VLLM_HYBRID_NPU_COPY_IMPL`` and ``$TRITON_INTERPRET``.
+    """Re-read the option ``copy-impl`` and ``$TRITON_INTERPRET``.
 
     Both are read once, at the first call of :func:`batch_memcpy` / :func:`active_impl` (an
     environment lookup per call costs microseconds on the hot path); call this after changing
     them in a running process.
     """
     global _env_cache
-    _env_cache = (envs.get(COPY_IMPL_ENV) or None, os.environ.get("TRITON_INTERPRET"))
+    try:
+        impl: str | ValueError | None = envs.options().get(COPY_IMPL_KEY)
+    except ValueError as exc:  # raised where the implementation is asked for, as before
+        impl = exc
+    _env_cache = (impl, os.environ.get("TRITON_INTERPRET"))
     _resolved.clear()
 
 
@@ -73,12 +78,11 @@ def triton_available() -> bool:
     return _triton_copy is not None
 
 
-def _requested(impl: str | None, env_impl: str | None) -> str:
+def _requested(impl: str | None, env_impl: str | ValueError | None) -> str:
     if impl is None:
-        raw = (env_impl or "auto").strip().lower() or "auto"
-        if raw not in IMPLS:
-            raise ValueError(f"{COPY_IMPL_ENV}={raw!r} is not one of {', '.join(IMPLS)}")
-        return raw
+        if isinstance(env_impl, ValueError):
+            raise env_impl
+        return env_impl or "auto"
     if impl not in IMPLS:
         raise ValueError(f"impl={impl!r} is not one of {', '.join(IMPLS)}")
     return impl
@@ -96,7 +100,7 @@ def active_impl(device: torch.device | str | None = None, impl: str | None = Non
 
     Args:
         device: device of the address tensors; ``None`` means CUDA if available, else CPU.
-        impl: ``auto`` | ``triton`` | ``torch``; ``None`` reads ``$VLLM_HYBRID_NPU_COPY_IMPL``.
+        impl: ``auto`` | ``triton`` | ``torch``; ``None`` reads the option ``copy-impl``.
 
     Raises:
         ValueError: unknown ``impl`` / environment value.
@@ -120,11 +124,13 @@ def active_impl(device: torch.device | str | None = None, impl: str | None = Non
     elif req == "triton":
         if not triton_available():
             raise RuntimeError(
-                f"{COPY_IMPL_ENV}=triton but the Triton kernel is unavailable ({_TRITON_ERROR})"
+                f"{envs.option_text(COPY_IMPL_KEY, 'triton')} but the Triton kernel is "
+                f"unavailable ({_TRITON_ERROR})"
             )
         if dev.type == "cpu" and not interp:
             raise RuntimeError(
-                f"{COPY_IMPL_ENV}=triton on CPU tensors needs TRITON_INTERPRET=1 (Triton interpreter)"
+                f"{envs.option_text(COPY_IMPL_KEY, 'triton')} on CPU tensors needs "
+                "TRITON_INTERPRET=1 (Triton interpreter)"
             )
         choice, why = "triton", "forced"
     elif not triton_available():
@@ -227,7 +233,7 @@ def batch_memcpy(
         sizes: int64 or int32 ``[N]``, byte counts (>= 0; 0 copies nothing). ``N`` may be 0.
         device: if given, the device the copies must run on; tensors elsewhere are an error
             (e.g. CPU tensors on a CUDA/NPU worker).
-        impl: ``auto`` | ``triton`` | ``torch``; ``None`` reads ``$VLLM_HYBRID_NPU_COPY_IMPL``.
+        impl: ``auto`` | ``triton`` | ``torch``; ``None`` reads the option ``copy-impl``.
         check_values: also reject negative sizes and null addresses of non-empty copies before
             anything moves. Costs one device-to-host sync on accelerators; hot paths that build
             the tensors from trusted metadata may pass ``False`` (the kernel then copies nothing

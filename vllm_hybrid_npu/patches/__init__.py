@@ -22,16 +22,16 @@ One module per patched upstream module (or, for ``gdn_prefill_checkpoint``, per 
   where the step writes that state; the rule the Mamba managers' hooks reserve its block by.
 * :mod:`.gdn_mamba_manager` - the align-mode Mamba managers' hooks, one per upstream method
   (vLLM 0.30): the junction's and crossed boundary's blocks, the second block
-  (:mod:`.gdn_second_checkpoint`'s rules, opt-in ``VLLM_HYBRID_NPU_SECOND_CHECKPOINT=on``) and
+  (:mod:`.gdn_second_checkpoint`'s rules, opt-in ``VLLM_HYBRID_NPU_OPTIONS=second=on``) and
   the retention rule.
 * :mod:`.gdn_step_checkpoints` - the engine's explicit list of each step's GDN checkpoints beyond
   vLLM's one per row (junctions, crossed boundaries, second blocks), sent on the
   ``SchedulerOutput`` and held by the model runner for the GDN metadata builders.
 * :mod:`.vllm_kv_offload_scheduler` - opt-in: vLLM's host tier (OffloadingConnector) keeps no
-  partial tail (``VLLM_HYBRID_NPU_HOST_TIER_PARTIAL_TAILS=off``; vLLM's own branch without them).
+  partial tail (``VLLM_HYBRID_NPU_OPTIONS=tails=off``; vLLM's own branch without them).
 * :mod:`.sub_block_tail_split` - opt-in: with ``--prefix-match-unit`` below the block, a prompt's
   last chunk that fails vLLM's checkpoint check by its column clause alone runs whole
-  (``VLLM_HYBRID_NPU_SUB_BLOCK_TAIL_SPLIT=off``; the scheduler's name of
+  (``VLLM_HYBRID_NPU_OPTIONS=tailsplit=off``; the scheduler's name of
   ``is_mamba_prefill_checkpoint_valid``).
 * :mod:`.vllm_v1_engine_core` - ``EngineCore._initialize_kv_caches`` / ``EngineCoreProc.__init__``
   (CPU): the engine-core process keeps the block size vLLM resolved, which its handshake resets.
@@ -117,7 +117,9 @@ def apply_patches(target: str | None = None, stack: Stack | None = None) -> Load
         The process's :class:`~vllm_hybrid_npu.patches.registry.LoadReport`.
 
     Raises:
-        ValueError: unknown target or a bad value of one of the plugin's variables;
+        ValueError: unknown target, a bad value of one of the plugin's variables, a malformed
+            ``VLLM_HYBRID_NPU_OPTIONS`` or a variable its keys replaced set
+            (:func:`vllm_hybrid_npu.envs.check`);
             :class:`~vllm_hybrid_npu.core.placement.PlacementPolicyRetiredError` (a
             ``ValueError``) when ``VLLM_HYBRID_NPU_CHECKPOINTS`` names a placement policy, also
             with ``VLLM_HYBRID_NPU_PATCHES=none``.
@@ -126,6 +128,7 @@ def apply_patches(target: str | None = None, stack: Stack | None = None) -> Load
     if target is not None and target not in ("npu", "cuda", "cpu"):
         raise ValueError(f"unknown target {target!r}; expected npu, cuda or cpu")
     check_checkpoints_env()
+    envs.check()
     stack = stack or detect_stack(target)
     if patch_mode() == "none":
         return apply_all([], stack, unsupported=f"{MODE_ENV}=none")

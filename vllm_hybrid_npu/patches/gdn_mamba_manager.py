@@ -30,7 +30,7 @@ upstream method (vLLM 0.30)               rules, in the order they run
 
 A rule that is off for this engine leaves its part a dictionary lookup: the junction rule is
 None (:data:`.gdn_junction.RULE`), the second block's managers are empty
-(:data:`.gdn_second_checkpoint.MANAGERS`: ``VLLM_HYBRID_NPU_SECOND_CHECKPOINT=off``, or a path
+(:data:`.gdn_second_checkpoint.MANAGERS`: ``VLLM_HYBRID_NPU_OPTIONS=second=off``, or a path
 that writes one state per row). The blocks these hooks reserve are listed to the worker by the
 engine's plan (:mod:`.gdn_step_checkpoints`). The hooks wrap vLLM's classes, so vllm-ascend
 0.30.0rc2's ``AscendMambaManager`` (a subclass, ``patch/platform/patch_mamba_manager.py``) runs
@@ -176,7 +176,7 @@ def _make_free(upstream: Any, stack: Stack) -> Any:
 
 def _wanted(stack: Stack) -> str | None:
     """:func:`.gdn_prefill_checkpoint.wanted`, after reading the rules' environment variables
-    (``VLLM_HYBRID_NPU_CHUNK_CHECKPOINTS``, ``VLLM_HYBRID_NPU_SECOND_CHECKPOINT``: a bad value
+    (the options ``ckpt``, ``second``: a bad value
     raises ValueError naming the variable at load)."""
     gdn.chunk_checkpoints()
     second.mode()
@@ -211,7 +211,7 @@ PATCHES = [
     entry("gdn-manager-cache", SINGLE_TYPE, "MambaManager._cache_partial_tail_block", _make_cache,
           "the second block keyed at the checkpoint, the column keeping the block boundary's key; "
           "the prompt's checkpoint cached at retention interval 0 (vLLM 0.32's fix carried); "
-          "with VLLM_HYBRID_NPU_CHUNK_CHECKPOINTS=final a non-final chunk's checkpoint not kept "
+          "with VLLM_HYBRID_NPU_OPTIONS=ckpt=final a non-final chunk's checkpoint not kept "
           "at retention > 0",
           ("self", "request", "num_tokens", "retention_interval")),
     entry("gdn-manager-retire", SINGLE_TYPE, "MambaManager.remove_skipped_blocks", _make_retire,

@@ -352,19 +352,20 @@ def junctions_off(vllm_config: Any, path: str | None) -> str | None:
     return None
 
 
-#: Environment variable: CUDA's junction export (default ``on``; ``off`` keeps vLLM's stops on
-#: CUDA).
-CUDA_JUNCTIONS_ENV = "VLLM_HYBRID_NPU_CUDA_JUNCTIONS"
-CUDA_JUNCTIONS_MODES = ("off", "on")
+#: The option (``VLLM_HYBRID_NPU_OPTIONS`` key) of CUDA's junction export (default ``on``;
+#: ``off`` keeps vLLM's stops on CUDA).
+CUDA_JUNCTIONS_KEY = "junctions"
+CUDA_JUNCTIONS_MODES = envs.OPTIONS[CUDA_JUNCTIONS_KEY].values
 
 
 def cuda_junctions_off() -> str | None:
-    """The reason CUDA's junction export is off by :data:`CUDA_JUNCTIONS_ENV` (``off``), or None
-    with ``on``, the default. Raises ValueError naming the variable for a value other than
-    ``off`` or ``on``."""
-    if envs.choice(CUDA_JUNCTIONS_ENV, CUDA_JUNCTIONS_MODES, "on") == "on":
+    """The reason CUDA's junction export is off by the option :data:`CUDA_JUNCTIONS_KEY`
+    (``off``), or None with ``on``, the default. Raises ValueError naming the variable for a
+    value other than ``off`` or ``on``."""
+    if envs.option(CUDA_JUNCTIONS_KEY) == "on":
         return None
-    return f"{CUDA_JUNCTIONS_ENV}=off (vLLM's junction, mid-block and block-rounded stops kept on CUDA)"
+    return (f"{envs.option_text(CUDA_JUNCTIONS_KEY, 'off')} (vLLM's junction, mid-block and "
+            "block-rounded stops kept on CUDA)")
 
 
 def _triton_junctions_off(vllm_config: Any) -> str | None:
@@ -686,19 +687,20 @@ def _make_block_size(upstream: Any, stack: Stack) -> Any:
     return classmethod(_align_hybrid_block_size)
 
 
-#: Environment variable: which prefill checkpoints of a chunked prompt stay cached at a retention
-#: interval above 0 (``all``, vLLM 0.30's rule, or ``final``; :func:`chunk_checkpoints`).
-CHUNK_ENV = "VLLM_HYBRID_NPU_CHUNK_CHECKPOINTS"
-CHUNK_MODES = ("all", "final")
+#: The option (``VLLM_HYBRID_NPU_OPTIONS`` key): which prefill checkpoints of a chunked prompt
+#: stay cached at a retention interval above 0 (``all``, vLLM 0.30's rule, or ``final``;
+#: :func:`chunk_checkpoints`).
+CHUNK_KEY = "ckpt"
+CHUNK_MODES = envs.OPTIONS[CHUNK_KEY].values
 #: A Mamba manager's attribute naming its :data:`CHUNK_MODES` value, set by whoever builds the
-#: manager for one engine only (the hit-rate lab, per replay); unset: :data:`CHUNK_ENV`.
+#: manager for one engine only (the hit-rate lab, per replay); unset: the option :data:`CHUNK_KEY`.
 CHUNK_RULE = "_vhn_chunk_checkpoints"
 
 
 def chunk_checkpoints() -> str:
-    """``$VLLM_HYBRID_NPU_CHUNK_CHECKPOINTS`` (default ``all``); raises ValueError naming the
-    variable for a value other than ``all`` or ``final``."""
-    return envs.choice(CHUNK_ENV, CHUNK_MODES, "all")
+    """The option ``ckpt`` (default ``all``); raises ValueError naming the variable for a value
+    other than ``all`` or ``final``."""
+    return envs.option(CHUNK_KEY)
 
 
 def retention(manager: Any, request: Any, retention_interval: int | None) -> int | None:
@@ -718,7 +720,7 @@ def retention(manager: Any, request: Any, retention_interval: int | None) -> int
       chunk reaching the prompt's end leaves, is cached as before;
     * otherwise ``retention_interval`` unchanged.
 
-    Raises ValueError (naming :data:`CHUNK_ENV`) at the first such checkpoint for a bad value.
+    Raises ValueError (naming ``VLLM_HYBRID_NPU_OPTIONS``) at the first such checkpoint for a bad value.
     """
     checkpoint = manager._checkpoints.get(request.request_id)
     if checkpoint is None or retention_interval is None:

@@ -1,5 +1,5 @@
 """A second GDN checkpoint block per prompt, so the block boundary's state stays cached beside the
-sub-block checkpoint: an opt-in (``VLLM_HYBRID_NPU_SECOND_CHECKPOINT=on``).
+sub-block checkpoint: an opt-in (``VLLM_HYBRID_NPU_OPTIONS=second=on``).
 
 With a prefix-match unit below the block (``--prefix-match-unit 64``) the exporter writes a
 prompt's checkpoint ``cp = (L - 1) // 64 * 64`` from inside the step. vLLM 0.30's ``MambaManager``
@@ -41,7 +41,7 @@ method):
   chunk starts.
 
 Where the step writes both: vLLM 0.30's CPU exporter path, CUDA's one pass on vLLM 0.30's V2
-runner where the junction export runs (``VLLM_HYBRID_NPU_CUDA_JUNCTIONS=on``, the default), and
+runner where the junction export runs (``VLLM_HYBRID_NPU_OPTIONS=junctions=on``, the default), and
 vllm-ascend 0.30.0rc2's V1 runner where its junction export runs (not its V2 runner, decode
 context parallel or a KV transfer connector: ``junctions_off``); the engine entry decides. The
 NPU is replayed on CPU only (``tests/ascend``: vllm-ascend's scheduler patches and
@@ -63,9 +63,9 @@ from vllm_hybrid_npu.support import Stack
 
 logger = logging.getLogger("vllm_hybrid_npu")
 
-#: Environment variable: ``off`` (vLLM's re-key, default) or ``on``.
-ENV = "VLLM_HYBRID_NPU_SECOND_CHECKPOINT"
-MODES = ("off", "on")
+#: The option (``VLLM_HYBRID_NPU_OPTIONS`` key): ``off`` (vLLM's re-key, default) or ``on``.
+KEY = "second"
+MODES = envs.OPTIONS[KEY].values
 VERSIONS = ("0.30.0",)
 #: A Mamba manager's ``{request id: (chunk start, prompt tokens)}`` for the ``allocate_slots``
 #: call in progress (a prompt's final chunk only).
@@ -79,12 +79,13 @@ MANAGERS = "_vhn_second_managers"
 
 
 def mode() -> str:
-    """``$VLLM_HYBRID_NPU_SECOND_CHECKPOINT`` (default ``off``).
+    """The option ``second`` (default ``off``).
 
     Raises:
-        ValueError: a value other than ``off`` or ``on`` (the message names the variable).
+        ValueError: from :func:`vllm_hybrid_npu.envs.options` (a value other than ``off`` or
+            ``on``, or the variable malformed elsewhere; the message names it).
     """
-    return envs.choice(ENV, MODES, "off")
+    return envs.option(KEY)
 
 
 def eligible(kv_cache_manager: Any) -> tuple:
@@ -117,18 +118,18 @@ def set_managers(kv_cache_manager: Any, found: tuple) -> None:
     second-block managers (:data:`MANAGERS`), logged where any."""
     vars(kv_cache_manager)[MANAGERS] = found
     if found:
-        logger.info("vllm-hybrid-npu: %s=on: a prompt whose GDN checkpoint lies inside its last "
+        logger.info("vllm-hybrid-npu: %s: a prompt whose GDN checkpoint lies inside its last "
                     "block also keeps the state at that block's start (a second block per "
-                    "prompt, %d KV-cache groups)", ENV, len(found))
+                    "prompt, %d KV-cache groups)", envs.option_text(KEY, "on"), len(found))
 
 
 def decide(scheduler: Any, stack: Stack) -> tuple:
     """The second block's managers of vLLM 0.30's ``scheduler`` (``Scheduler``), decided at its
-    start from its configuration: with :data:`ENV` ``on``, :func:`eligible` where the exporter
+    start from its configuration: with the option ``second=on``, :func:`eligible` where the exporter
     path on ``stack.target`` writes several checkpoints per row
     (``gdn_prefill_checkpoint.junctions_off`` is None: vLLM's CPU GDN function; CUDA's one pass
     on vLLM 0.30's V2 runner; vllm-ascend's V1 runner); elsewhere (CUDA's V1 runner, FlashInfer,
-    ``FLA_USE_FAST_OPS=1``, context parallel, ``VLLM_HYBRID_NPU_CUDA_JUNCTIONS=off``,
+    ``FLA_USE_FAST_OPS=1``, context parallel, ``VLLM_HYBRID_NPU_OPTIONS=junctions=off``,
     vllm-ascend's V2 runner or a KV transfer connector) none, logged once."""
     kv = scheduler.kv_cache_manager
     if mode() != "on" or stack.vllm not in VERSIONS:
@@ -138,7 +139,7 @@ def decide(scheduler: Any, stack: Stack) -> tuple:
     path, why = gdn.exporter_path(config, stack.target)
     why = gdn.junctions_off(config, path) if path else why
     if why is not None:
-        gdn._log_once("second-off", "second block: %s=on, but none here: %s", ENV, why)
+        gdn._log_once("second-off", "second block: %s, but none here: %s", envs.option_text(KEY, "on"), why)
         set_managers(kv, ())
         return ()
     found = eligible(kv)

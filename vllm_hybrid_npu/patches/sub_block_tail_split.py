@@ -1,5 +1,5 @@
 """A prompt's last chunk kept whole where only the checkpoint's column stops it: an opt-in
-(``VLLM_HYBRID_NPU_SUB_BLOCK_TAIL_SPLIT=off``).
+(``VLLM_HYBRID_NPU_OPTIONS=tailsplit=off``).
 
 With a prefix-match unit below the block (``--prefix-match-unit``) and a GDN prefill checkpoint
 declared (the plugin's exporter), vLLM 0.30's ``Scheduler._mamba_block_aligned_split`` keeps a
@@ -49,8 +49,8 @@ from vllm_hybrid_npu.support import Stack
 logger = logging.getLogger("vllm_hybrid_npu")
 
 #: Environment variable: ``on`` (vLLM's split, default) or ``off``.
-SPLIT_ENV = "VLLM_HYBRID_NPU_SUB_BLOCK_TAIL_SPLIT"
-SPLIT_MODES = ("on", "off")
+SPLIT_KEY = "tailsplit"
+SPLIT_MODES = envs.OPTIONS[SPLIT_KEY].values
 ENTRY = "sub-block-tail-split-off"
 MODULE = "vllm.v1.core.sched.scheduler"
 QUALNAME = "is_mamba_prefill_checkpoint_valid"
@@ -60,12 +60,12 @@ SIGNATURE = ("query_start", "query_end", "checkpoint_position", "hash_block_size
 
 
 def tail_split() -> str:
-    """``$VLLM_HYBRID_NPU_SUB_BLOCK_TAIL_SPLIT`` (default ``on``).
+    """the option ``tailsplit`` (default ``on``).
 
     Raises:
         ValueError: a value other than ``on`` or ``off`` (the message names the variable).
     """
-    return envs.choice(SPLIT_ENV, SPLIT_MODES, "on")
+    return envs.option(SPLIT_KEY)
 
 
 def make_valid(upstream: Any, stack: Stack | None = None) -> Any:
@@ -86,15 +86,15 @@ def make_valid(upstream: Any, stack: Stack | None = None) -> Any:
 
 
 def _make(upstream: Any, stack: Stack) -> Any:
-    logger.info("vllm-hybrid-npu: %s=off: a prompt's last chunk spanning at most one block column "
+    logger.info("vllm-hybrid-npu: %s: a prompt's last chunk spanning at most one block column "
                 "past its start runs whole (no split for the GDN state at its last prefix-match "
-                "boundary, which is then not cached)", SPLIT_ENV)
+                "boundary, which is then not cached)", envs.option_text(SPLIT_KEY, "off"))
     return make_valid(upstream, stack)
 
 
 def _wanted(stack: Stack) -> str | None:
     """Skip reason unless :func:`tail_split` is ``off`` (a bad value raises ValueError)."""
-    return None if tail_split() == "off" else f"{SPLIT_ENV}=on (vLLM's split)"
+    return None if tail_split() == "off" else f"{envs.option_text(SPLIT_KEY, 'on')} (vLLM's split)"
 
 
 PATCHES = [
@@ -104,7 +104,8 @@ PATCHES = [
         qualname=QUALNAME,
         targets=("cpu", "cuda", "npu"),
         vllm=VERSIONS,
-        why=f"opt-in ({SPLIT_ENV}=off): with --prefix-match-unit below the block and a prefill "
+        why=f"opt-in ({envs.option_text(SPLIT_KEY, 'off')}): with --prefix-match-unit below the "
+        "block and a prefill "
         "checkpoint declared, a prompt's last chunk that fails vLLM's checkpoint check by its "
         "column clause alone runs whole (vLLM's internal-checkpoint path) instead of stopping at "
         "its last prefix-match boundary; that state is not cached (the KV-cache manager keeps "

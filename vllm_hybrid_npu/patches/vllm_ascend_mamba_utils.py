@@ -39,9 +39,10 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from vllm_hybrid_npu import envs
 from vllm_hybrid_npu.patches.registry import Patch
 from vllm_hybrid_npu.patches.vllm_mamba_utils import (
-    COPY_KERNEL_ENV,
+    COPY_KERNEL_KEY,
     LAUNCHER_SIGNATURE,
     copy_kernel_choice,
     make_launcher,
@@ -55,7 +56,7 @@ VLLM_VERSIONS = ("0.30.0", "0.23.0")
 
 def _wanted(stack: Stack) -> str | None:
     if copy_kernel_choice() == "upstream":
-        return f"{COPY_KERNEL_ENV}=upstream"
+        return envs.option_text(COPY_KERNEL_KEY, "upstream")
     return None
 
 

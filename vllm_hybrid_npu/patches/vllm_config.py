@@ -33,7 +33,7 @@
   runs in the engine core once the block is final, before the scheduler exists: the third entry
   brings a raised budget whose prediction missed to the real block's multiple
   (``max_num_scheduled_tokens``, within the raised buffers) and, for a budget the user set, logs
-  the budget that would save the step (never changing it). ``VLLM_HYBRID_NPU_TOKEN_BUDGET=off``
+  the budget that would save the step (never changing it). ``VLLM_HYBRID_NPU_OPTIONS=budget=off``
   skips all three.
 """
 
@@ -91,8 +91,8 @@ def _make_flag_check(upstream: Any, stack: Stack) -> Any:
 
 # --------------------------------------------------------------------------- token budget
 #: Environment variable: ``auto`` (default) or ``off`` (the ``token-budget*`` entries skipped).
-TOKEN_BUDGET_ENV = "VLLM_HYBRID_NPU_TOKEN_BUDGET"
-TOKEN_BUDGET_MODES = ("auto", "off")
+TOKEN_BUDGET_KEY = "budget"
+TOKEN_BUDGET_MODES = envs.OPTIONS[TOKEN_BUDGET_KEY].values
 #: vLLM versions whose budget default, compile ranges and block validation these entries read.
 TOKEN_BUDGET_VERSIONS = ("0.30.0", "0.32.0")
 #: Attribute on ``ModelConfig``: vLLM's default budget (tokens), set only when the user set no budget.
@@ -107,17 +107,17 @@ _advised: set[tuple[int, int]] = set()
 
 
 def token_budget_mode() -> str:
-    """``$VLLM_HYBRID_NPU_TOKEN_BUDGET`` (default ``auto``).
+    """the option ``budget`` (default ``auto``).
 
     Raises:
         ValueError: another value (the message names the variable).
     """
-    return envs.choice(TOKEN_BUDGET_ENV, TOKEN_BUDGET_MODES, "auto")
+    return envs.option(TOKEN_BUDGET_KEY)
 
 
 def _token_budget_wanted(stack: Stack) -> str | None:
     if token_budget_mode() == "off":
-        return f"{TOKEN_BUDGET_ENV}=off"
+        return f"{envs.option_text(TOKEN_BUDGET_KEY, 'off')}"
     from vllm_hybrid_npu.patches.gdn_prefill_checkpoint import ENV_VAR, mode
 
     if mode() == "off":
@@ -226,9 +226,9 @@ def plan_token_budget(vllm_config: Any, target: str) -> token_budget.Decision | 
         "vllm-hybrid-npu: %s. Cost: %+.1f%% tokens per step for the model runner's buffers and "
         "vLLM's profiling run, which sizes the KV cache after it (about %.1f%% of that run's "
         "activation peak, where it grows with the tokens; none with a fixed "
-        "kv_cache_memory_bytes); the compile ranges end at %d. %s=off keeps %d.",
+        "kv_cache_memory_bytes); the compile ranges end at %d. %s keeps %d.",
         decision.message, 100.0 * (new - old) / old, 100.0 * (new - old) / old, new,
-        TOKEN_BUDGET_ENV, old)
+        envs.option_text(TOKEN_BUDGET_KEY, "off"), old)
     return decision
 
 
@@ -314,7 +314,7 @@ def _make_budget_check(upstream: Any, stack: Stack) -> Any:
 
 def _budget_entry(name: str, module: str, qualname: str, signature: tuple, make, why: str) -> Patch:
     """A ``token-budget*`` entry (CPU and CUDA, vLLM :data:`TOKEN_BUDGET_VERSIONS`, off with
-    ``VLLM_HYBRID_NPU_TOKEN_BUDGET=off``)."""
+    ``VLLM_HYBRID_NPU_OPTIONS=budget=off``)."""
     return Patch(name=name, module=module, qualname=qualname, targets=("cpu", "cuda"),
                  vllm=TOKEN_BUDGET_VERSIONS, signature=signature, wanted=_token_budget_wanted,
                  make=make, why=why, until="vLLM rounds the budget to the hybrid block in align "

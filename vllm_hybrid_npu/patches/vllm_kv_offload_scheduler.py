@@ -1,5 +1,5 @@
 """vLLM's host tier (the OffloadingConnector) without partial tails: an opt-in
-(``VLLM_HYBRID_NPU_HOST_TIER_PARTIAL_TAILS=off``).
+(``VLLM_HYBRID_NPU_OPTIONS=tails=off``).
 
 With a prefix-match unit below the block (``--prefix-match-unit``), vLLM 0.30's OffloadingConnector
 also stores a request's *partial tail* on the host tier: at a boundary off the block grid, one
@@ -38,20 +38,20 @@ from vllm_hybrid_npu.support import Stack
 logger = logging.getLogger("vllm_hybrid_npu")
 
 #: Environment variable: ``on`` (vLLM's partial tails on the host tier, default) or ``off``.
-TAILS_ENV = "VLLM_HYBRID_NPU_HOST_TIER_PARTIAL_TAILS"
-TAILS_MODES = ("on", "off")
+TAILS_KEY = "tails"
+TAILS_MODES = envs.OPTIONS[TAILS_KEY].values
 ENTRY = "host-tier-partial-tails-off"
 MODULE = "vllm.distributed.kv_transfer.kv_connector.v1.offloading.scheduler"
 VERSIONS = ("0.30.0",)
 
 
 def partial_tails() -> str:
-    """``$VLLM_HYBRID_NPU_HOST_TIER_PARTIAL_TAILS`` (default ``on``).
+    """the option ``tails`` (default ``on``).
 
     Raises:
         ValueError: a value other than ``on`` or ``off`` (the message names the variable).
     """
-    return envs.choice(TAILS_ENV, TAILS_MODES, "on")
+    return envs.option(TAILS_KEY)
 
 
 def without_partial_tails(config: Any) -> Any:
@@ -72,9 +72,9 @@ def _make_from_spec(upstream: Any, stack: Stack) -> Any:
     def from_spec(cls, spec, vllm_config, kv_cache_config):
         config = fn(cls, spec, vllm_config, kv_cache_config)
         if config.supports_partial_tail:
-            logger.info("vllm-hybrid-npu: %s=off: the host tier (OffloadingConnector) stores and "
+            logger.info("vllm-hybrid-npu: %s: the host tier (OffloadingConnector) stores and "
                         "looks up no partial tail (block-grid chunks and GDN states at block "
-                        "boundaries as vLLM's)", TAILS_ENV)
+                        "boundaries as vLLM's)", envs.option_text(TAILS_KEY, "off"))
         return without_partial_tails(config)
 
     return classmethod(from_spec)
@@ -82,7 +82,7 @@ def _make_from_spec(upstream: Any, stack: Stack) -> Any:
 
 def _wanted(stack: Stack) -> str | None:
     """Skip reason unless :func:`partial_tails` is ``off`` (a bad value raises ValueError)."""
-    return None if partial_tails() == "off" else f"{TAILS_ENV}=on (vLLM's partial tails)"
+    return None if partial_tails() == "off" else f"{envs.option_text(TAILS_KEY, 'on')} (vLLM's partial tails)"
 
 
 def _probe(upstream: Any, stack: Stack) -> str | None:
@@ -102,7 +102,8 @@ PATCHES = [
         qualname="SchedulerOffloadConfig.from_spec",
         targets=("cpu", "cuda", "npu"),
         vllm=VERSIONS,
-        why=f"opt-in ({TAILS_ENV}=off): the host tier keeps no partial tail (vLLM's own branch "
+        why=f"opt-in ({envs.option_text(TAILS_KEY, 'off')}): the host tier keeps no partial tail "
+        "(vLLM's own branch "
         "without them), leaving its pages to block-grid chunks; with --prefix-match-unit below "
         "the block the lab measured more hits (docs/hitrate-guide.md)",
         until="vLLM's host tier weighs partial tails against block-grid pages",

@@ -17,7 +17,7 @@ calls it.
 
 Not applied on CPU by default: vLLM's CPU runner swaps in its own CPU copy kernel
 (``CPUModelRunner`` sets ``mamba_utils.batch_memcpy_kernel``) and ours is not faster there;
-``VLLM_HYBRID_NPU_COPY_KERNEL=ours`` applies it anyway (the e2e tests compare both paths).
+``VLLM_HYBRID_NPU_OPTIONS=copy=ours`` applies it anyway (the e2e tests compare both paths).
 NPU: :mod:`vllm_hybrid_npu.patches.vllm_ascend_mamba_utils`.
 """
 
@@ -31,21 +31,21 @@ from vllm_hybrid_npu import envs
 
 #: Environment variable: ``auto`` (default: ours where it is measured faster), ``ours``
 #: (also on CPU) or ``upstream`` (never).
-COPY_KERNEL_ENV = "VLLM_HYBRID_NPU_COPY_KERNEL"
-COPY_KERNEL_CHOICES = ("auto", "ours", "upstream")
+COPY_KERNEL_KEY = "copy"
+COPY_KERNEL_CHOICES = envs.OPTIONS[COPY_KERNEL_KEY].values
 
 #: Parameters of every launcher we replace.
 LAUNCHER_SIGNATURE = ("src_ptrs", "dst_ptrs", "sizes")
 
 
 def copy_kernel_choice() -> str:
-    """``$VLLM_HYBRID_NPU_COPY_KERNEL`` (default ``auto``).
+    """the option ``copy`` (default ``auto``).
 
     Raises:
         ValueError: a value other than ``auto``, ``ours``, ``upstream`` (the message names the
             variable).
     """
-    return envs.choice(COPY_KERNEL_ENV, COPY_KERNEL_CHOICES, "auto")
+    return envs.option(COPY_KERNEL_KEY)
 
 
 def make_launcher(upstream: Any, stack: Stack) -> Any:
@@ -78,11 +78,11 @@ def make_launcher(upstream: Any, stack: Stack) -> Any:
 def _wanted(stack: Stack) -> str | None:
     choice = copy_kernel_choice()
     if choice == "upstream":
-        return f"{COPY_KERNEL_ENV}=upstream"
+        return f"{envs.option_text(COPY_KERNEL_KEY, 'upstream')}"
     if stack.target == "cpu" and choice == "auto":
         return (
             "vLLM's CPU copy kernel kept (ours is not faster on CPU); "
-            f"{COPY_KERNEL_ENV}=ours applies it"
+            f"{envs.option_text(COPY_KERNEL_KEY, 'ours')} applies it"
         )
     return None
 
