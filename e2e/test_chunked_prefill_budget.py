@@ -30,11 +30,12 @@ take caching off's two steps.
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
 from engines import count_scheduled_steps, exporter_outside_stack, shutdown_engine  # e2e/engines.py
 from greedy_compare import Sequence, compare_greedy, compare_outputs  # e2e/greedy_compare.py
-from vllm_hybrid_npu.envs import OPTIONS_ENV
+from vllm_hybrid_npu.envs import OPTIONS_ENV, with_option
 
 _OUTSIDE = exporter_outside_stack()
 pytestmark = pytest.mark.skipif(_OUTSIDE is not None, reason=f"exporter not applied: {_OUTSIDE}")
@@ -57,7 +58,7 @@ def _run(model, engine_args, caching: bool, make_prompt, **extra):
     prompt and its repeat)``; ``make_prompt(block)`` draws the prompt once the block is known."""
     mp = pytest.MonkeyPatch()
     mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    mp.delenv(OPTIONS_ENV, raising=False)
+    mp.setenv(OPTIONS_ENV, with_option(os.environ.get(OPTIONS_ENV, ""), "budget", None))  # default
     from vllm import LLM, SamplingParams
 
     kw = {**engine_args, "kv_cache_memory_bytes": KV_BYTES, **extra}

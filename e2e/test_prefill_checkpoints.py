@@ -1481,7 +1481,7 @@ def _chunk_checkpoints_by_hand(d: dict[str, int], block: int, mode: str) -> list
                            f"(gdn-manager-cache): {_RETENTION_OUTSIDE}")
 def test_chunk_checkpoints_final_drops_non_final_chunk_checkpoints(tiny_model_dir, engine_args, rng,
                                                                    exact_across_schedules):
-    """the option ``ckpt`` (``all``, the default, or ``final``; registry entry
+    """The option ``ckpt`` (``all``, the default, or ``final``; registry entry
     ``gdn-manager-cache``, which wraps vLLM 0.30's
     ``MambaManager._cache_partial_tail_block``) on the real engine: chunked prefill (token budget
     ``bB``) and a retention interval ``--prefix-cache-retention-interval rb * B > 0``, drawn with
@@ -1525,7 +1525,7 @@ def test_chunk_checkpoints_final_drops_non_final_chunk_checkpoints(tiny_model_di
             llm = _engine(tiny_model_dir("qwen3_next"), engine_args, "off", **chunked)
         else:
             llm = _engine(tiny_model_dir("qwen3_next"), engine_args, "exporter",
-                          env={OPTIONS_ENV: f"ckpt={mode}"},
+                          env={OPTIONS_ENV: with_option(os.environ.get(OPTIONS_ENV, ""), "ckpt", mode)},
                           prefix_cache_retention_interval=rb * block, **chunked)
         try:
             assert _block(llm) == block or mode == "off", (where, mode, _block(llm))

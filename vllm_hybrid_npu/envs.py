@@ -11,7 +11,8 @@ Each variable is interpreted by the module named in ``read_by`` (whose own const
 ``patches.MODE_ENV``, must equal the name declared here; the values a module accepts must equal
 ``values``: both are checked by ``tests/docs/test_env_table.py``, which also fails on a
 ``VLLM_HYBRID_NPU_*`` name in the code that is not declared here); that module reads the raw
-value through :func:`get`, at call time (never cached at import).
+value through :func:`get` (an option through :func:`option`), at call time (never cached at
+import).
 """
 
 from __future__ import annotations
@@ -395,15 +396,28 @@ def check() -> None:
         ValueError: see :func:`options`; or a retired variable set (the message names it and the
             key that replaces it).
     """
+    retired = []
     for opt in OPTIONS.values():
         old = os.environ.get(opt.replaces, "").strip().lower() if opt.replaces else ""
         if old:
-            example = old if old in opt.values else next(v for v in opt.values if v != opt.default)
-            raise ValueError(
-                f"{opt.replaces} is retired: the setting is the key {opt.key!r} of {OPTIONS_ENV} "
-                f"(values {', '.join(opt.values)}; e.g. {OPTIONS_ENV}={opt.key}={example}); unset "
-                f"{opt.replaces}")
+            retired.append(f"{opt.replaces} is retired: the setting is the key {opt.key!r} of "
+                           f"{OPTIONS_ENV} (values {', '.join(opt.values)}; "
+                           f"{OPTIONS_ENV}={opt.key}={_carried(opt, old)} for your value)")
+    if retired:
+        raise ValueError("; ".join(retired) + "; unset the retired variable(s)")
     options()
+
+
+def _carried(opt: Option, old: str) -> str:
+    """The value of ``opt`` that the retired variable's value ``old`` meant."""
+    if old in opt.values:
+        return old
+    other = next(v for v in opt.values if v != opt.default)
+    if old in ("1", "true", "yes", "on"):  # a flag turned on (ALLOW_UNSUPPORTED=1)
+        return other
+    if old in ("0", "false", "no", "off"):
+        return opt.default if opt.default in opt.values else other
+    return other
 
 
 def markdown_table() -> str:

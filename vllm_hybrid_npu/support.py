@@ -153,7 +153,7 @@ def detect_stack(target: str | None = None) -> Stack:
         target: the target if already known; otherwise :func:`detect_target` decides.
 
     Raises:
-        ValueError: from :func:`detect_target` (bad the option ``target``).
+        ValueError: from :func:`detect_target` (a bad ``target`` option).
     """
     return Stack(
         target=target or detect_target(),

@@ -22,9 +22,17 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run a lab subcommand (see :data:`SUBCOMMANDS`) and return its exit code."""
+    """Run a lab subcommand (see :data:`SUBCOMMANDS`) and return its exit code.
+
+    Raises:
+        ValueError: from :func:`vllm_hybrid_npu.envs.check`: a malformed
+            ``VLLM_HYBRID_NPU_OPTIONS`` or a variable its keys replaced set (the lab replays the
+            options the runtime would read, so it refuses what the runtime refuses).
+    """
+    from vllm_hybrid_npu import envs
     from vllm_hybrid_npu.cli import main as run_cli
 
+    envs.check()
     return run_cli(
         argv,
         prog="vllm-hybrid-npu-lab",

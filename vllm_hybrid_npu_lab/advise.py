@@ -516,7 +516,7 @@ def second_available(target: str, connector: bool) -> bool:
     writes the second checkpoint where it exports junction states
     (:func:`vllm_hybrid_npu_lab.replay.junctions_modelled`: CUDA's one pass on the V2 runner,
     also beside a host tier; vllm-ascend's V1 runner without a KV connector). Raises ValueError
-    for a bad the option ``junctions``."""
+    for a bad ``junctions`` option."""
     from vllm_hybrid_npu_lab.replay import junctions_modelled
 
     return (junctions_modelled(target, connector)
@@ -671,6 +671,10 @@ def serve_flags(cand: Candidate, block_size: int, kv_cache_gib: float, tp: int) 
         options.append("tailsplit=off")
     if s.second:
         options.append("second=on")
+    from vllm_hybrid_npu.patches.gdn_prefill_checkpoint import cuda_junctions_off
+
+    if cuda_junctions_off():  # the replay modelled CUDA with vLLM's stops: so must the server
+        options.append("junctions=off")
     if options:
         env.append(f"{OPTIONS_ENV}={','.join(options)}")
     return flags, env

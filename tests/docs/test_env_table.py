@@ -189,6 +189,19 @@ def test_options_refuse_unknown_keys_repeats_and_the_variables_they_replaced(mon
                                              f"{OPTIONS_ENV}={opt.key}={opt.values[-1]}"):
             envs.check()
         monkeypatch.delenv(opt.replaces)
+    # a retired flag's value is carried over (ALLOW_UNSUPPORTED=1 meant apply, 0 meant refuse);
+    # every retired variable set is named at once
+    monkeypatch.setenv("VLLM_HYBRID_NPU_ALLOW_UNSUPPORTED", "1")
+    monkeypatch.setenv("VLLM_HYBRID_NPU_SECOND_CHECKPOINT", "on")
+    with pytest.raises(ValueError) as err:
+        envs.check()
+    assert f"{OPTIONS_ENV}=unsupported=apply" in str(err.value), err.value
+    assert f"{OPTIONS_ENV}=second=on" in str(err.value), err.value
+    monkeypatch.setenv("VLLM_HYBRID_NPU_ALLOW_UNSUPPORTED", "0")
+    with pytest.raises(ValueError, match=f"{OPTIONS_ENV}=unsupported=refuse"):
+        envs.check()
+    monkeypatch.delenv("VLLM_HYBRID_NPU_ALLOW_UNSUPPORTED")
+    monkeypatch.delenv("VLLM_HYBRID_NPU_SECOND_CHECKPOINT")
     envs.check()
 
 

@@ -219,6 +219,10 @@ def test_optin_settings_parse_back_and_name_their_env(monkeypatch):
     # the runtime reads that line as the lab's keys and values (one vocabulary)
     monkeypatch.setenv(*env[-1].split("=", 1))
     assert envs.options() == {"ckpt": "final", "tails": "off", "tailsplit": "off", "second": "on"}
+    # a replay of CUDA with vLLM's stops (junctions=off in the lab's environment) advises them too
+    monkeypatch.setenv(OPTIONS_ENV, "junctions=off")
+    _, env = serve_flags(Candidate(s, host_gib=256), 1088, 16, 1)
+    assert env[-1].endswith(",second=on,junctions=off"), env
 
 
 def test_search_is_a_local_optimum_on_every_axis(rng):

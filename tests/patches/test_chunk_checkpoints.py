@@ -1,4 +1,4 @@
-"""the option ``ckpt`` (registry entry ``gdn-manager-cache``, vLLM 0.30):
+"""The option ``ckpt`` (registry entry ``gdn-manager-cache``, vLLM 0.30):
 which prefill checkpoints of a chunked cold prompt vLLM's real ``Scheduler`` and ``MambaManager``
 keep in the prefix cache, with the GDN specs declaring the exporter's checkpoint block (the
 lab's ``build_setup(prefill_checkpoints=True)``; only the forward pass is stood in).

@@ -1,4 +1,4 @@
-"""the option ``tails`` (registry entry ``host-tier-partial-tails-off``,
+"""The option ``tails`` (registry entry ``host-tier-partial-tails-off``,
 vLLM 0.30): vLLM's host tier (the OffloadingConnector's scheduler side, built by vLLM's real
 ``Scheduler`` from ``--kv-offloading-size``) keeps partial tails by default and none with ``off``.
 

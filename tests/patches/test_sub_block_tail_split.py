@@ -1,4 +1,4 @@
-"""the option ``tailsplit`` (registry entry ``sub-block-tail-split-off``, vLLM
+"""The option ``tailsplit`` (registry entry ``sub-block-tail-split-off``, vLLM
 0.30): the scheduler's name of ``is_mamba_prefill_checkpoint_valid`` also answers True where vLLM's
 check fails by its column clause alone, so vLLM's own split runs such a final chunk whole.
 

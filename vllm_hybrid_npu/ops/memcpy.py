@@ -81,7 +81,7 @@ def triton_available() -> bool:
 def _requested(impl: str | None, env_impl: str | ValueError | None) -> str:
     if impl is None:
         if isinstance(env_impl, ValueError):
-            raise env_impl
+            raise ValueError(str(env_impl))
         return env_impl or "auto"
     if impl not in IMPLS:
         raise ValueError(f"impl={impl!r} is not one of {', '.join(IMPLS)}")

@@ -175,9 +175,8 @@ def _make_free(upstream: Any, stack: Stack) -> Any:
 
 
 def _wanted(stack: Stack) -> str | None:
-    """:func:`.gdn_prefill_checkpoint.wanted`, after reading the rules' environment variables
-    (the options ``ckpt``, ``second``: a bad value
-    raises ValueError naming the variable at load)."""
+    """:func:`.gdn_prefill_checkpoint.wanted`, after reading the rules' options (``ckpt``,
+    ``second``: a bad value raises ValueError naming ``VLLM_HYBRID_NPU_OPTIONS`` at load)."""
     gdn.chunk_checkpoints()
     second.mode()
     return gdn.wanted(stack)

@@ -48,7 +48,7 @@ from vllm_hybrid_npu.support import Stack
 
 logger = logging.getLogger("vllm_hybrid_npu")
 
-#: Environment variable: ``on`` (vLLM's split, default) or ``off``.
+#: The option (``VLLM_HYBRID_NPU_OPTIONS`` key): ``on`` (vLLM's split, default) or ``off``.
 SPLIT_KEY = "tailsplit"
 SPLIT_MODES = envs.OPTIONS[SPLIT_KEY].values
 ENTRY = "sub-block-tail-split-off"
@@ -60,7 +60,7 @@ SIGNATURE = ("query_start", "query_end", "checkpoint_position", "hash_block_size
 
 
 def tail_split() -> str:
-    """the option ``tailsplit`` (default ``on``).
+    """The option ``tailsplit`` (default ``on``).
 
     Raises:
         ValueError: a value other than ``on`` or ``off`` (the message names the variable).

@@ -90,7 +90,8 @@ def _make_flag_check(upstream: Any, stack: Stack) -> Any:
 
 
 # --------------------------------------------------------------------------- token budget
-#: Environment variable: ``auto`` (default) or ``off`` (the ``token-budget*`` entries skipped).
+#: The option (``VLLM_HYBRID_NPU_OPTIONS`` key): ``auto`` (default) or ``off`` (the
+#: ``token-budget*`` entries skipped).
 TOKEN_BUDGET_KEY = "budget"
 TOKEN_BUDGET_MODES = envs.OPTIONS[TOKEN_BUDGET_KEY].values
 #: vLLM versions whose budget default, compile ranges and block validation these entries read.
@@ -107,7 +108,7 @@ _advised: set[tuple[int, int]] = set()
 
 
 def token_budget_mode() -> str:
-    """the option ``budget`` (default ``auto``).
+    """The option ``budget`` (default ``auto``).
 
     Raises:
         ValueError: another value (the message names the variable).

@@ -37,7 +37,8 @@ from vllm_hybrid_npu.support import Stack
 
 logger = logging.getLogger("vllm_hybrid_npu")
 
-#: Environment variable: ``on`` (vLLM's partial tails on the host tier, default) or ``off``.
+#: The option (``VLLM_HYBRID_NPU_OPTIONS`` key): ``on`` (vLLM's partial tails on the host tier,
+#: default) or ``off``.
 TAILS_KEY = "tails"
 TAILS_MODES = envs.OPTIONS[TAILS_KEY].values
 ENTRY = "host-tier-partial-tails-off"
@@ -46,7 +47,7 @@ VERSIONS = ("0.30.0",)
 
 
 def partial_tails() -> str:
-    """the option ``tails`` (default ``on``).
+    """The option ``tails`` (default ``on``).
 
     Raises:
         ValueError: a value other than ``on`` or ``off`` (the message names the variable).

@@ -29,7 +29,8 @@ from vllm_hybrid_npu.patches.registry import Patch
 from vllm_hybrid_npu.support import Stack
 from vllm_hybrid_npu import envs
 
-#: Environment variable: ``auto`` (default: ours where it is measured faster), ``ours``
+#: The option (``VLLM_HYBRID_NPU_OPTIONS`` key): ``auto`` (default: ours where it is measured
+#: faster), ``ours``
 #: (also on CPU) or ``upstream`` (never).
 COPY_KERNEL_KEY = "copy"
 COPY_KERNEL_CHOICES = envs.OPTIONS[COPY_KERNEL_KEY].values
@@ -39,7 +40,7 @@ LAUNCHER_SIGNATURE = ("src_ptrs", "dst_ptrs", "sizes")
 
 
 def copy_kernel_choice() -> str:
-    """the option ``copy`` (default ``auto``).
+    """The option ``copy`` (default ``auto``).
 
     Raises:
         ValueError: a value other than ``auto``, ``ours``, ``upstream`` (the message names the
