@@ -110,26 +110,25 @@ def help_blocks(path: Path) -> list[Block]:
     return blocks
 
 
+def _table_block(path: Path, heading: str, label: str, expected: str) -> Block:
+    """The first table after ``heading`` in ``path``, to be ``expected``."""
+    text = path.read_text()
+    m = re.compile(r"^\|.*\n(?:\|.*\n)*", re.M).search(text, text.index(heading))
+    return Block(path, label, m.start(), m.end(), m.group(0), expected + "\n")
+
+
 def env_block(path: Path = DOCS / "configuration.md") -> Block:
     """The first table after the "Environment variables" heading of ``path``."""
     from vllm_hybrid_npu.envs import markdown_table
 
-    text = path.read_text()
-    at = text.index(ENV_SECTION)
-    m = re.compile(r"^\|.*\n(?:\|.*\n)*", re.M).search(text, at)
-    return Block(path, "environment variable table", m.start(), m.end(), m.group(0),
-                 markdown_table() + "\n")
+    return _table_block(path, ENV_SECTION, "environment variable table", markdown_table())
 
 
 def options_block(path: Path = DOCS / "configuration.md") -> Block:
     """The first table after the "Options" heading of ``path``."""
     from vllm_hybrid_npu.envs import options_markdown_table
 
-    text = path.read_text()
-    at = text.index(OPTIONS_SECTION)
-    m = re.compile(r"^\|.*\n(?:\|.*\n)*", re.M).search(text, at)
-    return Block(path, "options table", m.start(), m.end(), m.group(0),
-                 options_markdown_table() + "\n")
+    return _table_block(path, OPTIONS_SECTION, "options table", options_markdown_table())
 
 
 _DATE = re.compile(r"\b20\d\d-\d\d-\d\d\b")

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -51,11 +52,15 @@ def register(var: EnvVar) -> str:
     Raises:
         ValueError: the name is declared twice with different contents.
     """
-    old = ENV_VARS.get(var.name)
-    if old is not None and old != var:
-        raise ValueError(f"environment variable {var.name} declared twice, differently")
-    ENV_VARS[var.name] = var
-    return var.name
+    return _declare(ENV_VARS, var.name, var, "environment variable")
+
+
+def _declare(table: dict, name: str, item: Any, what: str) -> str:
+    old = table.get(name)
+    if old is not None and old != item:
+        raise ValueError(f"{what} {name} declared twice, differently")
+    table[name] = item
+    return name
 
 
 #: The variable holding the options (:class:`Option`), ``key=value`` pairs, comma-separated.
@@ -94,11 +99,7 @@ def register_option(opt: Option) -> str:
     Raises:
         ValueError: the key is declared twice with different contents.
     """
-    old = OPTIONS.get(opt.key)
-    if old is not None and old != opt:
-        raise ValueError(f"option {opt.key} declared twice, differently")
-    OPTIONS[opt.key] = opt
-    return opt.key
+    return _declare(OPTIONS, opt.key, opt, "option")
 
 
 register(EnvVar(
