@@ -16,7 +16,9 @@ logprobs of the whole vocabulary, and the seed's promise is checked two ways: ev
 is the one the seed's own draws pick over the vocabulary (:func:`greedy_compare.seed_draw_errors`:
 a generator advanced by a discarded step fails it), and the chunked runs equal the reference token for token on CPU, a first difference
 accepted only where both tokens' logprobs moved less than :data:`greedy_compare.TIE_NATS`
-between the runs (:func:`greedy_compare.compare_sampled`).
+between the runs (:func:`greedy_compare.compare_sampled`); with ``n`` 2 the second sequence's
+request shares the token budget with the first, its chunks end off the 64-token grid and the
+tolerance rule (:data:`greedy_compare.CHUNKING_BOUND`) applies.
 """
 
 from __future__ import annotations
@@ -116,10 +118,13 @@ def test_seeded_chunked_prompt_keeps_the_server_and_the_seed(tiny_model_dir, ser
     ref = by_n.pop("reference (caching off, unchunked)")
     for label, per_n in by_n.items():
         for n in (1, 2):
+            # n = 2 is two requests of one prompt sharing the budget: the second one's chunks
+            # end where the first one's leave the budget, off the 64-token grid, so its prefill
+            # is not bit-exact across schedules (CHUNKING_BOUND); n = 1's chunks end on the grid
+            exact = exact_across_schedules and n == 1
             print(f"{label}, n={n}: {[s.tokens for s in per_n[n]]}")
-            c = compare_outputs(ref[n], per_n[n], exact=exact_across_schedules)
+            c = compare_outputs(ref[n], per_n[n], exact=exact)
             if not c.ok:  # a first difference only where the logits moved that little
-                c = compare_sampled(ref[n], per_n[n],
-                                    bound=TIE_NATS if exact_across_schedules else CHUNKING_BOUND)
+                c = compare_sampled(ref[n], per_n[n], bound=TIE_NATS if exact else CHUNKING_BOUND)
                 print(f"  against the reference: {c.summary()}")
             assert c.ok, "\n".join(c.errors) + "\n" + c.summary()
