@@ -355,7 +355,6 @@ def junctions_off(vllm_config: Any, path: str | None) -> str | None:
 #: The option (``VLLM_HYBRID_NPU_OPTIONS`` key) of CUDA's junction export (default ``on``;
 #: ``off`` keeps vLLM's stops on CUDA).
 CUDA_JUNCTIONS_KEY = "junctions"
-CUDA_JUNCTIONS_MODES = envs.OPTIONS[CUDA_JUNCTIONS_KEY].values
 
 
 def cuda_junctions_off() -> str | None:

@@ -65,7 +65,6 @@ logger = logging.getLogger("vllm_hybrid_npu")
 
 #: The option (``VLLM_HYBRID_NPU_OPTIONS`` key): ``off`` (vLLM's re-key, default) or ``on``.
 KEY = "second"
-MODES = envs.OPTIONS[KEY].values
 VERSIONS = ("0.30.0",)
 #: A Mamba manager's ``{request id: (chunk start, prompt tokens)}`` for the ``allocate_slots``
 #: call in progress (a prompt's final chunk only).

@@ -50,7 +50,6 @@ logger = logging.getLogger("vllm_hybrid_npu")
 
 #: The option (``VLLM_HYBRID_NPU_OPTIONS`` key): ``on`` (vLLM's split, default) or ``off``.
 SPLIT_KEY = "tailsplit"
-SPLIT_MODES = envs.OPTIONS[SPLIT_KEY].values
 ENTRY = "sub-block-tail-split-off"
 MODULE = "vllm.v1.core.sched.scheduler"
 QUALNAME = "is_mamba_prefill_checkpoint_valid"

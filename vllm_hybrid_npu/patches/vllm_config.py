@@ -93,7 +93,6 @@ def _make_flag_check(upstream: Any, stack: Stack) -> Any:
 #: The option (``VLLM_HYBRID_NPU_OPTIONS`` key): ``auto`` (default) or ``off`` (the
 #: ``token-budget*`` entries skipped).
 TOKEN_BUDGET_KEY = "budget"
-TOKEN_BUDGET_MODES = envs.OPTIONS[TOKEN_BUDGET_KEY].values
 #: vLLM versions whose budget default, compile ranges and block validation these entries read.
 TOKEN_BUDGET_VERSIONS = ("0.30.0", "0.32.0")
 #: Attribute on ``ModelConfig``: vLLM's default budget (tokens), set only when the user set no budget.

@@ -40,7 +40,6 @@ logger = logging.getLogger("vllm_hybrid_npu")
 #: The option (``VLLM_HYBRID_NPU_OPTIONS`` key): ``on`` (vLLM's partial tails on the host tier,
 #: default) or ``off``.
 TAILS_KEY = "tails"
-TAILS_MODES = envs.OPTIONS[TAILS_KEY].values
 ENTRY = "host-tier-partial-tails-off"
 MODULE = "vllm.distributed.kv_transfer.kv_connector.v1.offloading.scheduler"
 VERSIONS = ("0.30.0",)

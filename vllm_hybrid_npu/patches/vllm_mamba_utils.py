@@ -30,10 +30,8 @@ from vllm_hybrid_npu.support import Stack
 from vllm_hybrid_npu import envs
 
 #: The option (``VLLM_HYBRID_NPU_OPTIONS`` key): ``auto`` (default: ours where it is measured
-#: faster), ``ours``
-#: (also on CPU) or ``upstream`` (never).
+#: faster), ``ours`` (also on CPU) or ``upstream`` (never).
 COPY_KERNEL_KEY = "copy"
-COPY_KERNEL_CHOICES = envs.OPTIONS[COPY_KERNEL_KEY].values
 
 #: Parameters of every launcher we replace.
 LAUNCHER_SIGNATURE = ("src_ptrs", "dst_ptrs", "sizes")
