@@ -24,6 +24,11 @@ other on one GPU:
 * ``flashinfer``: align mode with vLLM's FlashInfer GDN prefill backend (plugin default; skipped,
   with the reason, where ``flashinfer`` is not importable);
 * ``upstream`` (not in the default set): align mode, plugin not loaded;
+* ``exporter-base`` (not in the default set): ``exporter`` with another commit's plugin, the
+  package installed by ``pip install --no-deps --target DIR`` and named by ``$VHN_BENCH_BASE_SITE``
+  (:data:`BASE_SITE_VAR`), put first on the row's ``sys.path``: a change's cost against the commit
+  it replaces, in one lease (this harness and vLLM unchanged; the unit records the package's file
+  and ``DIR/COMMIT``);
 * ``off-plugin`` and ``off-b1088`` (not in the default set; issue 30's decomposition of the gap
   between ``off`` and ``exporter``): caching off with the plugin loaded, and the same at
   ``--block-size`` ``--off-block-size`` (default 1,088, the exporter's block for
@@ -132,6 +137,9 @@ ROWS: dict[str, dict] = {
     "flashinfer": {"caching": True, "plugin": True, "env": {}, "gdn_backend": "flashinfer",
                    "needs": "flashinfer"},
     "upstream": {"caching": True, "plugin": False, "env": {}, "gdn_backend": "triton"},
+    "exporter-base": {"caching": True, "plugin": True,
+                      "env": {"VLLM_HYBRID_NPU_PREFILL_CHECKPOINTS": "auto"}, "gdn_backend": "triton",
+                      "plugin_site": True},
     # issue 30's decomposition of the 8k gap (not in the default set): caching off with the
     # plugin loaded, then also at the exporter's block (1,088 for Qwen3.5-35B-A3B on an H100:
     # --off-block-size), so off -> off-plugin -> off-b1088 -> exporter adds one difference each
@@ -659,6 +667,9 @@ def runner_module(executor) -> str | None:
 
 def _worker(args) -> int:
     _die_with_parent()
+    base = use_plugin_site(args.worker)
+    if base is not None:
+        print("BENCH plugin " + json.dumps(base), flush=True)
     fake = os.environ.get("CUDA_SERVING_BENCH_FAKE")
     if fake:
         return _fake_worker(args, fake)
@@ -706,7 +717,7 @@ def _worker(args) -> int:
             "executor": type(drv.core.model_executor).__name__,
             "numa": numa_layout(), "torch_threads": torch.get_num_threads(),
             "gpu_numa_node": pci_numa_node((gpu_info() or {}).get("pci_bus_id")) if cuda else None,
-            "runner": runner_module(drv.core.model_executor)}
+            "runner": runner_module(drv.core.model_executor), "plugin_site": base}
     print("BENCH engine " + json.dumps(head), flush=True)
     _emit(args.result_file, head)
     run_lengths(args, budget, lambda length: {
@@ -1626,7 +1637,61 @@ def row_env(row: str) -> dict[str, str]:
     return env
 
 
+#: names the folder holding another commit's plugin package for the ``exporter-base`` row
+BASE_SITE_VAR = "VHN_BENCH_BASE_SITE"
+
+
+def plugin_site(row: str, environ=os.environ) -> Path | None:
+    """The folder whose ``vllm_hybrid_npu`` package the worker of ``row`` imports instead of this
+    tree's (rows with ``plugin_site``: ``$VHN_BENCH_BASE_SITE``), or None for the other rows.
+
+    Raises:
+        ValueError: naming :data:`BASE_SITE_VAR` when it is unset or its folder holds no
+            ``vllm_hybrid_npu/__init__.py``.
+    """
+    if not ROWS[row].get("plugin_site"):
+        return None
+    value = environ.get(BASE_SITE_VAR)
+    if not value:
+        raise ValueError(f"row {row}: set {BASE_SITE_VAR} to a folder made by "
+                         f"'pip install --no-deps --target DIR <tree of the base commit>'")
+    site = Path(value).resolve()
+    if not (site / "vllm_hybrid_npu" / "__init__.py").is_file():
+        raise ValueError(f"row {row}: {BASE_SITE_VAR}={value} holds no vllm_hybrid_npu package")
+    return site
+
+
+def use_plugin_site(row: str) -> dict | None:
+    """Put :func:`plugin_site` first on ``sys.path`` before anything imports the plugin (the
+    worker's first step; vLLM's entry point ``vllm_hybrid_npu.plugin:register`` then resolves
+    there). Returns ``{"site", "commit", "file"}`` (``commit``: ``SITE/COMMIT``'s first line or
+    None; ``file``: where ``vllm_hybrid_npu`` resolves), or None for a row without a site.
+
+    Raises:
+        ValueError: as :func:`plugin_site`; RuntimeError when the package was imported already
+            or resolves elsewhere.
+    """
+    site = plugin_site(row)
+    if site is None:
+        return None
+    if "vllm_hybrid_npu" in sys.modules:
+        raise RuntimeError(f"row {row}: vllm_hybrid_npu was imported before its site was set")
+    import importlib.util
+
+    sys.path.insert(0, str(site))
+    origin = importlib.util.find_spec("vllm_hybrid_npu").origin
+    if not Path(origin).resolve().is_relative_to(site):
+        raise RuntimeError(f"row {row}: vllm_hybrid_npu resolves to {origin}, not under {site}")
+    commit = site / "COMMIT"
+    return {"site": str(site), "file": origin,
+            "commit": commit.read_text().split()[0] if commit.is_file() else None}
+
+
 def row_skip_reason(row: str) -> str | None:
+    try:
+        plugin_site(row)
+    except ValueError as exc:
+        return str(exc)
     need = ROWS[row].get("needs")
     if need:
         import importlib.util

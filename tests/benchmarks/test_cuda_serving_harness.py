@@ -462,6 +462,33 @@ def test_decomposition_rows_differ_from_off_in_one_setting_each(monkeypatch):
     assert p.parse_args([]).off_block_size == 1088
 
 
+def test_base_row_imports_the_base_sites_plugin_and_names_what_is_missing(tmp_path, monkeypatch, rng):
+    """``exporter-base`` differs from ``exporter`` only in where ``vllm_hybrid_npu`` comes from:
+    a worker process with the site first imports that package (a marker drawn fresh), records
+    the site's commit, and a missing or empty site is a skip reason naming the variable."""
+    base, ours = cs.ROWS["exporter-base"], cs.ROWS["exporter"]
+    assert {k: v for k, v in base.items() if k != "plugin_site"} == ours
+    monkeypatch.delenv(cs.BASE_SITE_VAR, raising=False)
+    assert cs.BASE_SITE_VAR in cs.row_skip_reason("exporter-base")
+    assert cs.row_skip_reason("exporter") is None
+    monkeypatch.setenv(cs.BASE_SITE_VAR, str(tmp_path))
+    assert "holds no vllm_hybrid_npu" in cs.row_skip_reason("exporter-base")
+    marker, commit = rng.randrange(1 << 30), f"{rng.randrange(1 << 40):010x}"
+    (tmp_path / "vllm_hybrid_npu").mkdir()
+    (tmp_path / "vllm_hybrid_npu" / "__init__.py").write_text(f"MARKER = {marker}\n")
+    (tmp_path / "COMMIT").write_text(commit + "\n")
+    assert cs.row_skip_reason("exporter-base") is None
+    code = ("import json, sys; from benchmarks import cuda_serving as cs; "
+            "info = cs.use_plugin_site('exporter-base'); import vllm_hybrid_npu as p; "
+            "print(json.dumps([info, p.MARKER]))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=cs.row_env("exporter-base"),
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    info, seen = json.loads(out.stdout.strip().splitlines()[-1])
+    assert seen == marker and info["commit"] == commit
+    assert Path(info["file"]).resolve() == (tmp_path / "vllm_hybrid_npu" / "__init__.py").resolve()
+
+
 def test_gpu_query_parsed_with_bus_id_and_driver():
     g = cs.parse_gpu_query("NVIDIA H100 80GB HBM3, GPU-3f0c, 00000000:19:00.0, 580.159.04, 81559, 80000\n")
     assert g == {"name": "NVIDIA H100 80GB HBM3", "uuid": "GPU-3f0c", "pci_bus_id": "00000000:19:00.0",
