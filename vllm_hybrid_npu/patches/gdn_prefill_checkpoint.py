@@ -14,9 +14,9 @@ the split). The methods are
 :mod:`vllm_hybrid_npu.ops.gdn_checkpoint`'s; the plan is
 :func:`~vllm_hybrid_npu.core.prefill_checkpoints.plan_step`'s (on vLLM 0.33 of vLLM's own plan),
 built per step and KV-cache group in the GDN metadata builder and handed to the layers as a typed
-field (:data:`FIELD`) of the GDN metadata. Elsewhere (speculative decoding, FlashInfer, a block
-off the 64-token grid, ``VLLM_HYBRID_NPU_PREFILL_CHECKPOINTS=off``) nothing is declared and vLLM
-keeps its split (or, on 0.33 with FlashInfer, exports itself); the spec's INFO line says which
+field (:data:`FIELD`) of the GDN metadata. Elsewhere (speculative decoding where
+:func:`speculative_off` says, FlashInfer, a block off the 64-token grid,
+``VLLM_HYBRID_NPU_PREFILL_CHECKPOINTS=off``) nothing is declared and vLLM keeps its split (or, on 0.33 with FlashInfer, exports itself); the spec's INFO line says which
 path and method export and who planned, or why none does.
 """
 
@@ -76,11 +76,50 @@ def is_gdn_model(model_config: Any) -> bool:
 
 
 # --------------------------------------------------------------------------- which path
+#: Exporter paths whose worker writes the engine's checkpoints under EAGLE/MTP speculative
+#: decoding. None yet: vLLM 0.30's CPU GDN function takes its speculative path
+#: (``_cpu_gdn_attention_spec_aware``, a conv state ``width - 1 + k`` wide) around the
+#: ``gdn-checkpoint-cpu`` entry, the builder plans nothing in a step with speculative decode
+#: rows (``spec_sequence_masks``), and ``ops.write_conv`` writes a ``width - 1`` conv state. A
+#: path named here declares the checkpoint under EAGLE/MTP; the engine's side (the drafter-drop
+#: checkpoint, :func:`speculative_off`) is the same for every path.
+SPEC_DECODE_PATHS: frozenset[str] = frozenset()
+
+
+def speculative_off(vllm_config: Any, path: str) -> str | None:
+    """Why the exporter ``path`` declares no checkpoint under the speculative decoding of
+    ``vllm_config`` (a str), or None (no speculative decoding, or an EAGLE/MTP drafter on a path
+    of :data:`SPEC_DECODE_PATHS`). vLLM 0.30 treats ``speculative_config.use_eagle()`` drafters
+    (``eagle``, ``eagle3``, ``mtp``: ``qwen3_next_mtp`` is rewritten to ``mtp``, ``dflash``,
+    ``dspark``) by its EAGLE block drop, which the Mamba manager's checkpoint follows
+    (``get_mamba_prefill_checkpoint_position(..., drop)``, one prefix-match unit lower) and the
+    engine's plan lists (``core.step_checkpoints``); other drafters (``ngram``, a draft model,
+    ``suffix``, ``medusa``) are not checked against the plan."""
+    spec = getattr(vllm_config, "speculative_config", None)
+    if spec is None:
+        return None
+    if not spec.use_eagle():
+        return (f"speculative decoding with method {getattr(spec, 'method', None)!r}, not an "
+                "EAGLE/MTP drafter (vLLM's split kept)")
+    if path not in SPEC_DECODE_PATHS:
+        return (f"EAGLE/MTP speculative decoding: the {path} path does not write GDN checkpoints "
+                "under speculative decoding yet (vLLM's split kept)")
+    return None
+
+
 def exporter_path(vllm_config: Any, target: str) -> tuple[str | None, str]:
     """Which path exports GDN prefill checkpoints for the engine of ``vllm_config`` on ``target``
     (``cpu``, ``cuda``, ``npu``): ``(path, "")`` (``cpu``, ``triton``, ``ascend-fla-npu``,
     ``ascend-fused``, ``ascend-chunk``; ``ascend`` before the worker knows which) or
-    ``(None, reason)``."""
+    ``(None, reason)``; under speculative decoding only where :func:`speculative_off` allows."""
+    path, reason = _path(vllm_config, target)
+    if path is not None and (why := speculative_off(vllm_config, path)) is not None:
+        return None, why
+    return path, reason
+
+
+def _path(vllm_config: Any, target: str) -> tuple[str | None, str]:
+    """:func:`exporter_path` before the speculative decoding check."""
     if mode() == "off":
         return None, f"{ENV_VAR}=off"
     cache = getattr(vllm_config, "cache_config", None)
@@ -89,8 +128,6 @@ def exporter_path(vllm_config: Any, target: str) -> tuple[str | None, str]:
         return None, "not a Qwen GDN model"
     if not getattr(cache, "enable_prefix_caching", False) or cache.mamba_cache_mode != "align":
         return None, "prefix caching not in align mode"
-    if getattr(vllm_config, "speculative_config", None) is not None:
-        return None, "speculative decoding configured (vLLM's split kept)"
     if target == "cpu":  # vLLM 0.33 sends other dtypes to the Triton path (triton-cpu)
         dtype = str(getattr(model, "dtype", "torch.bfloat16"))
         return ("cpu", "") if dtype == "torch.bfloat16" else (None, f"CPU GDN in {dtype}")
