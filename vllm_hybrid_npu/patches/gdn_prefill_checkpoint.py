@@ -648,9 +648,8 @@ def _make_cpu_forward(upstream: Any, stack: Stack) -> Any:
         ck = getattr(attn_metadata_i, FIELD, None)
         if ck is None:
             return upstream(layer, attn_metadata_i, mixed_qkv, b, a, core_attn_out)
-        width = layer.conv1d.weight.size(-1)
         for idx, sub, copy in ck.memo("cpu-rounds", lambda: _cpu_rounds(ck.plan, attn_metadata_i)):
-            _copy_states(layer, ck, copy, width)
+            _copy_states(layer, ck, copy)  # the whole conv block: it is width - 1 wide here
             out = core_attn_out.new_zeros((idx.numel(), *core_attn_out.shape[1:]))
             upstream(layer, sub, mixed_qkv[idx], b[idx], a[idx], out)
             core_attn_out[idx] = out
@@ -670,7 +669,7 @@ def _make_cpu_spec_forward(upstream: Any, stack: Stack) -> Any:
             return upstream(layer, attn_metadata_i, mixed_qkv, b, a, core_attn_out, conv_buf,
                             ssm_state, width)
         for idx, sub, copy in ck.memo("cpu-rounds", lambda: _cpu_rounds(ck.plan, attn_metadata_i)):
-            _copy_states(layer, ck, copy, width)
+            _copy_states(layer, ck, copy, width - 1)
             out = core_attn_out.new_zeros((idx.numel(), *core_attn_out.shape[1:]))
             upstream(layer, sub, mixed_qkv[idx], b[idx], a[idx], out, conv_buf, ssm_state, width)
             core_attn_out[idx] = out
@@ -691,7 +690,7 @@ def _make_cpu_spec_subset(upstream: Any, stack: Stack) -> Any:
             return upstream(layer, attn_metadata_i, mixed_qkv, b, a, conv_buf, ssm_state, width)
         result = None
         for idx, sub, copy in ck.memo("cpu-rounds", lambda: _cpu_rounds(ck.plan, attn_metadata_i)):
-            _copy_states(layer, ck, copy, width)
+            _copy_states(layer, ck, copy, width - 1)
             out = upstream(layer, sub, mixed_qkv[idx], b[idx], a[idx], conv_buf, ssm_state, width)
             if result is None:
                 result = out.new_empty((mixed_qkv.shape[0], *out.shape[1:]))
@@ -701,21 +700,26 @@ def _make_cpu_spec_subset(upstream: Any, stack: Stack) -> Any:
     return _spec_aware_nonspec_subset
 
 
-def _copy_states(layer: Any, ck: ops.CheckpointMetadata, copy: tuple | None, width: int) -> None:
+def _copy_states(layer: Any, ck: ops.CheckpointMetadata, copy: tuple | None,
+                 conv_cols: int | None = None) -> None:
     """The running states after a round into the checkpoint blocks that round ends at (``copy``:
     ``(checkpoints, source slots)``, int64 [m] each; None: nothing). The SSM state [slots, H, V,
-    K] whole; of the conv state the ``width - 1`` columns vLLM's prefill convolution reads and
-    writes (``causal_conv1d_fn_cpu``'s ``conv_states[slot, :, :width - 1]``): the whole block
-    without speculative decoding, and under it the prefix of the ``width - 1 + k`` wide buffer,
-    whose other ``k`` columns a prefill never writes (vLLM's split leaves the checkpoint block's
-    as they were, and so does this copy)."""
+    K] whole; of the conv state the first ``conv_cols`` time columns (None: the whole block, which
+    is ``width - 1`` wide without speculative decoding). Under speculative decoding the conv
+    buffer is ``width - 1 + k`` wide and ``conv_cols`` is ``width - 1``: the columns vLLM's
+    prefill convolution reads and writes (``causal_conv1d_fn_cpu``'s ``conv_states[slot, :,
+    :width - 1]``); a prefill never writes the other ``k``, so vLLM's split leaves the checkpoint
+    block's as they were, and so does this copy."""
     if copy is None:
         return
-    from vllm.model_executor.layers.mamba.mamba_utils import is_conv_state_dim_first
-
     dst, src = ck.slots[copy[0]], copy[1]
-    conv = layer.kv_cache[0] if is_conv_state_dim_first() else layer.kv_cache[0].transpose(-1, -2)
-    conv = conv[:, :, : width - 1]  # [slots, D, width - 1], a view
+    if conv_cols is None:
+        conv = layer.kv_cache[0]
+    else:
+        from vllm.model_executor.layers.mamba.mamba_utils import is_conv_state_dim_first
+
+        conv = layer.kv_cache[0] if is_conv_state_dim_first() else layer.kv_cache[0].transpose(-1, -2)
+        conv = conv[:, :, :conv_cols]  # [slots, D, conv_cols], a view of the cache
     conv[dst] = conv[src]
     layer.kv_cache[1][dst] = layer.kv_cache[1][src]
 
