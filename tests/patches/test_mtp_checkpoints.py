@@ -6,9 +6,9 @@ hit, and with a prefill checkpoint declared the Mamba manager reserves the promp
 unit lower (``get_mamba_prefill_checkpoint_position(N, h, drop=True)``). On vLLM's real
 ``Scheduler`` and KV-cache manager (tiny hybrid, block ``B = 256``, the exporter's checkpoint
 declared, a stub with ``SpeculativeConfig``'s predicates for ``mtp``, no model), with the plugin's
-engine entries applied and the CPU path counted as writing under speculative decoding
-(``SPEC_DECODE_PATHS``: the worker's part is not built, so the runtime still refuses), prompt
-lengths drawn fresh, ``h`` = ``B`` and 64, expected numbers by hand:
+engine entries applied and the CPU path writing under speculative decoding (``SPEC_DECODE_PATHS``;
+its worker's part: tests/patches/test_cpu_spec_checkpoints.py), prompt lengths drawn fresh,
+``h`` = ``B`` and 64, expected numbers by hand:
 
 * a cold prompt of ``N`` tokens (``N`` within the 2,048-token budget, its checkpoint valid) takes
   one prefill step, as caching off does;
@@ -19,8 +19,9 @@ lengths drawn fresh, ``h`` = ``B`` and 64, expected numbers by hand:
   ``(hit - 1) // B`` is keyed at the hit's length;
 * 1, 2 and 3 speculative tokens give the same checkpoints and hits (align mode ignores
   lookahead);
-* drafters vLLM does not treat as EAGLE are refused with a reason; decode rows with draft tokens
-  are not planned.
+* drafters vLLM does not treat as EAGLE are refused with a reason, and so are EAGLE/MTP on the
+  CUDA and NPU paths (their workers do not write under speculative decoding) and on a vLLM other
+  than 0.30; decode rows with draft tokens are not planned.
 """
 
 from __future__ import annotations
@@ -83,8 +84,8 @@ def tiny_config(tmp_path_factory):
 @pytest.fixture
 def engine_entries(apply_entries, monkeypatch):
     """The engine entries applied for the CPU target, its path counted as writing under
-    speculative decoding (the worker's part assumed)."""
-    monkeypatch.setattr(G, "SPEC_DECODE_PATHS", frozenset({"cpu"}))
+    speculative decoding (``SPEC_DECODE_PATHS``)."""
+    assert "cpu" in G.SPEC_DECODE_PATHS
     report = apply_entries(*ENTRIES, stack=_cpu_stack())
     assert not report.failed, report.line()
     assert set(ENTRIES) <= set(report.applied) | set(report.pending), report.line()
@@ -240,20 +241,33 @@ def test_speculative_tokens_give_the_same_checkpoints(tiny_config, engine_entrie
 
 
 def test_exporter_path_under_speculative_decoding(tiny_config, monkeypatch):
-    """An EAGLE/MTP drafter: refused until the path writes under speculative decoding, then the
-    path; a drafter vLLM does not treat as EAGLE (ngram): refused with its method named."""
+    """An EAGLE/MTP drafter: the CPU path (its worker writes under speculative decoding on vLLM
+    0.30); refused with the reason logged on the CUDA and NPU paths, on another vLLM and with the
+    CPU path taken off ``SPEC_DECODE_PATHS``; a drafter vLLM does not treat as EAGLE (ngram):
+    refused with its method named."""
+    from vllm_hybrid_npu.patches import registry
+    from vllm_hybrid_npu.support import Stack
     from vllm_hybrid_npu_lab.model import build_setup
     from vllm_hybrid_npu_lab.upstream_grid import UpstreamSetting
 
     vc = build_setup(tiny_config, kv_cache_bytes=64 << 20, max_model_len=4096, block_size=B,
                      prefill_checkpoints=True, max_num_batched_tokens=BUDGET,
                      tune=UpstreamSetting(pmu=None, ckpt=True).tune).vllm_config
+    monkeypatch.setattr(registry.REPORT, "stack", Stack("cpu", "0.30.0"))
     assert G.exporter_path(vc, "cpu") == ("cpu", "")
     object.__setattr__(vc, "speculative_config", spec_stub(1))
+    assert G.exporter_path(vc, "cpu") == ("cpu", "")
+    for path in ("triton", "ascend", "ascend-fla-npu", "ascend-fused", "ascend-chunk"):
+        why = G.speculative_off(vc, path)
+        assert why is not None and "EAGLE/MTP" in why and path in why, (path, why)
+    monkeypatch.setattr(registry.REPORT, "stack", Stack("cpu", "0.32.0"))
+    path, why = G.exporter_path(vc, "cpu")
+    assert path is None and "vLLM 0.32.0" in why
+    monkeypatch.setattr(registry.REPORT, "stack", Stack("cpu", "0.30.0"))
+    monkeypatch.setattr(G, "SPEC_DECODE_PATHS", frozenset())
     path, why = G.exporter_path(vc, "cpu")
     assert path is None and "EAGLE/MTP" in why and "cpu" in why
     monkeypatch.setattr(G, "SPEC_DECODE_PATHS", frozenset({"cpu"}))
-    assert G.exporter_path(vc, "cpu") == ("cpu", "")
     object.__setattr__(vc, "speculative_config", spec_stub(3, "ngram", eagle=False))
     path, why = G.exporter_path(vc, "cpu")
     assert path is None and "'ngram'" in why

@@ -85,7 +85,7 @@ def is_gdn_model(model_config: Any) -> bool:
 #: the wide conv buffer, the rows reordered by ``spec_sequence_masks``). A path named here
 #: declares the checkpoint under EAGLE/MTP; the engine's side (the drafter-drop checkpoint,
 #: :func:`speculative_off`) is the same for every path.
-SPEC_DECODE_PATHS: frozenset[str] = frozenset()
+SPEC_DECODE_PATHS: frozenset[str] = frozenset({"cpu"})
 #: vLLM versions whose CPU speculative GDN functions (``_spec_aware_nonspec``,
 #: ``_spec_aware_nonspec_subset``) the ``gdn-checkpoint-cpu-spec*`` entries were read against.
 SPEC_DECODE_VLLM = ("0.30.0",)
