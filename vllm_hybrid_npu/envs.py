@@ -123,7 +123,8 @@ register(EnvVar(
     "function; the Triton/FLA kernel on CUDA with `--gdn-prefill-backend triton`; vllm-ascend "
     "0.30.0rc2's fused CANN op, fla_npu's op and its chunk pipeline), so vLLM drops its "
     "block-aligned split: cold prompts take the steps of caching off; the hybrid block is "
-    "rounded up to a multiple of 64. Not with speculative decoding, FlashInfer, PCP or on 310P "
+    "rounded up to a multiple of 64. Not with speculative decoding (except EAGLE/MTP on vLLM "
+    "0.30's CPU path), FlashInfer, PCP or on 310P "
     "(vLLM's split kept, logged) ([gdn-checkpoints.md](gdn-checkpoints.md)); `off`: vLLM's "
     "split everywhere",
 ))

@@ -213,14 +213,15 @@ def junction_columns(start: int, seq_len: int, block: int, checkpoint_col: int,
 #: Kinds of the checkpoints :func:`step_checkpoints` lists (tokens from the prompt's start):
 #: ``junction`` a shared-prefix junction's block; ``crossed`` the block boundary a chunk started
 #: mid-block crosses (into the initial state's block); ``prompt`` the chunk's own checkpoint the
-#: Mamba manager reserved; ``boundary`` / ``second`` the block boundary kept in that checkpoint's
-#: column and the sub-block checkpoint moved into a second block.
+#: Mamba manager reserved (under EAGLE/MTP's block drop one prefix-match unit lower, where the
+#: drafter's dropped hit lands); ``boundary`` / ``second`` the block boundary kept in that
+#: checkpoint's column and the sub-block checkpoint moved into a second block.
 KINDS = ("junction", "crossed", "prompt", "boundary", "second")
 
 
 def step_checkpoints(start: int, end: int, block: int, checkpoint: tuple[int, int] | None,
-                     block_ids: Sequence[int],
-                     second: tuple[int, int] | None = None) -> tuple[tuple[int, int, str], ...]:
+                     block_ids: Sequence[int], second: tuple[int, int] | None = None,
+                     eagle_drop: bool = False) -> tuple[tuple[int, int, str], ...]:
     """Every GDN checkpoint one prefill chunk ``[start, end)`` (tokens) writes beyond vLLM's own
     one-per-row plan, as the engine sends it to the worker: ``(position, block id, kind)``
     (:data:`KINDS`; position in tokens from the prompt's start, ascending), or ``()`` where the
@@ -232,13 +233,17 @@ def step_checkpoints(start: int, end: int, block: int, checkpoint: tuple[int, in
     position)`` of a second checkpoint block (:mod:`vllm_hybrid_npu.patches.gdn_second_checkpoint`).
     The columns looked at are :func:`junction_columns`'s; where any is found, or with ``second``,
     the chunk's own checkpoint is listed too, so the worker writes the whole list and checks its
-    own plan against it."""
+    own plan against it. With ``eagle_drop`` (the manager's ``drop_eagle_checkpoint_block``:
+    EAGLE/MTP's block drop, under which vLLM's manager reserves the checkpoint one prefix-match
+    unit below the no-drop position, where the drafter's dropped hit lands) the chunk's own
+    checkpoint is listed even alone: the block the manager keys comes from the engine, not from
+    the worker's re-derivation of the drop."""
     col = checkpoint[1] if checkpoint is not None else -1
     out = [(start + off, int(block_ids[c]), "crossed" if c == start // block and start % block
             else "junction") for off, c in junction_columns(start, end, block, col, block_ids)]
     if second is not None and checkpoint is not None:
         out += [((col + 1) * block, int(block_ids[col]), "boundary"), (second[1], second[0], "second")]
-    elif out and checkpoint is not None:
+    elif (out or eagle_drop) and checkpoint is not None:
         out.append((checkpoint[0], int(block_ids[col]), "prompt"))
     return tuple(out)
 

@@ -46,8 +46,8 @@ The Mamba managers are vLLM's ``MambaManager`` or a subclass (vllm-ascend's
 a row (a junction, the crossed boundary, the prompt's own) on vLLM 0.30's V2 runner, which
 receives the engine's list. Elsewhere (CUDA's V1 runner, FlashInfer,
 ``FLA_USE_FAST_OPS=1``, DCP / PCP / micro-batching; vllm-ascend's V2 runner, DCP, a KV connector;
-vLLM 0.32 / 0.33, whose managers reserve checkpoints by other rules; speculative decoding) nothing
-applies and vLLM stops at the junction, as before (:func:`~.gdn_prefill_checkpoint.junctions_off`). A junction the manager cannot place (its column not null) keeps nothing
+vLLM 0.32 / 0.33, whose managers reserve checkpoints by other rules; EAGLE/MTP's block drop, logged)
+nothing applies and vLLM stops at the junction, as before (:func:`~.gdn_prefill_checkpoint.junctions_off`). A junction the manager cannot place (its column not null) keeps nothing
 there: the chunk already ran past it, so a later sharer hits less, but no block is cached
 unwritten. Until: vLLM exports junction states inside the step itself (RFC #52959).
 """
@@ -172,6 +172,13 @@ def decide(scheduler: Any, stack: Stack) -> JunctionRule | None:
     if stack.vllm in VERSIONS and gdn.junctions_off(
             scheduler.vllm_config, gdn.exporter_path(scheduler.vllm_config, stack.target)[0]) is None:
         rule = junction_rule(scheduler)
+        if rule is None and scheduler.use_eagle_block_drop:
+            # the rule's checkpoint and budget stops are vLLM's no-drop positions; under the
+            # drop the manager reserves one unit lower and the sharer's hit lands lower too
+            gdn._log_once("junction-eagle", "shared-prefix junction states and budget-sized "
+                          "chunks: off under EAGLE/MTP's block drop (vLLM's junction stop and "
+                          "block-floored chunks kept); the prompt's checkpoint is exported at the "
+                          "drafter-drop position")
     if rule is not None:
         logger.info("vllm-hybrid-npu: shared-prefix junction states exported from inside the step "
                     "(block %d tokens): the scheduler does not stop at a junction it can export%s",
@@ -189,10 +196,13 @@ def budget_rule_expected(vllm_config: Any, target: str) -> bool:
     scheduler exists: the exporter path writes the states there (:func:`gdn.junctions_off`), the
     split entry is applied or pending (vLLM 0.30), and no ``--prefix-match-unit`` is set (below
     the block its tail stops stay; the block is not known yet). The ``token-budget`` entries
-    then leave the budget alone: no chunk ends on the block grid for them to save."""
+    then leave the budget alone: no chunk ends on the block grid for them to save. Not under
+    EAGLE/MTP's block drop, where :func:`junction_rule` gives no rule."""
+    spec = getattr(vllm_config, "speculative_config", None)
     return (gdn.junctions_off(vllm_config, gdn.exporter_path(vllm_config, target)[0]) is None
             and rule_applied()
-            and getattr(vllm_config.cache_config, "prefix_match_unit", None) is None)
+            and getattr(vllm_config.cache_config, "prefix_match_unit", None) is None
+            and not (spec is not None and spec.use_eagle_block_drop()))  # junction_rule's None
 
 
 def _make_split(upstream: Any, stack: Stack) -> Any:

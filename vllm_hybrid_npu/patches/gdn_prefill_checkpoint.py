@@ -14,9 +14,9 @@ the split). The methods are
 :mod:`vllm_hybrid_npu.ops.gdn_checkpoint`'s; the plan is
 :func:`~vllm_hybrid_npu.core.prefill_checkpoints.plan_step`'s (on vLLM 0.33 of vLLM's own plan),
 built per step and KV-cache group in the GDN metadata builder and handed to the layers as a typed
-field (:data:`FIELD`) of the GDN metadata. Elsewhere (speculative decoding, FlashInfer, a block
-off the 64-token grid, ``VLLM_HYBRID_NPU_PREFILL_CHECKPOINTS=off``) nothing is declared and vLLM
-keeps its split (or, on 0.33 with FlashInfer, exports itself); the spec's INFO line says which
+field (:data:`FIELD`) of the GDN metadata. Elsewhere (speculative decoding where
+:func:`speculative_off` says, FlashInfer, a block off the 64-token grid,
+``VLLM_HYBRID_NPU_PREFILL_CHECKPOINTS=off``) nothing is declared and vLLM keeps its split (or, on 0.33 with FlashInfer, exports itself); the spec's INFO line says which
 path and method export and who planned, or why none does.
 """
 
@@ -38,7 +38,7 @@ from vllm_hybrid_npu.core import prefill_checkpoints as core
 from vllm_hybrid_npu.ops import gdn_checkpoint as ops
 from vllm_hybrid_npu.patches import registry
 from vllm_hybrid_npu.patches.registry import Patch, is_ours
-from vllm_hybrid_npu.support import Stack
+from vllm_hybrid_npu.support import Stack, detect_stack
 
 logger = logging.getLogger("vllm_hybrid_npu")
 
@@ -76,11 +76,62 @@ def is_gdn_model(model_config: Any) -> bool:
 
 
 # --------------------------------------------------------------------------- which path
+#: Exporter paths whose worker writes the engine's checkpoints under EAGLE/MTP speculative
+#: decoding, on the vLLM versions of :data:`SPEC_DECODE_VLLM`. The CPU worker's part is built
+#: (vLLM 0.30's speculative CPU GDN path, a conv state ``width - 1 + k`` wide, split at the
+#: checkpoints by the ``gdn-checkpoint-cpu-spec*`` entries in steps with and without speculative
+#: decode rows; the builder plans the non-speculative rows, :func:`build_checkpoints`); CUDA's
+#: one pass and vllm-ascend's split do not wrap their speculative paths (multi-slot SSM states,
+#: the wide conv buffer, the rows reordered by ``spec_sequence_masks``). A path named here
+#: declares the checkpoint under EAGLE/MTP; the engine's side (the drafter-drop checkpoint,
+#: :func:`speculative_off`) is the same for every path.
+SPEC_DECODE_PATHS: frozenset[str] = frozenset({"cpu"})
+#: vLLM versions whose CPU speculative GDN functions (``_spec_aware_nonspec``,
+#: ``_spec_aware_nonspec_subset``) the ``gdn-checkpoint-cpu-spec*`` entries were read against.
+SPEC_DECODE_VLLM = ("0.30.0",)
+
+
+def speculative_off(vllm_config: Any, path: str) -> str | None:
+    """Why the exporter ``path`` declares no checkpoint under the speculative decoding of
+    ``vllm_config`` (a str), or None (no speculative decoding, or an EAGLE/MTP drafter on a path
+    of :data:`SPEC_DECODE_PATHS`). vLLM 0.30 treats ``speculative_config.use_eagle()`` drafters
+    (``eagle``, ``eagle3``, ``mtp``: ``qwen3_next_mtp`` is rewritten to ``mtp``, ``dflash``,
+    ``dspark``) by its EAGLE block drop, which the Mamba manager's checkpoint follows
+    (``get_mamba_prefill_checkpoint_position(..., drop)``, one prefix-match unit lower) and the
+    engine's plan lists (``core.step_checkpoints``); other drafters (``ngram``, a draft model,
+    ``suffix``, ``medusa``) are not checked against the plan."""
+    spec = getattr(vllm_config, "speculative_config", None)
+    if spec is None:
+        return None
+    if not spec.use_eagle():
+        return (f"speculative decoding with method {getattr(spec, 'method', None)!r}, not an "
+                "EAGLE/MTP drafter (vLLM's split kept)")
+    if path not in SPEC_DECODE_PATHS:
+        return (f"EAGLE/MTP speculative decoding: the {path} path does not write GDN checkpoints "
+                "under speculative decoding (its worker wraps no speculative GDN path; only "
+                f"{sorted(SPEC_DECODE_PATHS)} does; vLLM's split kept)")
+    # the plugin's loaded stack, else (an engine built without the plugin's load: the lab) the
+    # installed vLLM's version, read from its package metadata
+    version = (registry.REPORT.stack or detect_stack(path)).vllm
+    if version not in SPEC_DECODE_VLLM:
+        return (f"EAGLE/MTP speculative decoding on vLLM {version}: the {path} path writes under "
+                f"speculative decoding on vLLM {SPEC_DECODE_VLLM} only (vLLM's split kept)")
+    return None
+
+
 def exporter_path(vllm_config: Any, target: str) -> tuple[str | None, str]:
     """Which path exports GDN prefill checkpoints for the engine of ``vllm_config`` on ``target``
     (``cpu``, ``cuda``, ``npu``): ``(path, "")`` (``cpu``, ``triton``, ``ascend-fla-npu``,
     ``ascend-fused``, ``ascend-chunk``; ``ascend`` before the worker knows which) or
-    ``(None, reason)``."""
+    ``(None, reason)``; under speculative decoding only where :func:`speculative_off` allows."""
+    path, reason = _path(vllm_config, target)
+    if path is not None and (why := speculative_off(vllm_config, path)) is not None:
+        return None, why
+    return path, reason
+
+
+def _path(vllm_config: Any, target: str) -> tuple[str | None, str]:
+    """:func:`exporter_path` before the speculative decoding check."""
     if mode() == "off":
         return None, f"{ENV_VAR}=off"
     cache = getattr(vllm_config, "cache_config", None)
@@ -89,8 +140,6 @@ def exporter_path(vllm_config: Any, target: str) -> tuple[str | None, str]:
         return None, "not a Qwen GDN model"
     if not getattr(cache, "enable_prefix_caching", False) or cache.mamba_cache_mode != "align":
         return None, "prefix caching not in align mode"
-    if getattr(vllm_config, "speculative_config", None) is not None:
-        return None, "speculative decoding configured (vLLM's split kept)"
     if target == "cpu":  # vLLM 0.33 sends other dtypes to the Triton path (triton-cpu)
         dtype = str(getattr(model, "dtype", "torch.bfloat16"))
         return ("cpu", "") if dtype == "torch.bfloat16" else (None, f"CPU GDN in {dtype}")
@@ -167,7 +216,8 @@ def _to_device(device: Any) -> ops.ToDevice:
 
 
 def build_checkpoints(builder: Any, common: Any, metadata: Any, stack: Stack,
-                      kernel_meta: Callable[[Any, Any], ops.KernelMeta | None]):
+                      kernel_meta: Callable[[Any, Any], ops.KernelMeta | None],
+                      draft_tokens_cpu: torch.Tensor | None = None):
     """The step's :class:`~vllm_hybrid_npu.ops.gdn_checkpoint.CheckpointMetadata` for a GDN
     metadata ``builder`` (vLLM's or vllm-ascend's; its ``kv_cache_spec``, ``vllm_config``), or None,
     from the step's ``CommonAttentionMetadata`` (host ``query_start_loc_cpu`` and
@@ -180,14 +230,21 @@ def build_checkpoints(builder: Any, common: Any, metadata: Any, stack: Stack,
     the step (:data:`STEP`, :mod:`.gdn_step_checkpoints`), with its block ids: no block-table
     column is read for them.
 
+    In a step with speculative decode rows (``metadata.spec_sequence_masks`` set; the rows whose
+    ``draft_tokens_cpu``, vLLM's ``num_decode_draft_tokens_cpu`` int32 [R], is >= 0) the plan is
+    of the other rows alone, in vLLM's non-speculative order and token layout (the rows and
+    tokens its ``non_spec_token_indx`` selects, ``num_decodes`` 0: vLLM runs their 1-token rows
+    as prefills there), which the CPU path's ``_spec_aware_nonspec_subset`` receives; only on
+    :data:`SPEC_DECODE_VLLM` and the CPU target (nothing is declared under speculative decoding
+    elsewhere: :data:`SPEC_DECODE_PATHS`).
+
     Raises:
         RuntimeError: the runner gave no ``seq_lens_cpu_upper_bound`` where it is read (the
-            reserved checkpoint block would be cached unwritten), or the engine's list names a
-            position outside its row's chunk (:func:`_with_explicit`).
+            reserved checkpoint block would be cached unwritten), the engine's list names a
+            position outside its row's chunk (:func:`_with_explicit`) or a speculative decode row.
     """
     spec, config, table = builder.kv_cache_spec, builder.vllm_config, common.block_table_tensor
-    if (getattr(spec, "num_prefill_checkpoint_blocks", 0) <= 0 or metadata.num_prefills == 0
-            or metadata.spec_sequence_masks is not None):
+    if getattr(spec, "num_prefill_checkpoint_blocks", 0) <= 0 or metadata.num_prefills == 0:
         return None
     n = int(common.num_reqs)
     qsl = common.query_start_loc_cpu[: n + 1].tolist()
@@ -195,6 +252,22 @@ def build_checkpoints(builder: Any, common: Any, metadata: Any, stack: Stack,
     if common.seq_lens_cpu_upper_bound is None and (explicit or stack.vllm not in VLLM_PLAN):
         raise RuntimeError(f"vllm-hybrid-npu GDN prefill checkpoints: the model runner passed no "
                            f"seq_lens_cpu_upper_bound; set {ENV_VAR}=off")
+    seq_lens = None if common.seq_lens_cpu_upper_bound is None else \
+        common.seq_lens_cpu_upper_bound[:n].tolist()
+    if metadata.spec_sequence_masks is not None:
+        if stack.target != "cpu" or stack.vllm not in SPEC_DECODE_VLLM:
+            return None  # only the CPU worker wraps vLLM's speculative GDN path
+        drafted = (draft_tokens_cpu[:n] >= 0).tolist() if draft_tokens_cpu is not None \
+            else metadata.spec_sequence_masks[:n].tolist()
+        keep = [r for r in range(n) if not drafted[r]]  # vLLM's non-speculative rows, in order
+        if bad := sorted(set(explicit) - set(keep)):
+            raise RuntimeError(f"vllm-hybrid-npu GDN checkpoints: the engine sent checkpoints for "
+                               f"speculative decode rows {bad}: {[explicit[r] for r in bad]}")
+        explicit = {keep.index(r): v for r, v in explicit.items()}
+        qlens = [qsl[r + 1] - qsl[r] for r in keep]
+        qsl, seq_lens, n = [0, *itertools.accumulate(qlens)], [seq_lens[r] for r in keep], len(keep)
+        table = table.index_select(0, torch.tensor(keep, dtype=torch.int64).to(table.device))
+        assert metadata.num_decodes == 0, "vLLM runs non-speculative decodes as prefills here"
     if stack.vllm in VLLM_PLAN:  # request rows 0..n-1; each row's block (gathered) as a column
         planned = metadata.checkpoint
         if _path_of(builder, stack) is None or (planned is None and not explicit):
@@ -205,9 +278,8 @@ def build_checkpoints(builder: Any, common: Any, metadata: Any, stack: Stack,
         from vllm.v1 import kv_cache_interface as kv
 
         spec_config = config.speculative_config
-        seq_lens, qlens = common.seq_lens_cpu_upper_bound[:n].tolist(), [e - s for s, e in zip(qsl, qsl[1:])]
         offsets, cols = core.checkpoint_offsets(
-            seq_lens, qlens,
+            seq_lens, [e - s for s, e in zip(qsl, qsl[1:])],
             hash_block_size=getattr(config.cache_config, "prefix_match_unit", None) or spec.block_size,
             block_size=spec.block_size, alignment=spec.prefill_checkpoint_alignment,
             drop_eagle_block=bool(spec_config is not None and spec_config.use_eagle_block_drop()),
@@ -215,7 +287,6 @@ def build_checkpoints(builder: Any, common: Any, metadata: Any, stack: Stack,
             valid_fn=kv.is_mamba_prefill_checkpoint_valid)
     junctions: dict = {}
     if explicit:
-        seq_lens = common.seq_lens_cpu_upper_bound[:n].tolist()
         table, offsets, cols, junctions = _with_explicit(
             table[:n], explicit, seq_lens, [e - s for s, e in zip(qsl, qsl[1:])], list(offsets),
             list(cols), _to_device(table.device))
@@ -395,7 +466,10 @@ def make_builder(kernel_meta: Callable[[Any, Any], ops.KernelMeta | None]):
         @functools.wraps(upstream)
         def build(self, common_prefix_len, common_attn_metadata, *args, **kwargs):
             md = upstream(self, common_prefix_len, common_attn_metadata, *args, **kwargs)
-            ck = build_checkpoints(self, common_attn_metadata, md, stack, kernel_meta)
+            # vLLM 0.30's build(common_prefix_len, m, num_accepted_tokens,
+            # num_decode_draft_tokens_cpu, fast_build): the rows drafted for (>= 0)
+            drafts = kwargs.get("num_decode_draft_tokens_cpu", args[1] if len(args) > 1 else None)
+            ck = build_checkpoints(self, common_attn_metadata, md, stack, kernel_meta, drafts)
             return md if ck is None else with_checkpoints(md, ck)
 
         return build
@@ -574,12 +648,8 @@ def _make_cpu_forward(upstream: Any, stack: Stack) -> Any:
         ck = getattr(attn_metadata_i, FIELD, None)
         if ck is None:
             return upstream(layer, attn_metadata_i, mixed_qkv, b, a, core_attn_out)
-        rounds = ck.memo("cpu-rounds", lambda: _cpu_rounds(ck.plan, attn_metadata_i))
-        for idx, sub, copy in rounds:
-            if copy is not None:  # the running states (conv, SSM) after a round are checkpoints
-                dst, src = copy
-                for state in (layer.kv_cache[0], layer.kv_cache[1]):
-                    state[ck.slots[dst]] = state[src]
+        for idx, sub, copy in ck.memo("cpu-rounds", lambda: _cpu_rounds(ck.plan, attn_metadata_i)):
+            _copy_states(layer, ck, copy)  # the whole conv block: it is width - 1 wide here
             out = core_attn_out.new_zeros((idx.numel(), *core_attn_out.shape[1:]))
             upstream(layer, sub, mixed_qkv[idx], b[idx], a[idx], out)
             core_attn_out[idx] = out
@@ -587,8 +657,77 @@ def _make_cpu_forward(upstream: Any, stack: Stack) -> Any:
     return _cpu_gdn_attention_nonspec
 
 
+def _make_cpu_spec_forward(upstream: Any, stack: Stack) -> Any:
+    """vLLM 0.30's ``_spec_aware_nonspec``: the CPU GDN function under speculative decoding in a
+    step without speculative decode rows (the conv state ``width - 1 + k`` wide), split at the
+    checkpoints as :func:`_make_cpu_forward` splits the non-speculative one."""
+    @functools.wraps(upstream)
+    def _spec_aware_nonspec(layer, attn_metadata_i, mixed_qkv, b, a, core_attn_out, conv_buf,
+                            ssm_state, width):
+        ck = getattr(attn_metadata_i, FIELD, None)
+        if ck is None:
+            return upstream(layer, attn_metadata_i, mixed_qkv, b, a, core_attn_out, conv_buf,
+                            ssm_state, width)
+        for idx, sub, copy in ck.memo("cpu-rounds", lambda: _cpu_rounds(ck.plan, attn_metadata_i)):
+            _copy_states(layer, ck, copy, width - 1)
+            out = core_attn_out.new_zeros((idx.numel(), *core_attn_out.shape[1:]))
+            upstream(layer, sub, mixed_qkv[idx], b[idx], a[idx], out, conv_buf, ssm_state, width)
+            core_attn_out[idx] = out
+
+    return _spec_aware_nonspec
+
+
+def _make_cpu_spec_subset(upstream: Any, stack: Stack) -> Any:
+    """vLLM 0.30's ``_spec_aware_nonspec_subset``: the non-speculative rows of a step with
+    speculative decode rows (``mixed_qkv`` [T, D] their tokens, ``non_spec_token_indx``'s order;
+    returns their output [T, H, V]), split at the checkpoints (the plan is of these rows alone,
+    :func:`build_checkpoints`). The speculative rows run before, on their own state slots."""
+    @functools.wraps(upstream)
+    def _spec_aware_nonspec_subset(layer, attn_metadata_i, mixed_qkv, b, a, conv_buf, ssm_state,
+                                   width):
+        ck = getattr(attn_metadata_i, FIELD, None)
+        if ck is None:
+            return upstream(layer, attn_metadata_i, mixed_qkv, b, a, conv_buf, ssm_state, width)
+        result = None
+        for idx, sub, copy in ck.memo("cpu-rounds", lambda: _cpu_rounds(ck.plan, attn_metadata_i)):
+            _copy_states(layer, ck, copy, width - 1)
+            out = upstream(layer, sub, mixed_qkv[idx], b[idx], a[idx], conv_buf, ssm_state, width)
+            if result is None:
+                result = out.new_empty((mixed_qkv.shape[0], *out.shape[1:]))
+            result[idx] = out
+        return result
+
+    return _spec_aware_nonspec_subset
+
+
+def _copy_states(layer: Any, ck: ops.CheckpointMetadata, copy: tuple | None,
+                 conv_cols: int | None = None) -> None:
+    """The running states after a round into the checkpoint blocks that round ends at (``copy``:
+    ``(checkpoints, source slots)``, int64 [m] each; None: nothing). The SSM state [slots, H, V,
+    K] whole; of the conv state the first ``conv_cols`` time columns (None: the whole block, which
+    is ``width - 1`` wide without speculative decoding). Under speculative decoding the conv
+    buffer is ``width - 1 + k`` wide and ``conv_cols`` is ``width - 1``: the columns vLLM's
+    prefill convolution reads and writes (``causal_conv1d_fn_cpu``'s ``conv_states[slot, :,
+    :width - 1]``); a prefill never writes the other ``k``, so vLLM's split leaves the checkpoint
+    block's as they were, and so does this copy."""
+    if copy is None:
+        return
+    dst, src = ck.slots[copy[0]], copy[1]
+    if conv_cols is None:
+        conv = layer.kv_cache[0]
+    else:
+        from vllm.model_executor.layers.mamba.mamba_utils import is_conv_state_dim_first
+
+        conv = layer.kv_cache[0] if is_conv_state_dim_first() else layer.kv_cache[0].transpose(-1, -2)
+        conv = conv[:, :, :conv_cols]  # [slots, D, conv_cols], a view of the cache
+    conv[dst] = conv[src]
+    layer.kv_cache[1][dst] = layer.kv_cache[1][src]
+
+
 def _cpu_rounds(plan: core.StepPlan, md: Any) -> list:
-    """vLLM's CPU GDN function (conv and recurrence in one) split at the checkpoints: the decodes
+    """vLLM's CPU GDN function (conv and recurrence in one; its non-speculative function, or under
+    speculative decoding ``_spec_aware_nonspec`` or ``_spec_aware_nonspec_subset``, whose rows
+    ``md`` describes with ``num_decodes`` 0) split at the checkpoints: the decodes
     and every prefill row up to its first checkpoint, then (``plan.rounds``) each row's next
     segment once the running states are copied into the checkpoint blocks that segment starts at.
     ``(token index, metadata, copy)`` per call; ``copy`` None or ``(checkpoints, source states)``."""
@@ -603,12 +742,17 @@ def _cpu_rounds(plan: core.StepPlan, md: Any) -> list:
             [states[d + plan.ckpt_seq[i]] for i in ends]))
         decodes = d if k == 0 else 0
         cu = [0, *itertools.accumulate(e - s for s, e, _, _ in rows)]
+        slots, has_state = [r[2] for r in rows], [r[3] for r in rows]
         out.append((torch.tensor([t for s, e, _, _ in rows for t in range(s, e)]), dataclasses.replace(
             md, num_decodes=decodes, num_decode_tokens=decodes, num_prefills=len(rows) - decodes,
             num_prefill_tokens=cu[-1] - decodes, num_actual_tokens=cu[-1],
-            has_initial_state=torch.tensor([r[3] for r in rows]),
+            has_initial_state=torch.tensor(has_state),
             non_spec_query_start_loc=torch.tensor(cu, dtype=torch.int32),
-            non_spec_state_indices_tensor=torch.tensor([r[2] for r in rows], dtype=torch.int32)),
+            non_spec_state_indices_tensor=torch.tensor(slots, dtype=torch.int32),
+            # what the speculative path's subset function reads (vLLM's prefill fields)
+            prefill_query_start_loc=torch.tensor([c - decodes for c in cu[decodes:]], dtype=torch.int32),
+            prefill_state_indices=torch.tensor(slots[decodes:], dtype=torch.int32),
+            prefill_has_initial_state=torch.tensor(has_state[decodes:])),
             copy))
     return out
 
@@ -834,6 +978,18 @@ PATCHES = [
           "_cpu_gdn_attention_nonspec", _make_cpu_forward, ("cpu",),
           "vLLM's CPU GDN function in two rounds split at the checkpoint (split-exact)",
           signature=("layer", "attn_metadata_i", "mixed_qkv", "b", "a", "core_attn_out")),
+    entry("gdn-checkpoint-cpu-spec", "vllm.model_executor.layers.mamba.ops.cpu.gdn_attention",
+          "_spec_aware_nonspec", _make_cpu_spec_forward, ("cpu",),
+          "under EAGLE/MTP speculative decoding, a step without speculative decode rows: vLLM's "
+          "CPU GDN function (the wide conv buffer) in rounds split at the checkpoints",
+          vllm=SPEC_DECODE_VLLM, signature=("layer", "attn_metadata_i", "mixed_qkv", "b", "a",
+                                            "core_attn_out", "conv_buf", "ssm_state", "width")),
+    entry("gdn-checkpoint-cpu-spec-subset", "vllm.model_executor.layers.mamba.ops.cpu.gdn_attention",
+          "_spec_aware_nonspec_subset", _make_cpu_spec_subset, ("cpu",),
+          "under EAGLE/MTP speculative decoding, the prefill rows of a step with speculative "
+          "decode rows in rounds split at the checkpoints (the decode rows untouched)",
+          vllm=SPEC_DECODE_VLLM, signature=("layer", "attn_metadata_i", "mixed_qkv", "b", "a",
+                                            "conv_buf", "ssm_state", "width")),
     entry("gdn-checkpoint-triton", QWEN_GDN, "QwenGatedDeltaNetAttention._forward_core",
           make_forward, ("cuda",), "conv checkpoints from the step's input rows; the SSM ones "
           "from the FLA kernel (next two entries)", signature=FORWARD_SIGNATURE),

@@ -142,6 +142,10 @@ def decide(scheduler: Any, stack: Stack) -> tuple:
         set_managers(kv, ())
         return ()
     found = eligible(kv)
+    if not found and scheduler.use_eagle_block_drop:
+        gdn._log_once("second-eagle", "second block: %s, but none here: EAGLE/MTP's block drop "
+                      "(the checkpoint one unit lower is the one the drafter's hit needs)",
+                      envs.option_text(KEY, "on"))
     set_managers(kv, found)
     return found
 

@@ -10,7 +10,8 @@ placed its block, and travels on the ``SchedulerOutput`` (:data:`ATTR`):
   prefill request, :func:`~vllm_hybrid_npu.core.prefill_checkpoints.step_checkpoints` of the
   chunk: ``(position, block id, kind)`` for each shared-prefix junction block
   (:mod:`.gdn_junction`), crossed block boundary, second checkpoint block
-  (:mod:`.gdn_second_checkpoint`) and, beside them, the chunk's own checkpoint; read from the
+  (:mod:`.gdn_second_checkpoint`) and, beside them or under EAGLE/MTP's block drop (the
+  drafter-drop position the manager reserved), the chunk's own checkpoint; read from the
   Mamba manager's own records (``req_to_blocks``, ``_checkpoints``), plain data, so it survives
   the multiprocess executor's pickle;
 * worker side, the model runner's ``execute_model`` (``gdn-checkpoint-receive``: vLLM's V1 GPU
@@ -65,13 +66,17 @@ def planned_managers(scheduler: Any, target: str) -> tuple:
 def plan(scheduler: Any, scheduler_output: Any, managers: tuple) -> dict:
     """The step's explicit checkpoints (:data:`ATTR`'s value) for ``scheduler_output`` after vLLM's
     ``_update_after_schedule`` (each request's ``num_computed_tokens`` is its chunk's end): every
-    request scheduled more than one token, in each manager of ``managers``. A second block
+    request scheduled more than one token and no draft tokens (a speculative decode row schedules
+    ``1 + k`` tokens, ``scheduled_spec_decode_tokens``; it crosses no prefill checkpoint), in
+    each manager of ``managers``. A second block
     (``gdn_second_checkpoint.EXTRA``) cached in this step's allocation is listed and marked
     ``sent``; one taken but not cached (a delayed KV load) is marked ``unused``, so a later cache
     call does not key it unwritten."""
     payload: dict[int, dict[str, tuple]] = {}
     requests = scheduler.requests
-    chunks = [(rid, n) for rid, n in scheduler_output.num_scheduled_tokens.items() if n > 1]
+    drafts = getattr(scheduler_output, "scheduled_spec_decode_tokens", None) or {}
+    chunks = [(rid, n) for rid, n in scheduler_output.num_scheduled_tokens.items()
+              if n > 1 and rid not in drafts]
     for manager in managers:
         extras = vars(manager).get(second.EXTRA) or {}
         block, group = manager.block_size, manager.kv_cache_group_id
@@ -85,7 +90,8 @@ def plan(scheduler: Any, scheduler_output: Any, managers: tuple) -> dict:
             if not blocks:  # none in this group (a request it holds no blocks for)
                 continue
             found = core.step_checkpoints(end - n, end, block, checkpoint,
-                                          [b.block_id for b in blocks], pair)
+                                          [b.block_id for b in blocks], pair,
+                                          eagle_drop=bool(getattr(manager, "drop_eagle_checkpoint_block", False)))
             if found:
                 payload.setdefault(group, {})[rid] = found
         for extra in extras.values():

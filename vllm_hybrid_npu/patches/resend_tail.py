@@ -10,6 +10,11 @@ attention entry lies at the prompt's end, which a resend (matching at most ``num
 (docs/patches.md, ``resend-tail``). vLLM 0.32 registers the tail at ``(num_prompt_tokens - 1) //
 unit * unit``.
 
+Under EAGLE/MTP's block drop (an eagle attention group, ``use_eagle``) the attention lookup
+matches one unit past the hit and drops it, and the Mamba checkpoint sits one unit lower
+(``n - 2 * unit``): the tail at ``n - unit`` is what lands the resend on it (vLLM 0.30's tail at
+``n``, or none for a prompt ending on a block boundary, left the resend 0 tokens).
+
 The rule changes only requests whose Mamba manager holds a prefill checkpoint at that boundary
 (engines declaring ``MambaSpec.num_prefill_checkpoint_blocks``: ours, or vLLM 0.30's own for
 Kimi's KDA). Elsewhere 0.30 stores the Mamba state at the prompt's end (vLLM's split; a prompt of
@@ -51,8 +56,11 @@ def _make_tail(upstream: Any, stack: Stack) -> Any:
         end = n - unit
         checkpoints = [getattr(m, "_checkpoints", {}).get(request.request_id)
                        for m in getattr(self, FLAG, ())]
-        # elsewhere 0.30's and 0.32's boundaries agree, or the Mamba state is at the prompt's end
-        if self.use_eagle or n % unit or not any(c and c[0] == end for c in checkpoints):
+        # elsewhere 0.30's and 0.32's boundaries agree, or the Mamba state is at the prompt's end;
+        # under EAGLE's drop the lookup matches one unit past the hit, so the tail at n - unit
+        # serves the checkpoint one unit lower
+        drop = unit if self.use_eagle else 0
+        if n % unit or not any(c and c[0] == end - drop for c in checkpoints):
             return upstream(self, request, num_tokens)
         blocks = self.req_to_blocks[request.request_id]
         if 0 < end <= num_tokens and end % self.block_size and end // self.block_size < len(blocks):

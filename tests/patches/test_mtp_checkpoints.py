@@ -1,0 +1,292 @@
+"""GDN prefill checkpoints under EAGLE/MTP speculative decoding, engine side (vLLM 0.30).
+
+vLLM 0.30 rewrites ``qwen3_next_mtp`` to method ``mtp`` (``use_eagle()`` true): every KV-cache
+group becomes an eagle group, the full-attention lookup drops one prefix-match unit ``h`` from the
+hit, and with a prefill checkpoint declared the Mamba manager reserves the prompt's checkpoint one
+unit lower (``get_mamba_prefill_checkpoint_position(N, h, drop=True)``). On vLLM's real
+``Scheduler`` and KV-cache manager (tiny hybrid, block ``B = 256``, the exporter's checkpoint
+declared, a stub with ``SpeculativeConfig``'s predicates for ``mtp``, no model), with the plugin's
+engine entries applied and the CPU path writing under speculative decoding (``SPEC_DECODE_PATHS``;
+its worker's part: tests/patches/test_cpu_spec_checkpoints.py), prompt lengths drawn fresh,
+``h`` = ``B`` and 64, expected numbers by hand:
+
+* a cold prompt of ``N`` tokens (``N`` within the 2,048-token budget, its checkpoint valid) takes
+  one prefill step, as caching off does;
+* the engine's list for that step names, in each GDN KV-cache group, the drafter-drop position
+  ``cp = (N - 1) // h * h - h`` with the block in column ``cdiv(N, B) - 2`` (kind ``prompt``);
+* a repeat hits ``cp``: at least the same engine's hit without speculative decoding minus ``h``,
+  never 0 where that hit is 2 units or more; the Mamba block the lookup returns at column
+  ``(hit - 1) // B`` is keyed at the hit's length;
+* 1, 2 and 3 speculative tokens give the same checkpoints and hits (align mode ignores
+  lookahead);
+* drafters vLLM does not treat as EAGLE are refused with a reason, and so are EAGLE/MTP on the
+  CUDA and NPU paths (their workers do not write under speculative decoding) and on a vLLM other
+  than 0.30; decode rows with draft tokens are not planned.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import types
+
+import pytest
+
+pytest.importorskip("vllm")
+
+from vllm_hybrid_npu.patches import gdn_mamba_manager as M  # noqa: E402
+from vllm_hybrid_npu.patches import gdn_prefill_checkpoint as G  # noqa: E402
+from vllm_hybrid_npu.patches import gdn_step_checkpoints as P  # noqa: E402
+
+B, BUDGET = 256, 2048
+#: the plugin's engine-side entries on the CPU target (the worker's wait for the runner's module)
+ENTRIES = tuple(p.name for p in M.PATCHES) + (
+    "gdn-checkpoint-send", "gdn-chunk-end", "resend-tail-declared", "resend-tail")
+
+
+def _cpu_stack():
+    from vllm_hybrid_npu.support import Stack, detect_stack
+
+    return Stack(target="cpu", vllm=detect_stack().vllm)
+
+
+def _outside() -> str | None:
+    from vllm_hybrid_npu.patches.registry import stack_skip_reason
+
+    return stack_skip_reason(M.PATCHES[0], _cpu_stack())
+
+
+pytestmark = pytest.mark.skipif(_outside() is not None, reason=f"MTP checkpoints: {_outside()}")
+
+
+def spec_stub(k: int, method: str = "mtp", eagle: bool = True):
+    """vLLM 0.30 ``SpeculativeConfig``'s predicates for ``method`` with ``k`` speculative tokens
+    (a real one needs the target's HF files for its draft config)."""
+    return types.SimpleNamespace(
+        method=method, num_speculative_tokens=k, num_speculative_tokens_per_batch_size=None,
+        disable_eagle_block_drop=False, use_eagle=lambda: eagle,
+        use_eagle_block_drop=lambda: eagle, use_multi_module_mtp=lambda: False,
+        use_dflash=lambda: False, use_dspark=lambda: False, uses_draft_model=lambda: False,
+        uses_extract_hidden_states=lambda: False,
+        uses_dynamic_speculative_decoding=lambda: False, max_num_new_slots_for_drafting=0,
+        draft_model_config=None)
+
+
+@pytest.fixture(scope="module")
+def tiny_config(tmp_path_factory):
+    from vllm_hybrid_npu_lab.presets import TINY_HYBRID, resolve_model
+
+    d = tmp_path_factory.mktemp("tiny-hybrid-mtp")
+    (d / "config.json").write_text(json.dumps(TINY_HYBRID))
+    return resolve_model(str(d))[1]
+
+
+@pytest.fixture
+def engine_entries(apply_entries, monkeypatch):
+    """The engine entries applied for the CPU target, its path counted as writing under
+    speculative decoding (``SPEC_DECODE_PATHS``)."""
+    assert "cpu" in G.SPEC_DECODE_PATHS
+    report = apply_entries(*ENTRIES, stack=_cpu_stack())
+    assert not report.failed, report.line()
+    assert set(ENTRIES) <= set(report.applied) | set(report.pending), report.line()
+    return report
+
+
+class Engine:
+    """vLLM's real ``Scheduler`` for the tiny hybrid (block 256, prefix-match unit ``unit``, the
+    exporter's checkpoint declared), with ``k`` MTP tokens (0: no speculative decoding)."""
+
+    def __init__(self, cfg, unit: int, k: int):
+        from vllm.utils.hashing import get_hash_fn_by_name
+        from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+        from vllm.v1.core.sched.scheduler import Scheduler
+        from vllm.v1.kv_cache_interface import MambaSpec
+        from vllm.v1.structured_output import StructuredOutputManager
+
+        from vllm_hybrid_npu_lab.model import build_setup
+        from vllm_hybrid_npu_lab.upstream_grid import UpstreamSetting
+
+        setup = build_setup(cfg, kv_cache_bytes=64 << 20, max_model_len=4096, block_size=B,
+                            prefill_checkpoints=True, max_num_batched_tokens=BUDGET,
+                            tune=UpstreamSetting(pmu=None if unit == B else unit, ckpt=True).tune)
+        vc = setup.vllm_config
+        if k:  # as vLLM builds it: the config, and MambaBase.get_kv_cache_spec's spec blocks
+            object.__setattr__(vc, "speculative_config", spec_stub(k))
+            for g in setup.kv_cache_config.kv_cache_groups:
+                if isinstance(g.kv_cache_spec, MambaSpec):
+                    g.kv_cache_spec = dataclasses.replace(g.kv_cache_spec, num_speculative_blocks=k)
+        self.sched = Scheduler(vllm_config=vc, kv_cache_config=setup.kv_cache_config,
+                               structured_output_manager=StructuredOutputManager(vc),
+                               block_size=setup.scheduler_block_size,
+                               hash_block_size=setup.hash_block_size, log_stats=False)
+        assert (self.sched.cache_config.block_size, self.sched.hash_block_size) == (B, unit)
+        assert self.sched.use_eagle_block_drop == bool(k)
+        hash_fn = get_hash_fn_by_name(vc.cache_config.prefix_caching_hash_algo)
+        init_none_hash(hash_fn)
+        self.hasher = get_request_block_hasher(setup.hash_block_size, hash_fn)
+        self.n, self.outputs, self.reserved = 0, [], []
+
+    @property
+    def mamba(self):
+        from vllm.v1.core.single_type_kv_cache_manager import MambaManager
+
+        return [m for m in self.sched.kv_cache_manager.coordinator.single_type_managers
+                if isinstance(m, MambaManager)]
+
+    def request(self, prompt, rid):
+        from vllm.sampling_params import SamplingParams
+        from vllm.v1.request import Request
+
+        return Request(request_id=rid, prompt_token_ids=list(prompt),
+                       sampling_params=SamplingParams(max_tokens=1, ignore_eos=True),
+                       pooling_params=None, block_hasher=self.hasher)
+
+    def run(self, prompt):
+        """``prompt`` to its one output token: ``(hit tokens, prefill steps)``. Records per step
+        each Mamba group's ``(checkpoint record, block ids by column)`` (:attr:`reserved`)."""
+        from vllm.v1.outputs import ModelRunnerOutput
+
+        self.n += 1
+        req = self.request(prompt, f"r{self.n}")
+        self.sched.add_request(req)
+        hit, steps, self.reserved = None, 0, []
+        while self.sched.has_unfinished_requests():
+            out = self.sched.schedule()
+            self.outputs.append(out)
+            if hit is None:
+                hit = out.scheduled_new_reqs[0].num_computed_tokens
+            steps += 1
+            self.reserved.append({m.kv_cache_group_id: (
+                m._checkpoints.get(req.request_id),
+                [b.block_id for b in m.req_to_blocks[req.request_id]]) for m in self.mamba})
+            done = req.num_computed_tokens >= req.num_tokens
+            self.sched.update_from_output(out, ModelRunnerOutput(
+                req_ids=[req.request_id], req_id_to_index={req.request_id: 0},
+                sampled_token_ids=[[7] if done else []]))
+        return hit, steps
+
+    def lookup(self, prompt):
+        """The coordinator's hit for ``prompt`` now (read-only) and, per Mamba group, the key
+        length (tokens) of the block it returns at column ``(hit - 1) // B``."""
+        req = self.request(prompt, "probe")
+        co = self.sched.kv_cache_manager.coordinator
+        blocks, hit, _ = co.find_longest_cache_hit(req.block_hashes, req.num_tokens - 1)
+        keys = {m.kv_cache_group_id: blocks[m.kv_cache_group_id][(hit - 1) // B].block_hash_num_tokens
+                for m in self.mamba} if hit else {}
+        return hit, keys
+
+
+def _cdiv(a, b):
+    return -(-a // b)
+
+
+def _draws(rng, unit):
+    """Prompt lengths (tokens) within the budget whose drafter-drop checkpoint vLLM reserves
+    (``is_mamba_prefill_checkpoint_valid`` from 0: the checkpoint at least one unit in, its
+    column ``cdiv(N, B) - 2`` at least 0): one off the block grid, one on it and, below the
+    block, one on the unit's grid off the block's."""
+    low = 2 * B + 1 if unit == B else B + 1  # h = B: cp = (N-1)//B*B - B >= B needs N > 2B
+    off = rng.choice([n for n in range(low, BUDGET + 1) if n % B])
+    on = B * rng.randrange(_cdiv(low, B), BUDGET // B + 1)
+    if unit == B:
+        return off, on
+    return off, on, rng.choice([n for n in range(_cdiv(low, unit) * unit, BUDGET + 1, unit) if n % B])
+
+
+def _prompt(rng, n):
+    return [rng.randrange(1, 30000) for _ in range(n)]
+
+
+@pytest.mark.parametrize("unit", [B, 64])
+def test_cold_prompt_lists_the_drafter_drop_checkpoint(tiny_config, engine_entries, rng, unit):
+    for n in _draws(rng, unit):
+        cp, col = (n - 1) // unit * unit - unit, _cdiv(n, B) - 2  # by hand: one unit below
+        prompt = _prompt(rng, n)
+        plain = Engine(tiny_config, unit, 0)
+        plain.run(prompt)
+        base, _ = plain.run(prompt)  # the same engine's repeat without speculative decoding
+        mtp = Engine(tiny_config, unit, 1)
+        where = dict(n=n, unit=unit, cp=cp, col=col, no_spec_hit=base)
+        hit, steps = mtp.run(prompt)
+        assert (hit, steps) == (0, 1), where  # caching off: one step within the budget
+        sent = getattr(mtp.outputs[0], P.ATTR, None)
+        assert sent is not None and set(sent) == {m.kv_cache_group_id for m in mtp.mamba}, where
+        for group, (record, ids) in mtp.reserved[0].items():
+            assert record == (cp, col), where  # vLLM's manager reserved it there
+            assert sent[group] == {"r1": ((cp, ids[col], "prompt"),)}, where
+            assert ids[col] != 0, where
+        seen, keys = mtp.lookup(prompt)
+        hit, steps = mtp.run(prompt)
+        where.update(repeat_hit=hit)
+        print(where)
+        assert seen == hit == cp, where
+        assert hit >= base - unit and (hit > 0 or base < 2 * unit), where
+        assert set(keys.values()) == {hit}, (where, keys)  # the state at the hit's length
+
+
+def test_speculative_tokens_give_the_same_checkpoints(tiny_config, engine_entries, rng):
+    unit = rng.choice([B, 64])
+    n = rng.choice(_draws(rng, unit))
+    prompt, rows = _prompt(rng, n), []
+    for k in (1, 2, 3):
+        eng = Engine(tiny_config, unit, k)
+        eng.run(prompt)
+        sent = getattr(eng.outputs[0], P.ATTR)
+        # positions, kinds and the block's column (ids differ with the spec blocks taken)
+        columns = {g: [(p, eng.reserved[0][g][1].index(b), kind) for p, b, kind in v["r1"]]
+                   for g, v in sent.items()}
+        rows.append((columns, eng.run(prompt)))
+    print(dict(n=n, unit=unit, rows=rows))
+    assert rows[0] == rows[1] == rows[2], dict(n=n, unit=unit, rows=rows)
+
+
+def test_exporter_path_under_speculative_decoding(tiny_config, monkeypatch):
+    """An EAGLE/MTP drafter: the CPU path (its worker writes under speculative decoding on vLLM
+    0.30); refused with the reason logged on the CUDA and NPU paths, on another vLLM and with the
+    CPU path taken off ``SPEC_DECODE_PATHS``; a drafter vLLM does not treat as EAGLE (ngram):
+    refused with its method named."""
+    from vllm_hybrid_npu.patches import registry
+    from vllm_hybrid_npu.support import Stack
+    from vllm_hybrid_npu_lab.model import build_setup
+    from vllm_hybrid_npu_lab.upstream_grid import UpstreamSetting
+
+    vc = build_setup(tiny_config, kv_cache_bytes=64 << 20, max_model_len=4096, block_size=B,
+                     prefill_checkpoints=True, max_num_batched_tokens=BUDGET,
+                     tune=UpstreamSetting(pmu=None, ckpt=True).tune).vllm_config
+    monkeypatch.setattr(registry.REPORT, "stack", Stack("cpu", "0.30.0"))
+    assert G.exporter_path(vc, "cpu") == ("cpu", "")
+    object.__setattr__(vc, "speculative_config", spec_stub(1))
+    assert G.exporter_path(vc, "cpu") == ("cpu", "")
+    for path in ("triton", "ascend", "ascend-fla-npu", "ascend-fused", "ascend-chunk"):
+        why = G.speculative_off(vc, path)
+        assert why is not None and "EAGLE/MTP" in why and path in why, (path, why)
+    monkeypatch.setattr(registry.REPORT, "stack", Stack("cpu", "0.32.0"))
+    path, why = G.exporter_path(vc, "cpu")
+    assert path is None and "vLLM 0.32.0" in why
+    monkeypatch.setattr(registry.REPORT, "stack", Stack("cpu", "0.30.0"))
+    monkeypatch.setattr(G, "SPEC_DECODE_PATHS", frozenset())
+    path, why = G.exporter_path(vc, "cpu")
+    assert path is None and "EAGLE/MTP" in why and "cpu" in why
+    monkeypatch.setattr(G, "SPEC_DECODE_PATHS", frozenset({"cpu"}))
+    object.__setattr__(vc, "speculative_config", spec_stub(3, "ngram", eagle=False))
+    path, why = G.exporter_path(vc, "cpu")
+    assert path is None and "'ngram'" in why
+
+
+def test_plan_skips_decode_rows_with_drafts():
+    """A speculative decode row schedules 1 + k tokens across a block boundary (1023 -> 1026,
+    block 256): not a prefill chunk, nothing listed; a cold 1,100-token chunk under the drop
+    lists its checkpoint 960 (unit 64) in column 3 alone."""
+    def block(i):
+        return types.SimpleNamespace(block_id=i, is_null=i == 0)
+
+    manager = types.SimpleNamespace(
+        block_size=B, kv_cache_group_id=0, drop_eagle_checkpoint_block=True,
+        req_to_blocks={"dec": [block(i) for i in (0, 0, 0, 14, 15, 16)],
+                       "cold": [block(i) for i in (0, 0, 0, 21, 22, 23)]},
+        _checkpoints={"cold": (960, 3)})
+    sched = types.SimpleNamespace(requests={"dec": types.SimpleNamespace(num_computed_tokens=1026),
+                                            "cold": types.SimpleNamespace(num_computed_tokens=1100)})
+    out = types.SimpleNamespace(num_scheduled_tokens={"dec": 3, "cold": 1100},
+                                scheduled_spec_decode_tokens={"dec": [5, 6]})
+    assert P.plan(sched, out, (manager,)) == {0: {"cold": ((960, 21, "prompt"),)}}
