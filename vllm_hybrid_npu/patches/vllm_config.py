@@ -347,7 +347,7 @@ PATCHES = [
         signature=("self", "usage_context"),
         make=_make_flag_check,
         why=(
-            "vLLM 0.33 ignores the deprecated --mamba-cache-mode (the mode follows prefix "
+            "vLLM 0.33 / 0.34 ignore the deprecated --mamba-cache-mode (the mode follows prefix "
             "caching): an explicit align with prefix caching off, none with it on, or another "
             "mode is an error naming --mamba-cache-mode and the prefix-caching flag"
         ),
