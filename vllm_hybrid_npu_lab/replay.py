@@ -238,8 +238,12 @@ def replay(
     from vllm.utils.hashing import get_hash_fn_by_name
     from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
     from vllm.v1.outputs import ModelRunnerOutput
+
     from vllm.v1.request import Request
     from vllm.v1.structured_output import StructuredOutputManager
+
+    # vLLM 0.34's output has no req_id_to_index (its scheduler indexes by req_ids' order)
+    with_index = "req_id_to_index" in getattr(ModelRunnerOutput, "__dataclass_fields__", {})
 
     from vllm_hybrid_npu_lab.step_reasons import PrefillLedger, SplitRecorder, chunk_reason, per_prompt
     from vllm_hybrid_npu_lab.trace import carried_prompts
@@ -375,9 +379,9 @@ def replay(
             kv_out = worker.collect(clock + step_s)
         mro = ModelRunnerOutput(
             req_ids=req_ids,
-            req_id_to_index={rid: i for i, rid in enumerate(req_ids)},
             sampled_token_ids=sampled,
             kv_connector_output=kv_out,
+            **({"req_id_to_index": {rid: i for i, rid in enumerate(req_ids)}} if with_index else {}),
         )
         if worker is not None:
             # the host-tier share of a request's hit: recorded by vLLM at its lookup

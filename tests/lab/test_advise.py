@@ -455,8 +455,15 @@ def test_grid_finds_the_pair_one_axis_at_a_time_misses(cfg, rng):
     One axis at a time from the defaults takes the exporter (more hits), then finds every unit
     worse with it: it ends below the grid's pick, ``--prefix-match-unit 32`` without the exporter.
     """
+    import vllm
+
     from vllm_hybrid_npu_lab.advise import Replayer
 
+    if vllm.__version__.startswith("0.34."):
+        pytest.skip("vLLM 0.34's connector anchors its partial-tail search at the full-attention "
+                    "prefix (_lookup_partial_tail_hit): the exporter's off-block checkpoint is in "
+                    "its reach, so this premise (issue 33) does not hold there; the exporter is "
+                    "outside 0.34's support-matrix row")
     n1 = rng.choice([3, 4, 5])
     ids = iter(rng.sample(range(100, 100_000), 40))
     prompts = [(rng.randint(513, 543), [next(ids), next(ids)]) for _ in range(n1)]

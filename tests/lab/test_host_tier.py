@@ -244,10 +244,19 @@ def test_exporter_checkpoint_off_the_block_is_held_by_the_host_out_of_the_connec
     ckpt = breakdown(reqs, cfg, "upstream:pmu=64,ckpt", **kw)["rows"][3]
     assert split["held"] == [block, tail] and (split["hit"], split["host_hit"]) == (tail, tail)
     assert split["held_not_loaded"] == 0
-    assert ckpt["held"] == [tail] and (ckpt["hit"], ckpt["host_hit"]) == (0, 0)
-    assert ckpt["held_not_loaded"] == tail
-    # the lab's miss reasons: the host did not serve what the device had cached before
-    assert ckpt["miss"] == {"evicted_host": tail, "partial_block": x + 1 - tail}
+    import vllm
+
+    if vllm.__version__.startswith("0.34."):
+        # vLLM 0.34's connector anchors its partial-tail search at the full-attention prefix
+        # (OffloadingConnectorScheduler._lookup_partial_tail_hit: "a recurrent group holds state
+        # only at a producer's tail"), not at the complete hit: the checkpoint is in its reach
+        assert ckpt["held"] == [tail] and (ckpt["hit"], ckpt["host_hit"]) == (tail, tail), ckpt
+        assert ckpt["held_not_loaded"] == 0, ckpt
+    else:
+        assert ckpt["held"] == [tail] and (ckpt["hit"], ckpt["host_hit"]) == (0, 0)
+        assert ckpt["held_not_loaded"] == tail
+        # the lab's miss reasons: the host did not serve what the device had cached before
+        assert ckpt["miss"] == {"evicted_host": tail, "partial_block": x + 1 - tail}
     for pol in ("upstream", "upstream:ckpt"):
         row = breakdown(reqs, cfg, pol, **kw)["rows"][3]
         assert row["held"] == [block] and row["hit"] == row["host_hit"] == block, pol

@@ -189,14 +189,19 @@ def test_exporter_hit_inside_a_block_stops_at_the_next_boundary(cfg, rng, monkey
     monkeypatch.delenv(OPTIONS_ENV, raising=False)
     res, by = _replay(cfg, rows, "upstream:pmu=64,ckpt")
     assert res.cached_per_request == [0, m]
-    if VLLM == (0, 30):
+    # vLLM 0.34: no gdn-chunk-end for it (outside its row), so the lab binds none: vLLM's chunking
+    stop = exporter._entry("gdn-chunk-end") is not None
+    if VLLM == (0, 30) or not stop:
         assert res.prefill_steps_per_prompt == 1 and by == {}, a
     else:  # the junction entries are 0.30's: the stop stays
         assert res.prefill_steps_per_prompt == 3 / 2 and by == {"mid_block_start": 1}, a
     monkeypatch.setenv(OPTIONS_ENV, "junctions=off")
     res, by = _replay(cfg, rows, "upstream:pmu=64,ckpt")
     assert res.cached_per_request == [0, m]
-    assert res.prefill_steps_per_prompt == 3 / 2 and by == {"mid_block_start": 1}, a
+    if stop:
+        assert res.prefill_steps_per_prompt == 3 / 2 and by == {"mid_block_start": 1}, a
+    else:
+        assert res.prefill_steps_per_prompt == 1 and by == {}, a
     # without the entry (vLLM's chunking under the checkpoint): B in one step, nothing extra
     monkeypatch.setattr(exporter, "apply_mid_block_stop", lambda scheduler: False)
     res, by = _replay(cfg, rows, "upstream:pmu=64,ckpt")

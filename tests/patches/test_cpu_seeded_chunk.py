@@ -97,6 +97,11 @@ def test_applies_where_the_installed_cpu_runner_rewinds_by_offset():
     """The probe reads the installed vLLM's CPU runner: 0.30.0, 0.32.0 and 0.33.0 rewind by
     offset in ``GPUModelRunner._bookkeeping_sync`` (not overridden by ``CPUModelRunner``), so
     the entry applies, and ``sample_tokens`` has the signature it wraps."""
+    import vllm
+
+    if vllm.__version__.startswith("0.34."):
+        pytest.skip("vLLM 0.34's CPU worker builds the V2 runner only (its V1 runner module no "
+                    "longer imports): the entry is outside its row")
     runner_mod = pytest.importorskip("vllm.v1.worker.cpu_model_runner")
     cls = runner_mod.CPUModelRunner
     # the entry sets the attribute on CPUModelRunner once applied in this process

@@ -8,6 +8,7 @@ pass is stood in (as in the hit-rate lab). Expected numbers are worked out by ha
 
 from __future__ import annotations
 
+import inspect
 import json
 import random
 
@@ -91,8 +92,9 @@ def _run_one(sched, hasher, rid, tokens, max_tokens, stats_out):
         chunks += [out.num_scheduled_tokens[r] for r in ids if r == rid]
         sampled = [[7] if sched.requests[r].num_computed_tokens >= sched.requests[r].num_tokens
                    else [] for r in ids]
-        mro = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
-                                sampled_token_ids=sampled)
+        index = ({"req_id_to_index": {r: i for i, r in enumerate(ids)}}  # none on vLLM 0.34
+                 if "req_id_to_index" in inspect.signature(ModelRunnerOutput).parameters else {})
+        mro = ModelRunnerOutput(req_ids=ids, sampled_token_ids=sampled, **index)
         for eco in sched.update_from_output(out, mro).values():
             if eco.scheduler_stats is not None:
                 stats_out.append(eco.scheduler_stats)

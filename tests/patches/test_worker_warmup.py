@@ -18,7 +18,8 @@ def launcher_installed(monkeypatch):
     """Our launcher in ``vllm.v1.worker.mamba_utils`` (as the copy-kernel entry leaves it)."""
     from vllm.v1.worker import mamba_utils
 
-    monkeypatch.setattr(mamba_utils, "batch_memcpy", registry.mark(lambda s, d, n: None))
+    monkeypatch.setattr(mamba_utils, "batch_memcpy", registry.mark(lambda s, d, n: None),
+                        raising=False)  # vLLM 0.34 has none (its V2 runner's fused kernels copy)
 
 
 def _wrapped(calls):
@@ -53,7 +54,8 @@ def test_v2_runner_is_told_and_not_warmed(launcher_installed, monkeypatch, caplo
 def test_nothing_without_our_launcher(monkeypatch):
     from vllm.v1.worker import mamba_utils
 
-    monkeypatch.setattr(mamba_utils, "batch_memcpy", lambda s, d, n: None)  # not ours
+    monkeypatch.setattr(mamba_utils, "batch_memcpy", lambda s, d, n: None,  # not ours
+                        raising=False)
     calls = []
     monkeypatch.setattr("vllm_hybrid_npu.ops.warm_up", lambda device: calls.append("warm_up"))
     _wrapped(calls)(types.SimpleNamespace(device=torch.device("cpu"), use_v2_model_runner=False))

@@ -61,6 +61,15 @@ What vLLM 0.33.0 does (read from its source, ``vllm/engine/arg_utils.py``,
 :func:`check_align_mode_v033` raises for the chunked-prefill, chunked-multimodal-input and PCP
 cases (align mode being prefix caching on a model with Mamba/GDN layers on 0.33), and for a
 ``CacheConfig`` with ``align`` and prefix caching off.
+
+vLLM 0.34.0 does the same (read from its source, 2026-12-07: ``EngineArgs.create_engine_config``
+still logs the deprecation and does not pass ``--mamba-cache-mode`` to ``CacheConfig``;
+``MambaModelConfig.verify_and_update_config``, ``VllmConfig.try_verify_and_update_config``,
+``validate_block_size``'s chunked-multimodal-input ``assert``, ``kv_cache_coordinator.py`` and
+``EnableDisableAction`` unchanged; its deprecation text now says "removed in v0.34.0" although the
+flag is still there), so both checks run there with 0.33's semantics (checked by building configs
+with 0.34's Python files, ``tests/patches/test_config_checks.py``). One difference at the same
+stage: 0.34's CPU platform refuses any configuration on an x86 CPU without triton-cpu.
 """
 
 from __future__ import annotations
@@ -133,7 +142,7 @@ def check_align_mode(vllm_config: Any) -> bool:
 
 
 _V033_ALIGN = (
-    "prefix caching of a model with Mamba/GDN layers (vLLM 0.33: align mode, which follows "
+    "prefix caching of a model with Mamba/GDN layers (vLLM 0.33 / 0.34: align mode, which follows "
     "--enable-prefix-caching)"
 )
 #: vLLM 0.33's command line pairs ``--enable-x`` with ``--disable-x`` (``EnableDisableAction``;
@@ -174,7 +183,7 @@ def check_align_mode_v033(vllm_config: Any) -> bool:
     if getattr(cache, "mamba_cache_mode", "none") == "align" and not prefix_caching:
         raise AlignModeConfigError(
             "--mamba-cache-mode align contradicts prefix caching disabled "
-            f"({_V033_NO_PREFIX_CACHING} or the model's default): vLLM 0.33 ignores "
+            f"({_V033_NO_PREFIX_CACHING} or the model's default): vLLM 0.33 / 0.34 ignore "
             "--mamba-cache-mode and caches Mamba/GDN states only with --enable-prefix-caching; "
             "add --enable-prefix-caching or drop --mamba-cache-mode align"
         )
@@ -212,8 +221,8 @@ def check_mamba_cache_mode_flag(
         return
     if mode not in ("align", "none"):
         raise AlignModeConfigError(
-            f"--mamba-cache-mode {mode} is not a mode of vLLM 0.33 (align or none; the flag is "
-            "deprecated and ignored there: Mamba/GDN caching follows --enable-prefix-caching); "
+            f"--mamba-cache-mode {mode} is not a mode of vLLM 0.33 / 0.34 (align or none; the "
+            "flag is deprecated and ignored there: Mamba/GDN caching follows --enable-prefix-caching); "
             "drop --mamba-cache-mode"
         )
     model = getattr(vllm_config, "model_config", None)
@@ -227,7 +236,7 @@ def check_mamba_cache_mode_flag(
             else "prefix caching off by the model's default"
         )
         raise AlignModeConfigError(
-            f"--mamba-cache-mode align contradicts {given}: vLLM 0.33 ignores the deprecated "
+            f"--mamba-cache-mode align contradicts {given}: vLLM 0.33 / 0.34 ignore the deprecated "
             "--mamba-cache-mode and would run without caching Mamba/GDN states; use "
             "--enable-prefix-caching (align mode on 0.33) and drop --mamba-cache-mode"
         )
@@ -237,7 +246,7 @@ def check_mamba_cache_mode_flag(
             else "--enable-prefix-caching (the model's default)"
         )
         raise AlignModeConfigError(
-            f"--mamba-cache-mode none contradicts {given}: vLLM 0.33 ignores the deprecated "
+            f"--mamba-cache-mode none contradicts {given}: vLLM 0.33 / 0.34 ignore the deprecated "
             "--mamba-cache-mode and caches Mamba/GDN states in align mode whenever prefix "
             f"caching is on; use {_V033_NO_PREFIX_CACHING} for no caching and drop "
             "--mamba-cache-mode"

@@ -4,8 +4,8 @@ One module per patched upstream module (or, for ``gdn_prefill_checkpoint``, per 
 ``PATCHES`` list of :class:`~vllm_hybrid_npu.patches.registry.Patch` entries:
 
 * :mod:`.vllm_config` - ``VllmConfig.try_verify_and_update_config``: flag-naming align-mode
-  checks (with vLLM 0.33's semantics there); on vLLM 0.33 also ``EngineArgs.create_engine_config``
-  (its deprecated ``--mamba-cache-mode``).
+  checks (with vLLM 0.33's semantics there and on 0.34); on vLLM 0.33 / 0.34 also
+  ``EngineArgs.create_engine_config`` (its deprecated ``--mamba-cache-mode``).
 * :mod:`.vllm_mamba_utils` - vLLM's ``mamba_utils.batch_memcpy`` launcher (CUDA).
 * :mod:`.vllm_ascend_mamba_utils` - vllm-ascend's copy launchers (batched and layerwise).
 * :mod:`.worker_warmup` - the workers' ``compile_or_warm_up_model``: our kernel compiled at

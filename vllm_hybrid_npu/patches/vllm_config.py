@@ -1,16 +1,17 @@
 """Patches of vLLM's configuration building: ``VllmConfig.try_verify_and_update_config``
-(``vllm.config.vllm``, vLLM 0.23.0, 0.30.0, 0.32.0, 0.33.0) and, on vLLM 0.33.0,
+(``vllm.config.vllm``, vLLM 0.23.0, 0.30.0, 0.32.0, 0.33.0, 0.34.0) and, on vLLM 0.33.0 / 0.34.0,
 ``EngineArgs.create_engine_config`` (``vllm.engine.arg_utils``).
 
 * ``config-checks``: runs the align-mode checks of :mod:`vllm_hybrid_npu.core.config_checks` on
   the user's settings first, with the semantics of the installed vLLM:
   :func:`~vllm_hybrid_npu.core.config_checks.check_align_mode` (0.23.0 - 0.32.0) or
-  :func:`~vllm_hybrid_npu.core.config_checks.check_align_mode_v033` (0.33.0). vLLM's model hooks
+  :func:`~vllm_hybrid_npu.core.config_checks.check_align_mode_v033` (0.33.0, 0.34.0: the same
+  ``EngineArgs`` / ``MambaModelConfig`` code). vLLM's model hooks
   (``MambaModelConfig.verify_and_update_config``) otherwise change the mode silently and only
   ``assert`` chunked prefill; here the user gets an error naming the flag, raised while the
   configuration is built (API server / ``LLM`` process), before any engine process exists.
   It runs once per config (``model_config.config_updated`` false), then upstream's method.
-* ``config-checks-flag`` (vLLM 0.33.0 only): 0.33's ``EngineArgs.create_engine_config``
+* ``config-checks-flag`` (vLLM 0.33.0, 0.34.0): 0.33's ``EngineArgs.create_engine_config``
   deprecates ``--mamba-cache-mode`` and drops its value before ``VllmConfig`` is built, so only
   ``EngineArgs`` still holds what the user asked for. After upstream's method built the config,
   :func:`~vllm_hybrid_npu.core.config_checks.check_mamba_cache_mode_flag` rejects an explicit
@@ -50,9 +51,9 @@ from vllm_hybrid_npu.support import Stack
 
 logger = logging.getLogger("vllm_hybrid_npu")
 
-VLLM_VERSIONS = ("0.23.0", "0.30.0", "0.32.0", "0.33.0")
+VLLM_VERSIONS = ("0.23.0", "0.30.0", "0.32.0", "0.33.0", "0.34.0")
 #: vLLM versions whose ``EngineArgs`` ignores ``--mamba-cache-mode`` (deprecated).
-VLLM_VERSIONS_DEPRECATED_MODE_FLAG = ("0.33.0",)
+VLLM_VERSIONS_DEPRECATED_MODE_FLAG = ("0.33.0", "0.34.0")
 
 
 def _align_check(stack: Stack) -> Callable[[Any], Any]:
@@ -346,7 +347,7 @@ PATCHES = [
         signature=("self", "usage_context"),
         make=_make_flag_check,
         why=(
-            "vLLM 0.33 ignores the deprecated --mamba-cache-mode (the mode follows prefix "
+            "vLLM 0.33 / 0.34 ignore the deprecated --mamba-cache-mode (the mode follows prefix "
             "caching): an explicit align with prefix caching off, none with it on, or another "
             "mode is an error naming --mamba-cache-mode and the prefix-caching flag"
         ),

@@ -1,6 +1,7 @@
 """Scheduler-side counters: align-mode state moves and prefix-cache miss reasons, in memory.
 
-Patches (vLLM 0.23.0, 0.30.0, 0.32.0, 0.33.0; every target, since they only read the schedule):
+Patches (vLLM 0.23.0, 0.30.0, 0.32.0, 0.33.0, 0.34.0; every target, since they only read the
+schedule):
 
 * ``vllm.v1.core.sched.scheduler:Scheduler.schedule`` (``step-counters``): after upstream's
   ``schedule()`` returns its ``SchedulerOutput``, counts in plain ints (a) the align-mode state
@@ -11,7 +12,7 @@ Patches (vLLM 0.23.0, 0.30.0, 0.32.0, 0.33.0; every target, since they only read
   ``SchedulerStats.vllm_hybrid_npu`` (declared by :func:`vllm_hybrid_npu.metrics.
   declare_stats_field`), which vLLM ships to the API server; :mod:`vllm_hybrid_npu.metrics`
   serves them on ``/metrics``.
-* ``vllm.v1.core.kv_cache_manager:KVCacheManager.free`` and, on vLLM 0.30.0 - 0.33.0,
+* ``vllm.v1.core.kv_cache_manager:KVCacheManager.free`` and, on vLLM 0.30.0 - 0.34.0,
   ``KVCacheManager.pop_blocks_for_free`` (``step-counters-free``, ``step-counters-pop``): a
   request releasing its blocks had its full blocks cached; their hashes go to the
   :class:`~vllm_hybrid_npu.core.miss_reasons.SeenBlocks` memory, which later tells ``evicted``
@@ -27,7 +28,10 @@ upstream's ``schedule``, the hit-rate lab's checkpoint-policy schedulers); a sub
 GDN/Mamba state in the block-table column of the block holding the request's last scheduled
 token: ``curr = ceil((num_computed_tokens + num_scheduled_tokens) / block_size) - 1``. Before a
 step, ``preprocess_mamba`` (vllm/v1/worker/mamba_utils.py, vLLM 0.23.0/0.30.0/0.32.0; vllm-ascend
-0.30.0rc2 ``patch_mamba_utils.preprocess_mamba``) copies the state from the previous step's
+0.30.0rc2 ``patch_mamba_utils.preprocess_mamba``; on vLLM 0.34.0, whose runners are all the V2
+runner, ``preprocess_mamba_align_fused_kernel`` in ``vllm/v1/worker/gpu/model_states/mamba_hybrid.py``
+with the same rule: the column seeded at ``(num_computed_tokens - 1) // block_size`` for a new or
+resumed request, a copy when it was ``>= 0`` and differs) copies the state from the previous step's
 column ``prev`` to ``curr`` when ``prev != -1 and prev != curr``, where ``prev`` is the column it
 remembered for the request, or ``(num_computed_tokens - 1) // block_size`` for a request it has
 no column for (new, resumed after preemption, or forgotten because finished/preempted: a new
@@ -359,7 +363,7 @@ PATCHES = [
         module=_SCHED,
         qualname="Scheduler.schedule",
         targets=_ALL,
-        vllm=("0.23.0", "0.30.0", "0.32.0", "0.33.0"),
+        vllm=("0.23.0", "0.30.0", "0.32.0", "0.33.0", "0.34.0"),
         signature=("self",),
         make=_make_schedule,
         why=_WHY,
@@ -370,7 +374,7 @@ PATCHES = [
         module=_SCHED,
         qualname="Scheduler.make_stats",
         targets=_ALL,
-        vllm=("0.23.0", "0.30.0", "0.32.0", "0.33.0"),
+        vllm=("0.23.0", "0.30.0", "0.32.0", "0.33.0", "0.34.0"),
         signature=("self",),
         make=_make_make_stats,
         why=_WHY_STATS,
@@ -381,7 +385,7 @@ PATCHES = [
         module=_KVM,
         qualname="KVCacheManager.free",
         targets=_ALL,
-        vllm=("0.23.0", "0.30.0", "0.32.0", "0.33.0"),
+        vllm=("0.23.0", "0.30.0", "0.32.0", "0.33.0", "0.34.0"),
         signature=("self", "request"),
         make=_make_free,
         why=_WHY_FREE,
@@ -392,7 +396,7 @@ PATCHES = [
         module=_KVM,
         qualname="KVCacheManager.pop_blocks_for_free",
         targets=_ALL,
-        vllm=("0.30.0", "0.32.0", "0.33.0"),
+        vllm=("0.30.0", "0.32.0", "0.33.0", "0.34.0"),
         signature=("self", "request"),
         make=_make_pop,
         why=_WHY_FREE,
