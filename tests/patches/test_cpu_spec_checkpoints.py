@@ -233,6 +233,8 @@ def _split(monkeypatch, upstream, builder, layer, rows, qsl, mixed, b, a):
     return {i: torch.cat(o) for i, o in outs.items()}
 
 
+@pytest.mark.skipif(mod.cpu_amx_tiles(), reason="AMX tiles: vLLM's C++ conv kernel fills the wide "
+                    "conv state, where the runtime refuses the export under speculative decoding")
 @pytest.mark.parametrize("mixed", [False, True], ids=["prefill-only", "with-spec-rows"])
 @pytest.mark.parametrize("explicit", [False, True], ids=["vllm-plan", "engine-list"])
 def test_checkpoints_are_the_splits_bytes_and_spec_rows_untouched(

@@ -86,6 +86,8 @@ def engine_entries(apply_entries, monkeypatch):
     """The engine entries applied for the CPU target, its path counted as writing under
     speculative decoding (``SPEC_DECODE_PATHS``)."""
     assert "cpu" in G.SPEC_DECODE_PATHS
+    # the engine's rules run no kernel: the AMX refusal (the worker's conv kernel) stands aside
+    monkeypatch.setattr(G, "cpu_amx_tiles", lambda: False)
     report = apply_entries(*ENTRIES, stack=_cpu_stack())
     assert not report.failed, report.line()
     assert set(ENTRIES) <= set(report.applied) | set(report.pending), report.line()
@@ -254,9 +256,14 @@ def test_exporter_path_under_speculative_decoding(tiny_config, monkeypatch):
                      prefill_checkpoints=True, max_num_batched_tokens=BUDGET,
                      tune=UpstreamSetting(pmu=None, ckpt=True).tune).vllm_config
     monkeypatch.setattr(registry.REPORT, "stack", Stack("cpu", "0.30.0"))
+    monkeypatch.setattr(G, "cpu_amx_tiles", lambda: False)
     assert G.exporter_path(vc, "cpu") == ("cpu", "")
     object.__setattr__(vc, "speculative_config", spec_stub(1))
     assert G.exporter_path(vc, "cpu") == ("cpu", "")
+    monkeypatch.setattr(G, "cpu_amx_tiles", lambda: True)  # vLLM's C++ conv on the wide state
+    path, why = G.exporter_path(vc, "cpu")
+    assert path is None and "AMX" in why
+    monkeypatch.setattr(G, "cpu_amx_tiles", lambda: False)
     for path in ("triton", "ascend", "ascend-fla-npu", "ascend-fused", "ascend-chunk"):
         why = G.speculative_off(vc, path)
         assert why is not None and "EAGLE/MTP" in why and path in why, (path, why)

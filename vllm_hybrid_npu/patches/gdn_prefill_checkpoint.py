@@ -91,6 +91,17 @@ SPEC_DECODE_PATHS: frozenset[str] = frozenset({"cpu"})
 SPEC_DECODE_VLLM = ("0.30.0",)
 
 
+def cpu_amx_tiles() -> bool:
+    """Whether this CPU has AMX tiles (``torch.cpu._is_amx_tile_supported``), where vLLM 0.30's
+    speculative CPU GDN path runs the prefill's conv through its C++ ``causal_conv1d_fwd_cpu`` on
+    the ``width - 1 + k`` wide conv state; the CPU export under speculative decoding was checked
+    against the torch convolution only (:func:`speculative_off` refuses there)."""
+    import torch
+
+    probe = getattr(torch.cpu, "_is_amx_tile_supported", None)
+    return bool(probe and probe())
+
+
 def speculative_off(vllm_config: Any, path: str) -> str | None:
     """Why the exporter ``path`` declares no checkpoint under the speculative decoding of
     ``vllm_config`` (a str), or None (no speculative decoding, or an EAGLE/MTP drafter on a path
@@ -106,6 +117,10 @@ def speculative_off(vllm_config: Any, path: str) -> str | None:
     if not spec.use_eagle():
         return (f"speculative decoding with method {getattr(spec, 'method', None)!r}, not an "
                 "EAGLE/MTP drafter (vLLM's split kept)")
+    if path == "cpu" and cpu_amx_tiles():
+        return ("EAGLE/MTP speculative decoding on a CPU with AMX tiles: vLLM's C++ conv kernel "
+                "writes the wide conv state there, which the CPU export was not checked against "
+                "(vLLM's split kept)")
     if path not in SPEC_DECODE_PATHS:
         return (f"EAGLE/MTP speculative decoding: the {path} path does not write GDN checkpoints "
                 "under speculative decoding (its worker wraps no speculative GDN path; only "
