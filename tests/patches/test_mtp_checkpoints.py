@@ -280,6 +280,25 @@ def test_exporter_path_under_speculative_decoding(tiny_config, monkeypatch):
     assert path is None and "'ngram'" in why
 
 
+@pytest.mark.parametrize("unit,k", [(B, 0), (64, 0), (B, 2)], ids=["block", "unit64", "mtp"])
+def test_one_line_names_what_the_configuration_decided(tiny_config, engine_entries, caplog, unit, k):
+    """The engine logs one line of its decisions at its start: the exporter path, junction
+    states on (budget-sized chunks only where the prefix-match unit is the block) without a
+    drafter; under MTP's block drop junctions and budget chunks off, naming the drop; the
+    second block off by default."""
+    import logging
+
+    with caplog.at_level(logging.INFO, logger="vllm_hybrid_npu"):
+        Engine(tiny_config, unit, k)
+    lines = [r.getMessage() for r in caplog.records if "decided from this engine's configuration" in r.getMessage()]
+    assert len(lines) == 1, lines
+    want = {"exporter": "cpu",
+            "junctions": "off (EAGLE/MTP's block drop)" if k else "on",
+            "budget_chunks": "on" if unit == B and not k else "off",
+            "second": "off (second=off)", "drafter_drop": "on" if k else "off"}
+    assert lines[0].endswith(", ".join(f"{key}={v}" for key, v in want.items())), lines[0]
+
+
 def test_plan_skips_decode_rows_with_drafts():
     """A speculative decode row schedules 1 + k tokens across a block boundary (1023 -> 1026,
     block 256): not a prefill chunk, nothing listed; a cold 1,100-token chunk under the drop

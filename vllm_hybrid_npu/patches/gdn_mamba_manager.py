@@ -41,6 +41,7 @@ checkpoints by other rules.
 from __future__ import annotations
 
 import functools
+import logging
 from typing import Any
 
 from vllm_hybrid_npu.patches import gdn_junction as junction
@@ -54,15 +55,48 @@ SCHEDULER = "vllm.v1.core.sched.scheduler"
 KV_MANAGER = "vllm.v1.core.kv_cache_manager"
 SINGLE_TYPE = junction.SINGLE_TYPE
 
+logger = logging.getLogger("vllm_hybrid_npu")
+
+
+def decisions(scheduler: Any, stack: Stack) -> dict[str, str]:
+    """What the configuration of vLLM 0.30's ``scheduler`` decided for the engine's GDN
+    checkpoints, after :func:`.gdn_junction.decide` and :func:`.gdn_second_checkpoint.decide`
+    ran on it: ``{"exporter", "junctions", "budget_chunks", "second", "drafter_drop"}``, each
+    ``"on"`` (the exporter: its path), or ``"off"`` / ``"off (why)"``. Reads the decisions the
+    engine took (the rules on the scheduler and its KV-cache manager), decides nothing."""
+    config = scheduler.vllm_config
+    path, why = gdn.exporter_path(config, stack.target)
+    rule = getattr(scheduler, junction.RULE, None)
+    if rule is not None:
+        junctions = "on"
+    elif path is None:
+        junctions = f"off ({why})"
+    elif (off := gdn.junctions_off(config, path)) is not None:
+        junctions = f"off ({off})"
+    elif scheduler.use_eagle_block_drop:
+        junctions = "off (EAGLE/MTP's block drop)"
+    else:
+        junctions = "off"
+    found = second.managers_of(scheduler.kv_cache_manager)
+    return {"exporter": path or f"off ({why})", "junctions": junctions,
+            "budget_chunks": "on" if rule is not None and rule.hash_block == rule.block else "off",
+            "second": f"on ({len(found)} KV-cache groups)" if found else
+            f"off ({second.KEY}=off)" if second.mode() != "on" else
+            f"off ({second.KEY}=on, no KV-cache group eligible here)",
+            "drafter_drop": "on" if scheduler.use_eagle_block_drop else "off"}
+
 
 def _make_engine(upstream: Any, stack: Stack) -> Any:
     """Registry ``make`` of vLLM 0.30's ``Scheduler.__init__``: after it, this engine's junction
-    rule and second-block managers, decided once from its configuration and logged."""
+    rule and second-block managers, decided once from its configuration, and one line naming
+    every decision (:func:`decisions`)."""
     @functools.wraps(upstream)
     def __init__(self, vllm_config, *args, **kwargs):
         upstream(self, vllm_config, *args, **kwargs)
         junction.decide(self, stack)
         second.decide(self, stack)
+        logger.info("vllm-hybrid-npu: decided from this engine's configuration: %s",
+                    ", ".join(f"{k}={v}" for k, v in decisions(self, stack).items()))
 
     return __init__
 
