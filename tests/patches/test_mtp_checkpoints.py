@@ -267,6 +267,14 @@ def test_exporter_path_under_speculative_decoding(tiny_config, monkeypatch):
     for path in ("triton", "ascend", "ascend-fla-npu", "ascend-fused", "ascend-chunk"):
         why = G.speculative_off(vc, path)
         assert why is not None and "EAGLE/MTP" in why and path in why, (path, why)
+    # CUDA and the NPU are refused before their backends are probed
+    monkeypatch.setattr(G, "_path", lambda *a: pytest.fail("probed a backend under MTP"))
+    for target, path in (("cuda", "triton"), ("npu", "ascend")):
+        got, why = G.exporter_path(vc, target)
+        assert got is None and "EAGLE/MTP" in why and path in why, (target, why)
+    monkeypatch.undo()
+    monkeypatch.setattr(registry.REPORT, "stack", Stack("cpu", "0.30.0"))
+    monkeypatch.setattr(G, "cpu_amx_tiles", lambda: False)
     monkeypatch.setattr(registry.REPORT, "stack", Stack("cpu", "0.32.0"))
     path, why = G.exporter_path(vc, "cpu")
     assert path is None and "vLLM 0.32.0" in why

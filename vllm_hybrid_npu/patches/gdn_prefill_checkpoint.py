@@ -127,11 +127,16 @@ def speculative_off(vllm_config: Any, path: str) -> str | None:
                 f"{sorted(SPEC_DECODE_PATHS)} does; vLLM's split kept)")
     # the plugin's loaded stack, else (an engine built without the plugin's load: the lab) the
     # installed vLLM's version, read from its package metadata
-    version = (registry.REPORT.stack or detect_stack(path)).vllm
+    version = (registry.REPORT.stack or detect_stack(target_of(path))).vllm
     if version not in SPEC_DECODE_VLLM:
         return (f"EAGLE/MTP speculative decoding on vLLM {version}: the {path} path writes under "
                 f"speculative decoding on vLLM {SPEC_DECODE_VLLM} only (vLLM's split kept)")
     return None
+
+
+def target_of(path: str) -> str:
+    """The target (``cpu``, ``cuda``, ``npu``) of an exporter path of :func:`exporter_path`."""
+    return "cpu" if path == "cpu" else "cuda" if path == "triton" else "npu"
 
 
 def exporter_path(vllm_config: Any, target: str) -> tuple[str | None, str]:
@@ -139,6 +144,11 @@ def exporter_path(vllm_config: Any, target: str) -> tuple[str | None, str]:
     (``cpu``, ``cuda``, ``npu``): ``(path, "")`` (``cpu``, ``triton``, ``ascend-fla-npu``,
     ``ascend-fused``, ``ascend-chunk``; ``ascend`` before the worker knows which) or
     ``(None, reason)``; under speculative decoding only where :func:`speculative_off` allows."""
+    if getattr(vllm_config, "speculative_config", None) is not None and \
+            target not in {target_of(p) for p in SPEC_DECODE_PATHS}:
+        # no path of this target writes under speculative decoding: refused before its backend
+        # is probed (CUDA's prefill backend, vllm-ascend's hardware profile and ops)
+        return None, speculative_off(vllm_config, {"cpu": "cpu", "cuda": "triton"}.get(target, "ascend"))
     path, reason = _path(vllm_config, target)
     if path is not None and (why := speculative_off(vllm_config, path)) is not None:
         return None, why
