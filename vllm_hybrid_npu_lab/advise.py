@@ -80,7 +80,7 @@ import sys
 from typing import Any, Callable
 
 from vllm_hybrid_npu.envs import OPTIONS_ENV
-from vllm_hybrid_npu_lab.replay import TARGET_HELP, TARGETS
+from vllm_hybrid_npu_lab.replay import TARGET_HELP, TARGETS, add_speculative_argument, check_speculative
 from vllm_hybrid_npu_lab.upstream_grid import (CKPT_FINAL, UpstreamSetting, final_available,
                                                 optins_available, policy_of)
 
@@ -868,6 +868,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="offered prompt tokens/s over the simulated throughput when "
                         f"--tokens-per-s is not given (default {DEFAULT_UTILIZATION:g})")
     parser.add_argument("--target", choices=TARGETS, default="cuda", help=TARGET_HELP)
+    add_speculative_argument(parser)
     parser.add_argument("--no-carry", action="store_true",
                         help="do not carry an earlier turn's answer into the next prompt")
     parser.add_argument("--host-link-gbps", type=float, default=50.0,
@@ -887,6 +888,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _validate(args: argparse.Namespace) -> None:
     from vllm_hybrid_npu_lab.host_tier import HostLink
 
+    check_speculative(args.speculative_tokens)
     if not args.kv_cache_gib > 0:
         raise ValueError(f"--kv-cache-gib must be > 0, got {args.kv_cache_gib}")
     if args.host_cache_gib < 0:
@@ -946,6 +948,8 @@ def advise(args: argparse.Namespace) -> dict[str, Any]:
         max_num_seqs=args.max_num_seqs,
         max_model_len=max(r.input_length + r.output_length for r in requests),
         kernel_block_size=args.kernel_block_size,
+        speculative_tokens=args.speculative_tokens,
+        exporter_target=args.target,
     )
     timing = dict(step_ms=args.step_ms, tokens_per_s=rate, carry_outputs=not args.no_carry,
                   link=HostLink(args.host_link_gbps, args.host_link_latency_us), target=args.target)
@@ -989,7 +993,9 @@ def advise(args: argparse.Namespace) -> dict[str, Any]:
                   f"--tp {args.tp} --kv-cache-gib {args.kv_cache_gib:g} --policy {best.policy}"
                   + (f" --host-cache-gib {best.host_gib:g}" if best.host_gib else "")
                   + f" --tokens-per-s {rate:.0f}" + (" --no-carry" if args.no_carry else "")
-                  + (f" --target {args.target}" if args.target != "cuda" else ""))
+                  + (f" --target {args.target}" if args.target != "cuda" else "")
+                  + (f" --speculative-tokens {args.speculative_tokens}"
+                     if args.speculative_tokens else ""))
     check_replays = check_replayer.count  # advised, defaults, most-hits and split rows (distinct)
 
     audit = None
@@ -1096,6 +1102,7 @@ def advise(args: argparse.Namespace) -> dict[str, Any]:
         "step_ms": args.step_ms,
         "carry_outputs": not args.no_carry,
         "target": args.target,
+        "speculative_tokens": args.speculative_tokens,
         "num_requests": len(requests),
     }
 
@@ -1232,7 +1239,9 @@ def format_report(rep: dict[str, Any]) -> str:
         how = ("NONE meets the bound: advised the fewest extra steps beyond caching off's "
                "(see the reasons below)")
     lines = [
-        f"{rep['model']} tp{rep['tp']}, {rep['kv_cache_gib']:g} GiB KV per worker{host}; "
+        f"{rep['model']} tp{rep['tp']}, {rep['kv_cache_gib']:g} GiB KV per worker{host}"
+        + (f", MTP drafter with {rep['speculative_tokens']} speculative tokens"
+           if rep.get("speculative_tokens") else "") + "; "
         f"searched {fit['replays']} settings on requests {fit['requests'][0]}-{fit['requests'][1]} "
         f"(every {grid} combination: {sc['grid']}, then coordinate descent from "
         f"{len(sc['starts'])} of them"

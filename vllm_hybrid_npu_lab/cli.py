@@ -19,7 +19,7 @@ import sys
 from typing import Any
 
 from vllm_hybrid_npu_lab.presets import DEFAULT_MODEL, DEFAULT_STEP_MS, DEFAULT_UTILIZATION  # noqa: E402,F401
-from vllm_hybrid_npu_lab.replay import TARGET_HELP, TARGETS
+from vllm_hybrid_npu_lab.replay import TARGET_HELP, TARGETS, add_speculative_argument, check_speculative
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -93,6 +93,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "is reported as the utilization",
     )
     parser.add_argument("--target", choices=TARGETS, default="cuda", help=TARGET_HELP)
+    add_speculative_argument(parser)
     parser.add_argument(
         "--no-carry", action="store_true",
         help="do not carry an earlier turn's generated tokens into the prompt that extends it",
@@ -128,6 +129,7 @@ def _validate(args: argparse.Namespace) -> None:
     for name in args.policy:
         if name != UPSTREAM_BEST:
             get_policy(name)
+    check_speculative(args.speculative_tokens)
     if any(h < 0 for h in args.host_cache_gib):
         raise ValueError(f"--host-cache-gib must be >= 0, got {args.host_cache_gib}")
     HostLink(args.host_link_gbps, args.host_link_latency_us)
@@ -285,6 +287,8 @@ def run_sweep(args: argparse.Namespace) -> dict[str, Any]:
                         max_num_seqs=args.max_num_seqs,
                         max_model_len=max_model_len,
                         kernel_block_size=args.kernel_block_size,
+                        speculative_tokens=args.speculative_tokens,
+                        exporter_target=args.target,
                     )
                     label = (f"{model_name} tp{args.tp} {gib:g} GiB" + (f" +host {host:g}" if host else "")
                              + (f" bs{bs}" if bs else "") + (f" {rate:,.0f} tok/s" if len(rates) > 1 else ""))
@@ -375,6 +379,7 @@ def run_sweep(args: argparse.Namespace) -> dict[str, Any]:
                             "offered_load": offered / rate,
                             "carry_outputs": not args.no_carry,
                             "target": args.target,
+                            "speculative_tokens": args.speculative_tokens,
                             "num_requests": len(requests),
                             "attention_bound": ares.token_hit_rate,
                             "infinite_bound": cached / total,

@@ -71,6 +71,11 @@ class Setup:
     host_cache_bytes: int = 0
     #: the GDN specs declare the runtime exporter's prefill checkpoint block
     prefill_checkpoints: bool = False
+    #: MTP speculative tokens replayed (0 = no speculative decoding)
+    speculative_tokens: int = 0
+    #: why the runtime declares no checkpoint under that drafter on the target (its
+    #: ``speculative_off``), or None
+    speculative_off: str | None = None
 
 
 def _kv_cache_configs(vllm_config: Any, specs: dict[str, Any], available_bytes: int) -> list[Any]:
@@ -172,6 +177,27 @@ def _cpu_platform_hook(vllm_config: Any, backend: Any) -> int:
     return choose([backend], CPU_DEFAULT_BLOCK_033, vllm_config)
 
 
+#: the runtime's exporter path (:func:`vllm_hybrid_npu.patches.gdn_prefill_checkpoint.speculative_off`'s
+#: ``path``) of each lab target: the CPU GDN function, CUDA's Triton/FLA pass, vllm-ascend's paths
+TARGET_PATHS = {"cpu": "cpu", "cuda": "triton", "npu": "ascend"}
+
+
+def mtp_config(k: int) -> Any:
+    """vLLM 0.30 ``SpeculativeConfig``'s predicates for ``qwen3_next_mtp`` (rewritten to method
+    ``mtp``, an EAGLE drafter: ``use_eagle()`` and the block drop) with ``k`` speculative tokens;
+    a real one needs the target's HF files for its draft config, which the lab has not."""
+    import types
+
+    return types.SimpleNamespace(
+        method="mtp", num_speculative_tokens=k, num_speculative_tokens_per_batch_size=None,
+        disable_eagle_block_drop=False, use_eagle=lambda: True,
+        use_eagle_block_drop=lambda: True, use_multi_module_mtp=lambda: False,
+        use_dflash=lambda: False, use_dspark=lambda: False, uses_draft_model=lambda: False,
+        uses_extract_hidden_states=lambda: False,
+        uses_dynamic_speculative_decoding=lambda: False, max_num_new_slots_for_drafting=0,
+        draft_model_config=None)
+
+
 def build_setup(
     cfg: dict[str, Any],
     *,
@@ -188,6 +214,8 @@ def build_setup(
     host_cache_bytes: int = 0,
     prefill_checkpoints: bool = False,
     platform: str = "cuda",
+    speculative_tokens: int = 0,
+    exporter_target: str = "cuda",
 ) -> Setup:
     """Build the vLLM configs and KV-cache config of one replay.
 
@@ -218,6 +246,16 @@ def build_setup(
         platform: the deployment modelled (:data:`PLATFORMS`; module docstring): ``"cuda"``
             (default) or ``"cpu"`` (vLLM's CPU platform; needs vLLM's CPU build, whose device
             config the hook asserts).
+        speculative_tokens: an MTP drafter with this many speculative tokens (0 = none):
+            :func:`mtp_config` set as the config's ``speculative_config`` (vLLM's scheduler
+            then drops one prefix-match unit of each hit and reserves the lookahead slots) and
+            the GDN specs' ``num_speculative_blocks``, as vLLM builds them. With
+            ``prefill_checkpoints`` the checkpoint is declared only where the runtime's
+            ``speculative_off`` allows it on ``exporter_target``'s path (:data:`TARGET_PATHS`:
+            the CPU path on vLLM 0.30, not on a CPU with AMX tiles); elsewhere vLLM's split is
+            kept (:attr:`Setup.speculative_off` says why).
+        exporter_target: the lab's ``--target`` (``cpu``, ``cuda``, ``npu``), read only with
+            ``speculative_tokens``.
 
     Raises ``ValueError`` naming ``--kv-cache-gib`` when the budget cannot hold one request of
     ``max_model_len`` tokens (vLLM's own check), ``--tp`` when heads do not split, ``platform``
@@ -242,6 +280,10 @@ def build_setup(
 
     if platform not in PLATFORMS:
         raise ValueError(f"platform {platform!r}: one of {', '.join(PLATFORMS)}")
+    if speculative_tokens < 0:
+        raise ValueError(f"--speculative-tokens must be >= 0, got {speculative_tokens}")
+    if exporter_target not in TARGET_PATHS:
+        raise ValueError(f"target {exporter_target!r}: one of {', '.join(TARGET_PATHS)}")
     if tp < 1 or cfg["linear_num_key_heads"] % tp or cfg["linear_num_value_heads"] % tp:
         raise ValueError(f"--tp {tp}: must be >= 1 and divide the GDN head counts")
     model_config = _model_config(cfg, max_model_len)
@@ -294,6 +336,14 @@ def build_setup(
     parallel_config = vllm_config.parallel_config
     checkpoints = bool(prefill_checkpoints and not attention_only
                        and cache_config.mamba_cache_mode == "align")
+    spec_off = None
+    if speculative_tokens:  # as vLLM's VllmConfig carries it (qwen3_next_mtp -> mtp)
+        object.__setattr__(vllm_config, "speculative_config", mtp_config(speculative_tokens))
+        if checkpoints:  # the runtime's own decision for the target's exporter path
+            from vllm_hybrid_npu.patches.gdn_prefill_checkpoint import speculative_off
+
+            spec_off = speculative_off(vllm_config, TARGET_PATHS[exporter_target])
+            checkpoints = spec_off is None
     if not attention_only:
         Platform._align_hybrid_block_size(vllm_config, backend)
         if checkpoints:  # the runtime's rounding (gdn-checkpoint-block-size), page padding redone
@@ -324,7 +374,7 @@ def build_setup(
                 cfg["linear_key_head_dim"],
                 cfg["linear_value_head_dim"],
                 cfg["linear_conv_kernel_dim"],
-                0,
+                speculative_tokens,  # the conv state's k extra columns (Qwen3Next's num_spec)
             )
             dtypes = MambaStateDtypeCalculator.gated_delta_net_state_dtype(
                 dtype, cache_config.mamba_cache_dtype, cache_config.mamba_ssm_cache_dtype
@@ -336,6 +386,8 @@ def build_setup(
                 page_size_padded=cache_config.mamba_page_size_padded,
                 mamba_type=MambaAttentionBackendEnum.GDN_ATTN,
                 mamba_cache_mode=cache_config.mamba_cache_mode,
+                # MambaBase.get_kv_cache_spec: one block per speculative token
+                num_speculative_blocks=speculative_tokens,
             )
             if checkpoints:  # the runtime's declaration (gdn-checkpoint-spec)
                 from vllm_hybrid_npu.core.prefill_checkpoints import declare
@@ -371,4 +423,6 @@ def build_setup(
         num_attention_layers=n_attn,
         host_cache_bytes=int(host_cache_bytes),
         prefill_checkpoints=checkpoints,
+        speculative_tokens=speculative_tokens,
+        speculative_off=spec_off,
     )

@@ -167,7 +167,7 @@ def _miss_tracker(setup: Any, host_tier: bool) -> Any:
 
 
 #: the exporter paths :func:`replay` models (its ``target``)
-TARGETS = ("cuda", "npu")
+TARGETS = ("cuda", "npu", "cpu")
 
 
 def junctions_modelled(target: str, connector: bool) -> bool:
@@ -179,6 +179,10 @@ def junctions_modelled(target: str, connector: bool) -> bool:
     as the runtime on the V2 runner. Raises ValueError for a bad value of that option."""
     if target == "npu":
         return not connector
+    if target == "cpu":  # the runtime's rule for its CPU path: on, beside a KV connector too
+        from vllm_hybrid_npu.patches.gdn_prefill_checkpoint import junctions_off
+
+        return junctions_off(None, "cpu") is None
     from vllm_hybrid_npu.patches.gdn_prefill_checkpoint import cuda_junctions_off
 
     return cuda_junctions_off() is None
@@ -191,7 +195,29 @@ TARGET_HELP = ("the GDN prefill-checkpoint exporter path modelled: cuda (the one
                "(vllm-ascend 0.30.0rc2's prefill paths as the plugin runs them on vLLM 0.30, "
                "replayed on CPU only: the same exports; off beside a host tier, whose KV connector "
                "turns them off there; with vllm-ascend's own scheduler changes for every setting: "
-               "beside a host tier a request with a computed prefix runs its chunk whole)")
+               "beside a host tier a request with a computed prefix runs its chunk whole) or cpu "
+               "(vLLM's CPU GDN path as the plugin runs it: the same exports, also beside a host "
+               "tier, no mid-block stop; the one path declaring checkpoints under "
+               "--speculative-tokens, vLLM 0.30, not on a CPU with AMX tiles)")
+
+#: ``--speculative-tokens``' help in ``hitrate`` and ``advise``
+SPECULATIVE_HELP = ("replay an MTP drafter with N speculative tokens (vLLM's qwen3_next_mtp, "
+                    "rewritten to mtp; 0 = none, default): vLLM's scheduler drops one "
+                    "prefix-match unit of each hit (its EAGLE block drop) and reserves the "
+                    "lookahead slots; the plugin's checkpoint is declared where the runtime "
+                    "declares it under MTP (--target cpu), elsewhere vLLM's split is kept")
+
+
+def add_speculative_argument(parser: Any) -> None:
+    """The ``--speculative-tokens`` option of ``hitrate`` and ``advise``."""
+    parser.add_argument("--speculative-tokens", type=int, default=0, metavar="N",
+                        help=SPECULATIVE_HELP)
+
+
+def check_speculative(n: int) -> None:
+    """Raise ValueError naming ``--speculative-tokens`` for a negative ``n``."""
+    if n < 0:
+        raise ValueError(f"--speculative-tokens must be >= 0 (0 = no drafter), got {n}")
 
 
 def replay(
@@ -222,8 +248,8 @@ def replay(
             tier); default ``HostLink()`` when the setup has a host tier.
         progress: called as ``progress(finished, total, sim_time_s)`` every few hundred steps.
         target: the exporter path modelled (:data:`TARGETS`): ``cuda`` (the one-pass export on
-            vLLM 0.30's V2 runner) or ``npu`` (vllm-ascend's paths as the runtime runs them on
-            vLLM 0.30), the runtime's junction entries bound where :func:`junctions_modelled`
+            vLLM 0.30's V2 runner), ``npu`` (vllm-ascend's paths as the runtime runs them on
+            vLLM 0.30) or ``cpu`` (vLLM's CPU GDN path, no mid-block stop), the runtime's junction entries bound where :func:`junctions_modelled`
             says (:func:`vllm_hybrid_npu_lab.exporter.apply_junction_entries`). Settings without
             the exporter replay the same on both.
         on_admit: called as ``on_admit(scheduler, request)`` when a request is first scheduled

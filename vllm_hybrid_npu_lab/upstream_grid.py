@@ -42,8 +42,8 @@ can pass to ``vllm serve`` (vLLM 0.30, ``vllm/config/cache.py`` / ``vllm/config/
   CUDA's one pass, also beside a host tier; the NPU without a KV connector), so ``advise``
   replays it in its opt-in scan there (``advise.second_available``).
 * ``enable_mamba_fine_grained_prefix_cache`` (the junction checkpoint for EAGLE siblings) acts
-  only with EAGLE/MTP and a finer prefix match unit; the lab replays no speculative decoding,
-  so it is not in the grid.
+  only with EAGLE/MTP and a finer prefix match unit; the lab replays an MTP drafter
+  (``--speculative-tokens``) but not that option, so it is not in the grid.
 
 :data:`UPSTREAM_GRID` lists the settings; each is registered as policy ``upstream:<setting>``
 (``upstream`` itself is ``ret=0,lpt=0``). Any other setting name (``upstream:ret=2b,ckpt``) is
