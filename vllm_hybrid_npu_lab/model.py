@@ -182,6 +182,17 @@ def _cpu_platform_hook(vllm_config: Any, backend: Any) -> int:
 TARGET_PATHS = {"cpu": "cpu", "cuda": "triton", "npu": "ascend"}
 
 
+#: the vLLM whose ``SpeculativeConfig`` :func:`mtp_config` stands in for
+MTP_VLLM = "0.30.0"
+
+
+def vllm_version() -> str:
+    """The installed vLLM's version (``vllm.__version__`` without a local ``+`` suffix)."""
+    import vllm
+
+    return vllm.__version__.split("+")[0]
+
+
 def mtp_config(k: int) -> Any:
     """vLLM 0.30 ``SpeculativeConfig``'s predicates for ``qwen3_next_mtp`` (rewritten to method
     ``mtp``, an EAGLE drafter: ``use_eagle()`` and the block drop) with ``k`` speculative tokens;
@@ -282,6 +293,9 @@ def build_setup(
         raise ValueError(f"platform {platform!r}: one of {', '.join(PLATFORMS)}")
     if speculative_tokens < 0:
         raise ValueError(f"--speculative-tokens must be >= 0, got {speculative_tokens}")
+    if speculative_tokens and (installed := vllm_version()) != MTP_VLLM:
+        raise ValueError(f"--speculative-tokens {speculative_tokens}: the lab replays an MTP drafter "
+                         f"on vLLM {MTP_VLLM}'s scheduler only (installed: vLLM {installed})")
     if exporter_target not in TARGET_PATHS:
         raise ValueError(f"target {exporter_target!r}: one of {', '.join(TARGET_PATHS)}")
     if tp < 1 or cfg["linear_num_key_heads"] % tp or cfg["linear_num_value_heads"] % tp:

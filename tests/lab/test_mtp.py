@@ -91,6 +91,14 @@ def test_mtp_on_cpu_keeps_the_plugins_checkpoint_one_unit_lower(cfg, rng, no_amx
         assert mtp.prefill_steps_per_prompt == 1, (n, k)  # the cold prompt still one step
 
 
+@pytest.mark.skipif(ON_030, reason="on vLLM 0.30 the drafter is replayed (the tests above)")
+def test_speculative_tokens_outside_vllm_030_name_the_flag(cfg):
+    with pytest.raises(ValueError, match="--speculative-tokens 2: the lab replays an MTP drafter"):
+        build_setup(cfg, kv_cache_bytes=64 << 20, block_size=B, max_model_len=4096,
+                    speculative_tokens=2, exporter_target="cpu", prefill_checkpoints=True)
+
+
+@pytest.mark.skipif(not ON_030, reason="the lab replays an MTP drafter on vLLM 0.30 only")
 def test_cpu_with_amx_tiles_is_refused(cfg, monkeypatch):
     monkeypatch.setattr(G, "cpu_amx_tiles", lambda: True)
     setup = build_setup(cfg, kv_cache_bytes=64 << 20, block_size=B, max_model_len=4096,

