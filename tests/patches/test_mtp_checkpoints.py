@@ -60,16 +60,13 @@ pytestmark = pytest.mark.skipif(_outside() is not None, reason=f"MTP checkpoints
 
 
 def spec_stub(k: int, method: str = "mtp", eagle: bool = True):
-    """vLLM 0.30 ``SpeculativeConfig``'s predicates for ``method`` with ``k`` speculative tokens
-    (a real one needs the target's HF files for its draft config)."""
-    return types.SimpleNamespace(
-        method=method, num_speculative_tokens=k, num_speculative_tokens_per_batch_size=None,
-        disable_eagle_block_drop=False, use_eagle=lambda: eagle,
-        use_eagle_block_drop=lambda: eagle, use_multi_module_mtp=lambda: False,
-        use_dflash=lambda: False, use_dspark=lambda: False, uses_draft_model=lambda: False,
-        uses_extract_hidden_states=lambda: False,
-        uses_dynamic_speculative_decoding=lambda: False, max_num_new_slots_for_drafting=0,
-        draft_model_config=None)
+    """The lab's stand-in for vLLM 0.30's ``SpeculativeConfig`` (``mtp_config``) with ``method``
+    and whether vLLM treats it as an EAGLE drafter (``use_eagle``, the block drop)."""
+    from vllm_hybrid_npu_lab.model import mtp_config
+
+    stub = mtp_config(k)
+    stub.method, stub.use_eagle, stub.use_eagle_block_drop = method, lambda: eagle, lambda: eagle
+    return stub
 
 
 @pytest.fixture(scope="module")

@@ -62,7 +62,7 @@ What vLLM 0.33.0 does (read from its source, ``vllm/engine/arg_utils.py``,
 cases (align mode being prefix caching on a model with Mamba/GDN layers on 0.33), and for a
 ``CacheConfig`` with ``align`` and prefix caching off.
 
-vLLM 0.34.0 does the same (read from its source, 2026-12-07: ``EngineArgs.create_engine_config``
+vLLM 0.34.0 does the same (read from its source: ``EngineArgs.create_engine_config``
 still logs the deprecation and does not pass ``--mamba-cache-mode`` to ``CacheConfig``;
 ``MambaModelConfig.verify_and_update_config``, ``VllmConfig.try_verify_and_update_config``,
 ``validate_block_size``'s chunked-multimodal-input ``assert``, ``kv_cache_coordinator.py`` and
