@@ -125,6 +125,7 @@ import statistics
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 
 #: row -> prefix caching, plugin loaded, extra environment, GDN prefill backend on CUDA
@@ -823,10 +824,14 @@ def _measure_length(args, drv: Driver, length: int, block: int, vocab: int, cuda
     if getattr(args, "phase_times", False):
         # host time per phase of every timed run (no profiler, no range): which phase a slow
         # cold prompt spends its extra time in (issue 37, session O)
-        drv.phase_timer = PhaseTimer({"scheduler": drv.core.scheduler,
-                                      "runner": in_process_runner(drv.core.model_executor),
+        runner = in_process_runner(drv.core.model_executor)
+        extra = BREAKDOWN_PHASES if getattr(args, "host_breakdown", False) else ()
+        drv.phase_timer = PhaseTimer({"scheduler": drv.core.scheduler, "runner": runner,
+                                      "model_state": getattr(runner, "model_state", None),
                                       "output_processor": drv.engine.output_processor,
-                                      "engine": drv.engine}, phases=RUN_PHASES).install()
+                                      "engine": drv.engine}, phases=RUN_PHASES + extra).install()
+        if extra:
+            print(f"BENCH breakdown {json.dumps(drv.phase_timer.found)}", flush=True)
     try:
         w = workload("timed", args.cold, args.sessions, args.clients, timed=True)
     finally:
@@ -946,6 +951,8 @@ class PhaseTimer:
     ``phases``: ``(phase, owner, candidate method names)`` tuples, default :data:`STEP_PHASES`."""
 
     def __init__(self, owners: dict, record_function=None, clock=None, phases=None):
+        # owners: name -> object; a phase whose owner name is not a key and reads
+        # "module:Class" or "module <dotted>" is resolved from sys.modules (resolve_owner)
         self.owners, self.record_function = owners, record_function
         self.clock = clock if clock is not None else time.perf_counter  # seconds
         self.phases = STEP_PHASES if phases is None else phases
@@ -958,18 +965,26 @@ class PhaseTimer:
     def install(self) -> "PhaseTimer":
         for phase, owner_name, names in self.phases:
             owner = self.owners.get(owner_name)
+            if owner is None and (":" in owner_name or owner_name.startswith("module ")):
+                owner = resolve_owner(owner_name)
             name = next((n for n in names if owner is not None and hasattr(owner, n)), None)
             if name is None:
                 continue
             self.found[phase] = f"{owner_name}.{name}"
+            # an instance's method is shadowed (removed on uninstall); a class's or a module's
+            # attribute is replaced and put back
+            held = vars(owner).get(name, _ABSENT) if isinstance(owner, (type, types.ModuleType)) else _ABSENT
             setattr(owner, name, self._wrap(phase, getattr(owner, name)))
-            self._installed.append((owner, name))
+            self._installed.append((owner, name, held))
         return self
 
     def uninstall(self) -> None:
-        for owner, name in reversed(self._installed):
+        for owner, name, held in reversed(self._installed):
             with contextlib.suppress(AttributeError):
-                delattr(owner, name)
+                if held is _ABSENT:
+                    delattr(owner, name)
+                else:
+                    setattr(owner, name, held)
         self._installed = []
 
     def reset(self) -> None:
@@ -995,6 +1010,41 @@ class PhaseTimer:
                     self._stack[-1] += dt
 
         return timed
+
+
+_ABSENT = object()
+
+
+def resolve_owner(spec: str):
+    """The object a :class:`PhaseTimer` phase names by path: ``"module <dotted>"`` is that
+    module, ``"<dotted module>:<Class>"`` a class in it; None when the module is not imported in
+    this process (nothing is imported here) or lacks the class."""
+    if spec.startswith("module "):
+        return sys.modules.get(spec[len("module "):])
+    mod, _, cls = spec.partition(":")
+    return getattr(sys.modules.get(mod), cls, None)
+
+
+#: ``--host-breakdown``: functions of the step timed beside :data:`STEP_PHASES` (host clock, no
+#: sync), each by the object that holds it: vLLM 0.30 V2 runner's model state (the Mamba
+#: hybrid's pre/post state copies and its attention metadata, the GDN builders inside it), the
+#: GDN layer's forward and its conv and FLA calls (as the layer module names them), and the
+#: plugin's plan and conv write. A phase's own time is its time less the timed phases inside it,
+#: so with this on ``execute_model``'s own time excludes them (the sum over phases is unchanged).
+BREAKDOWN_PHASES = (
+    ("state_preprocess", "model_state", ("preprocess_state",)),
+    ("state_prepare_attn", "model_state", ("prepare_attn",)),
+    ("state_postprocess", "model_state", ("postprocess_state",)),
+    ("gdn_build", "vllm.v1.attention.backends.gdn_attn:GDNAttentionMetadataBuilder", ("build",)),
+    ("gdn_block_table", "module vllm.v1.attention.backends.gdn_attn", ("mamba_get_block_table_tensor",)),
+    ("gdn_forward_core", "vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn:QwenGatedDeltaNetAttention",
+     ("_forward_core",)),
+    ("gdn_conv", "module vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn", ("causal_conv1d_fn",)),
+    ("gdn_fla", "module vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn", ("fla_chunk_gated_delta_rule",)),
+    ("fla_fwd_h", "module vllm.third_party.flash_linear_attention.ops.chunk", ("chunk_gated_delta_rule_fwd_h",)),
+    ("plugin_plan", "module vllm_hybrid_npu.patches.gdn_prefill_checkpoint", ("build_checkpoints",)),
+    ("plugin_write_conv", "module vllm_hybrid_npu.ops.gdn_checkpoint", ("write_conv",)),
+)
 
 
 #: the phases ``--phase-times`` times in every cold, repeat and floor run: the step's
@@ -1034,6 +1084,7 @@ def run_phase_times(timer: PhaseTimer, step_walls: list[tuple[float, int]]) -> d
     phase waits for the GPU lands in that phase. :meth:`Driver.run` adds ``host_probe_us``
     (:func:`host_probe_us`, measured just before the run)."""
     return {"phase_ms": {k: round(1e3 * v[1], 3) for k, v in timer.host.items()},
+            "phase_incl_ms": {k: round(1e3 * v[0], 3) for k, v in timer.host.items()},
             "calls": {k: int(v[2]) for k, v in timer.host.items()},
             "step_wall_ms": [round(1e3 * w, 3) for w, n in step_walls if n]}
 
@@ -1752,6 +1803,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "timed cold, repeat and floor run, the wall of each of its engine steps "
                         "and a fixed host-speed probe run just before it (host_probe_us), into "
                         "the samples' phase_times (no profiler, no device sync)")
+    p.add_argument("--host-breakdown", action="store_true",
+                   help="with --phase-times: also time the functions of BREAKDOWN_PHASES (the "
+                        "model state's pre/post state work and attention metadata, the GDN "
+                        "builders, the GDN layer's forward, conv and FLA calls, the plugin's plan "
+                        "and conv write), each one's own and inclusive ms per run")
     p.add_argument("--phases", default=",".join(PHASES),
                    help=f"phases measured per length, comma list of {', '.join(PHASES)} "
                         "(repeat and floor run the cold prompts first)")
@@ -1881,7 +1937,7 @@ def _run_row(args, row, todo, budget: CallBudget, groups, units, status, timing,
     margin = 20.0
     cmd = [sys.executable, "-m", "benchmarks.cuda_serving", "--worker", row, "--result-file", str(res_file),
            "--deadline", str(budget.deadline - margin), "--lengths", ",".join(map(str, todo)), "--seed", str(args.seed)]
-    for k in RESUME_KEYS + ("first_length_s", "step_profile", "phase_times"):
+    for k in RESUME_KEYS + ("first_length_s", "step_profile", "phase_times", "host_breakdown"):
         v = getattr(args, k)
         if v is None or v is False:
             continue

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -278,6 +279,50 @@ def test_runner_is_found_in_process_or_asked_of_the_workers():
     assert cs.in_process_runner(Multiproc()) is None
     assert cs.runner_module(Multiproc()) == Runner.__module__
     assert cs.PhaseTimer({"runner": None}).install().found == {}
+
+
+def test_breakdown_times_class_and_module_functions_and_puts_them_back(rng, monkeypatch):
+    """``--host-breakdown``'s phases named by path: a class's method and a module's function
+    called inside a timed runner method get their own time (their cost, drawn fresh), the
+    enclosing phase keeps the rest, and uninstall puts the class's and the module's attributes
+    back (the same objects)."""
+    clock = _Clock(0.0)
+    mod = types.ModuleType("bench_fake_gdn")
+    cost_fn, cost_m, own = (rng.randrange(1, 50) / 8 for _ in range(3))
+
+    def helper():
+        clock.t += cost_fn
+
+    class Layer:
+        def forward(self):
+            clock.t += cost_m
+            mod.helper()
+
+    mod.helper, mod.Layer = helper, Layer
+    monkeypatch.setitem(sys.modules, mod.__name__, mod)
+    layer, forward = Layer(), Layer.__dict__["forward"]
+
+    class Runner:
+        def execute_model(self):
+            clock.t += own
+            layer.forward()
+
+    phases = (("execute_model", "runner", ("execute_model",)),
+              ("layer", f"{mod.__name__}:Layer", ("forward",)),
+              ("helper", f"module {mod.__name__}", ("helper",)),
+              ("absent", "module not_imported_here", ("x",)))
+    timer = cs.PhaseTimer({"runner": Runner()}, clock=clock, phases=phases).install()
+    assert set(timer.found) == {"execute_model", "layer", "helper"}
+    timer.owners["runner"].execute_model()
+    t = cs.phase_table(timer.host, None, steps=1)
+    assert t["helper"]["host_ms"] == pytest.approx(1e3 * cost_fn)
+    assert t["layer"]["host_ms"] == pytest.approx(1e3 * cost_m)
+    assert t["layer"]["host_incl_ms"] == pytest.approx(1e3 * (cost_m + cost_fn))
+    assert t["execute_model"]["host_ms"] == pytest.approx(1e3 * own)
+    assert t["execute_model"]["host_incl_ms"] == pytest.approx(1e3 * (own + cost_m + cost_fn))
+    timer.uninstall()
+    assert mod.helper is helper and Layer.__dict__["forward"] is forward
+    assert cs.resolve_owner(f"{mod.__name__}:Layer") is Layer and cs.resolve_owner("module x.y") is None
 
 
 # ---------------------------------------------------------------- process hygiene
