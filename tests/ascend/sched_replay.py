@@ -80,16 +80,19 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, required=True)
     ap.add_argument("--policy", default="lean")
     ap.add_argument("--balance", choices=("on", "off"), default="on")
-    ap.add_argument("--mode", choices=("policy", "junction", "tailsplit", "second"), default="policy")
+    ap.add_argument("--mode", choices=("policy", "junction", "tailsplit", "second", "resend"),
+                    default="policy")
     ap.add_argument("--order", choices=("ascend-first", "registry-first"), default="ascend-first")
     ap.add_argument("--junctions", choices=("on", "off"), default="on")
     ap.add_argument("--tail-split", choices=("on", "off"), default="off")
     ap.add_argument("--second", choices=("on", "off"), default="on")
+    ap.add_argument("--ascend-coordinator-entry", choices=("on", "off"), default="on")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     result = {"seed": args.seed, "policy": args.policy, "balance": args.balance, "error": None}
     try:
-        {"junction": run_junction, "tailsplit": run_tailsplit, "second": run_second}.get(args.mode, run)(args, result)
+        {"junction": run_junction, "tailsplit": run_tailsplit, "second": run_second,
+         "resend": run_resend}.get(args.mode, run)(args, result)
     except BaseException:
         result["error"] = traceback.format_exc()
     Path(args.out).write_text(json.dumps(result, indent=1, default=str))
@@ -222,7 +225,7 @@ def _chain(fn) -> list:
     return out
 
 
-def _apply_in_order(order: str):
+def _apply_in_order(order: str, coordinator: bool = False):
     """vllm-ascend's scheduler-side platform patches (``patch_mamba_block_aligned_split``,
     ``patch_mamba_manager``, ``patch_balance_schedule``, in ``vllm_ascend/patch/platform/
     __init__.py``'s order) and the plugin's registry for the NPU stack, in ``order``
@@ -233,7 +236,8 @@ def _apply_in_order(order: str):
     from vllm_hybrid_npu.support import Stack
 
     def ascend_patches():
-        for name in ("patch_mamba_block_aligned_split", "patch_mamba_manager", "patch_balance_schedule"):
+        names = ("patch_mamba_block_aligned_split", "patch_mamba_manager", "patch_balance_schedule")
+        for name in names + (("patch_kv_cache_coordinator",) if coordinator and not os.environ.get("NOCOORD") else ()):
             importlib.import_module(f"{plat}.{name}")
 
     stack = Stack(target="npu", vllm="0.30.0", vllm_ascend=ASCEND)
@@ -426,6 +430,46 @@ def run_second(args, result) -> None:
     result["free_blocks"], result["pool_blocks"] = pool.get_num_free_blocks(), pool.num_gpu_blocks
     result["extra_left"] = sum(len(vars(x).get(S.EXTRA, {})) for x in
                                seen["scheduler"].kv_cache_manager.coordinator.single_type_managers)
+
+
+def run_resend(args, result) -> None:
+    """A prompt ending on the 64-token grid inside a block, then its resend, on vLLM's scheduler
+    with vllm-ascend's hybrid coordinator (``patch_kv_cache_coordinator``: its
+    ``get_kv_cache_coordinator`` builds ``AscendHybridKVCacheCoordinator``, whose ``__init__``
+    does not run vLLM's) and the plugin's registry in ``--order``; the control drops the
+    ``resend-tail-declared-ascend`` entry before the registry applies."""
+    from vllm_hybrid_npu.patches import resend_tail
+
+    if args.ascend_coordinator_entry == "off":
+        resend_tail.PATCHES[:] = [p for p in resend_tail.PATCHES
+                                  if p.name != "resend-tail-declared-ascend"]
+    report = _apply_in_order(args.order, coordinator=True)
+    result["failed"], result["applied"] = dict(report.failed), list(report.applied)
+
+    from vllm_hybrid_npu_lab.model import build_setup
+    from vllm_hybrid_npu_lab.presets import TINY_HYBRID
+    from vllm_hybrid_npu_lab.replay import replay
+    from vllm_hybrid_npu_lab.trace import TraceRequest
+    from vllm_hybrid_npu_lab.upstream_grid import UpstreamSetting
+
+    rng = random.Random(args.seed)
+    setup = build_setup(TINY_HYBRID, kv_cache_bytes=64 << 20, max_model_len=8192, block_size=256,
+                        max_num_batched_tokens=8192, prefill_checkpoints=True,
+                        tune=UpstreamSetting(pmu=64, ckpt=True).tune)
+    # on the 64-token grid, its checkpoint n - 64 inside a block (not on a block boundary)
+    n = rng.choice([x for x in range(320, 1025, 64) if x % 256 in (128, 192)])
+    result["prompt"], result["block_size"], result["hash_block_size"] = n, setup.block_size, setup.hash_block_size
+    seen: dict = {}
+
+    class Recording(setup.vllm_config.scheduler_config.get_scheduler_cls()):
+        def schedule(self, *a, **k):
+            coordinator = self.kv_cache_manager.coordinator
+            seen["coordinator"] = f"{type(coordinator).__module__}.{type(coordinator).__qualname__}"
+            return super().schedule(*a, **k)
+
+    res = replay([TraceRequest(10_000.0 * i, n, 4, (7, 8)) for i in range(2)], setup, Recording,
+                 carry_outputs=False, target="npu")
+    result["cached_per_request"], result["coordinator"] = list(res.cached_per_request), seen["coordinator"]
 
 
 if __name__ == "__main__":

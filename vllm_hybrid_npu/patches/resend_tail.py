@@ -77,6 +77,12 @@ PATCHES = [
           "HybridKVCacheCoordinator.__init__", _make_coordinator, ("cpu", "cuda", "npu"),
           "marks the attention managers of an engine that declares prefill checkpoints",
           vllm=("0.30.0",), until=_UNTIL),
+    entry("resend-tail-declared-ascend", "vllm_ascend.patch.platform.patch_kv_cache_coordinator",
+          "AscendHybridKVCacheCoordinator.__init__", _make_coordinator, ("npu",),
+          "the same marks on vllm-ascend's hybrid coordinator, the one its get_kv_cache_coordinator "
+          "builds for a hybrid model with caching on: its __init__ does not call "
+          "HybridKVCacheCoordinator.__init__", vllm=("0.30.0",), vllm_ascend=("0.30.0rc2",),
+          until=_UNTIL),
     entry("resend-tail", "vllm.v1.core.single_type_kv_cache_manager",
           "FullAttentionManager._cache_partial_tail_block", _make_tail, ("cpu", "cuda", "npu"),
           "vLLM 0.32's resend boundary: a prompt ending on the hash grid inside a block gets its "
