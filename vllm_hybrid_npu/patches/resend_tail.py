@@ -15,6 +15,12 @@ matches one unit past the hit and drops it, and the Mamba checkpoint sits one un
 (``n - 2 * unit``): the tail at ``n - unit`` is what lands the resend on it (vLLM 0.30's tail at
 ``n``, or none for a prompt ending on a block boundary, left the resend 0 tokens).
 
+The Mamba manager holds the checkpoint only while the prompt's last chunk is scheduled; each
+decode step after it asks for none. A tail registered at ``n - unit`` is kept through those steps:
+0.30's rule would register ``n`` in the same block, and ``BlockPool.cache_partial_block`` drops a
+block's shorter entry, so after a single decode step the resend hit 0 again (an engine test
+generating one token per prompt never decoded).
+
 The rule changes only requests whose Mamba manager holds a prefill checkpoint at that boundary
 (engines declaring ``MambaSpec.num_prefill_checkpoint_blocks``: ours, or vLLM 0.30's own for
 Kimi's KDA). Elsewhere 0.30 stores the Mamba state at the prompt's end (vLLM's split; a prompt of
@@ -60,10 +66,19 @@ def _make_tail(upstream: Any, stack: Stack) -> Any:
         # under EAGLE's drop the lookup matches one unit past the hit, so the tail at n - unit
         # serves the checkpoint one unit lower
         drop = unit if self.use_eagle else 0
-        if n % unit or not any(c and c[0] == end - drop for c in checkpoints):
+        if n % unit:
             return upstream(self, request, num_tokens)
         blocks = self.req_to_blocks[request.request_id]
-        if 0 < end <= num_tokens and end % self.block_size and end // self.block_size < len(blocks):
+        inside = 0 < end and end % self.block_size and end // self.block_size < len(blocks)
+        if not any(c and c[0] == end - drop for c in checkpoints):
+            # the Mamba manager drops the checkpoint after the prompt's last chunk (every decode
+            # step asks for none); a tail this wrapper registered at `end` then stays: 0.30's at
+            # `n` would re-key the same block away from `end` (BlockPool.cache_partial_block
+            # drops a block's shorter entry), leaving the checkpoint without attention
+            if inside and blocks[end // self.block_size].block_hash_num_tokens == end:
+                return None
+            return upstream(self, request, num_tokens)
+        if inside and end <= num_tokens:
             self.block_pool.cache_partial_block(
                 request=request, block=blocks[end // self.block_size], num_tokens=end,
                 kv_cache_group_id=self.kv_cache_group_id, block_size=self.block_size)
