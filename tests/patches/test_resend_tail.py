@@ -83,6 +83,7 @@ def test_decode_steps_keep_the_tail_registered_at_the_checkpoint():
     dict(n=896, computed=897, keyed={2: 896}),  # 0.30's own tail (no checkpoint had been there)
     dict(n=896, computed=897),  # nothing registered in that block
     dict(n=900, computed=901, keyed={2: 896}),  # off the grid: 0.30's rule
+    dict(n=896, computed=897, keyed={2: 832}, declared=False),  # no checkpoints declared
 ])
 def test_decode_steps_elsewhere_go_to_vllm_030(case):
     assert _call(**case) == ([case["computed"]], [])

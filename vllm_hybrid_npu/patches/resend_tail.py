@@ -59,15 +59,15 @@ def _make_tail(upstream: Any, stack: Stack) -> Any:
     @functools.wraps(upstream)
     def _cache_partial_tail_block(self, request, num_tokens):
         unit, n = self.block_pool.hash_block_size, request.num_prompt_tokens
-        end = n - unit
-        checkpoints = [getattr(m, "_checkpoints", {}).get(request.request_id)
-                       for m in getattr(self, FLAG, ())]
-        # elsewhere 0.30's and 0.32's boundaries agree, or the Mamba state is at the prompt's end;
+        end, mambas = n - unit, getattr(self, FLAG, ())
+        # elsewhere 0.30's and 0.32's boundaries agree, or the Mamba state is at the prompt's end
+        # (an engine declaring no checkpoints: no Mamba manager marked)
+        if n % unit or not mambas:
+            return upstream(self, request, num_tokens)
+        checkpoints = [getattr(m, "_checkpoints", {}).get(request.request_id) for m in mambas]
         # under EAGLE's drop the lookup matches one unit past the hit, so the tail at n - unit
         # serves the checkpoint one unit lower
         drop = unit if self.use_eagle else 0
-        if n % unit:
-            return upstream(self, request, num_tokens)
         blocks = self.req_to_blocks[request.request_id]
         inside = 0 < end and end % self.block_size and end // self.block_size < len(blocks)
         if not any(c and c[0] == end - drop for c in checkpoints):
