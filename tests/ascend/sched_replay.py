@@ -86,7 +86,7 @@ def main(argv=None) -> int:
     ap.add_argument("--junctions", choices=("on", "off"), default="on")
     ap.add_argument("--tail-split", choices=("on", "off"), default="off")
     ap.add_argument("--second", choices=("on", "off"), default="on")
-    ap.add_argument("--ascend-coordinator-entry", choices=("on", "off"), default="on")
+    ap.add_argument("--control", choices=("none", "coordinator", "keep"), default="none")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     result = {"seed": args.seed, "policy": args.policy, "balance": args.balance, "error": None}
@@ -225,7 +225,7 @@ def _chain(fn) -> list:
     return out
 
 
-def _apply_in_order(order: str, coordinator: bool = False):
+def _apply_in_order(order: str):
     """vllm-ascend's scheduler-side platform patches (``patch_mamba_block_aligned_split``,
     ``patch_mamba_manager``, ``patch_balance_schedule``, in ``vllm_ascend/patch/platform/
     __init__.py``'s order) and the plugin's registry for the NPU stack, in ``order``
@@ -236,8 +236,7 @@ def _apply_in_order(order: str, coordinator: bool = False):
     from vllm_hybrid_npu.support import Stack
 
     def ascend_patches():
-        names = ("patch_mamba_block_aligned_split", "patch_mamba_manager", "patch_balance_schedule")
-        for name in names + (("patch_kv_cache_coordinator",) if coordinator and not os.environ.get("NOCOORD") else ()):
+        for name in ("patch_mamba_block_aligned_split", "patch_mamba_manager", "patch_balance_schedule"):
             importlib.import_module(f"{plat}.{name}")
 
     stack = Stack(target="npu", vllm="0.30.0", vllm_ascend=ASCEND)
@@ -433,17 +432,34 @@ def run_second(args, result) -> None:
 
 
 def run_resend(args, result) -> None:
-    """A prompt ending on the 64-token grid inside a block, then its resend, on vLLM's scheduler
-    with vllm-ascend's hybrid coordinator (``patch_kv_cache_coordinator``: its
+    """Prompts ending on the 64-token grid, each with its checkpoint ``n - 64`` inside a block,
+    then each resent, on vLLM's scheduler with vllm-ascend's hybrid coordinator
+    (``patch_kv_cache_coordinator``, imported by ``patch_mamba_block_aligned_split``: its
     ``get_kv_cache_coordinator`` builds ``AscendHybridKVCacheCoordinator``, whose ``__init__``
-    does not run vLLM's) and the plugin's registry in ``--order``; the control drops the
-    ``resend-tail-declared-ascend`` entry before the registry applies."""
+    does not run vLLM's) and the plugin's registry in ``--order``. ``--control coordinator``:
+    ``resend-tail-declared`` marks the managers in ``HybridKVCacheCoordinator.__init__`` instead
+    (where it did before), ``keep``: the tail wrapper without its decode-step keep
+    (``resend_tail.kept`` always False)."""
+    import dataclasses
+    import functools
+
     from vllm_hybrid_npu.patches import resend_tail
 
-    if args.ascend_coordinator_entry == "off":
-        resend_tail.PATCHES[:] = [p for p in resend_tail.PATCHES
-                                  if p.name != "resend-tail-declared-ascend"]
-    report = _apply_in_order(args.order, coordinator=True)
+    if args.control == "coordinator":
+        def on_coordinator(upstream, stack):
+            @functools.wraps(upstream)
+            def __init__(self, *a, **k):
+                upstream(self, *a, **k)
+                resend_tail.mark(self.single_type_managers)
+            return __init__
+
+        resend_tail.PATCHES[:] = [
+            dataclasses.replace(p, module="vllm.v1.core.kv_cache_coordinator",
+                                qualname="HybridKVCacheCoordinator.__init__", make=on_coordinator)
+            if p.name == "resend-tail-declared" else p for p in resend_tail.PATCHES]
+    elif args.control == "keep":
+        resend_tail.kept = lambda block, end: False
+    report = _apply_in_order(args.order)
     result["failed"], result["applied"] = dict(report.failed), list(report.applied)
 
     from vllm_hybrid_npu_lab.model import build_setup
@@ -456,20 +472,29 @@ def run_resend(args, result) -> None:
     setup = build_setup(TINY_HYBRID, kv_cache_bytes=64 << 20, max_model_len=8192, block_size=256,
                         max_num_batched_tokens=8192, prefill_checkpoints=True,
                         tune=UpstreamSetting(pmu=64, ckpt=True).tune)
-    # on the 64-token grid, its checkpoint n - 64 inside a block (not on a block boundary)
-    n = rng.choice([x for x in range(320, 1025, 64) if x % 256 in (128, 192)])
-    result["prompt"], result["block_size"], result["hash_block_size"] = n, setup.block_size, setup.hash_block_size
+    bs = setup.block_size
+    # on the 64-token grid, the checkpoint n - 64 inside a block (not on a block boundary); at
+    # least two output tokens: a decode step after the prefill
+    grid = [x for x in range(bs + 64, 8 * bs + 1, 64) if x % bs in (128, 192)]
+    rows = [(rng.choice(grid), rng.randint(2, 6)) for _ in range(3)]
+    result["rows"], result["block_size"], result["hash_block_size"] = rows, bs, setup.hash_block_size
+    reqs = []
+    for k, (n, out) in enumerate(rows):  # each prompt its own trace blocks (512 tokens each)
+        ids = tuple(100 * (k + 1) + j for j in range(-(-n // 512)))
+        reqs += [TraceRequest(10_000.0 * len(reqs), n, out, ids),
+                 TraceRequest(10_000.0 * (len(reqs) + 1), n, out, ids)]
     seen: dict = {}
 
     class Recording(setup.vllm_config.scheduler_config.get_scheduler_cls()):
         def schedule(self, *a, **k):
             coordinator = self.kv_cache_manager.coordinator
             seen["coordinator"] = f"{type(coordinator).__module__}.{type(coordinator).__qualname__}"
+            seen["marked"] = [len(getattr(m, resend_tail.FLAG, ())) for m in coordinator.single_type_managers]
             return super().schedule(*a, **k)
 
-    res = replay([TraceRequest(10_000.0 * i, n, 4, (7, 8)) for i in range(2)], setup, Recording,
-                 carry_outputs=False, target="npu")
-    result["cached_per_request"], result["coordinator"] = list(res.cached_per_request), seen["coordinator"]
+    res = replay(reqs, setup, Recording, carry_outputs=False, target="npu")
+    result["cached_per_request"] = list(res.cached_per_request)
+    result["coordinator"], result["marked"] = seen["coordinator"], seen["marked"]
 
 
 if __name__ == "__main__":
