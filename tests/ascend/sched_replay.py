@@ -80,16 +80,19 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, required=True)
     ap.add_argument("--policy", default="lean")
     ap.add_argument("--balance", choices=("on", "off"), default="on")
-    ap.add_argument("--mode", choices=("policy", "junction", "tailsplit", "second"), default="policy")
+    ap.add_argument("--mode", choices=("policy", "junction", "tailsplit", "second", "resend"),
+                    default="policy")
     ap.add_argument("--order", choices=("ascend-first", "registry-first"), default="ascend-first")
     ap.add_argument("--junctions", choices=("on", "off"), default="on")
     ap.add_argument("--tail-split", choices=("on", "off"), default="off")
     ap.add_argument("--second", choices=("on", "off"), default="on")
+    ap.add_argument("--control", choices=("none", "coordinator", "keep"), default="none")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     result = {"seed": args.seed, "policy": args.policy, "balance": args.balance, "error": None}
     try:
-        {"junction": run_junction, "tailsplit": run_tailsplit, "second": run_second}.get(args.mode, run)(args, result)
+        {"junction": run_junction, "tailsplit": run_tailsplit, "second": run_second,
+         "resend": run_resend}.get(args.mode, run)(args, result)
     except BaseException:
         result["error"] = traceback.format_exc()
     Path(args.out).write_text(json.dumps(result, indent=1, default=str))
@@ -426,6 +429,72 @@ def run_second(args, result) -> None:
     result["free_blocks"], result["pool_blocks"] = pool.get_num_free_blocks(), pool.num_gpu_blocks
     result["extra_left"] = sum(len(vars(x).get(S.EXTRA, {})) for x in
                                seen["scheduler"].kv_cache_manager.coordinator.single_type_managers)
+
+
+def run_resend(args, result) -> None:
+    """Prompts ending on the 64-token grid, each with its checkpoint ``n - 64`` inside a block,
+    then each resent, on vLLM's scheduler with vllm-ascend's hybrid coordinator
+    (``patch_kv_cache_coordinator``, imported by ``patch_mamba_block_aligned_split``: its
+    ``get_kv_cache_coordinator`` builds ``AscendHybridKVCacheCoordinator``, whose ``__init__``
+    does not run vLLM's) and the plugin's registry in ``--order``. ``--control coordinator``:
+    ``resend-tail-declared`` marks the managers in ``HybridKVCacheCoordinator.__init__`` instead
+    (where it did before), ``keep``: the tail wrapper without its decode-step keep
+    (``resend_tail.kept`` always False)."""
+    import dataclasses
+    import functools
+
+    from vllm_hybrid_npu.patches import resend_tail
+
+    if args.control == "coordinator":
+        def on_coordinator(upstream, stack):
+            @functools.wraps(upstream)
+            def __init__(self, *a, **k):
+                upstream(self, *a, **k)
+                resend_tail.mark(self.single_type_managers)
+            return __init__
+
+        resend_tail.PATCHES[:] = [
+            dataclasses.replace(p, module="vllm.v1.core.kv_cache_coordinator",
+                                qualname="HybridKVCacheCoordinator.__init__", make=on_coordinator)
+            if p.name == "resend-tail-declared" else p for p in resend_tail.PATCHES]
+    elif args.control == "keep":
+        resend_tail.kept = lambda block, end: False
+    report = _apply_in_order(args.order)
+    result["failed"], result["applied"] = dict(report.failed), list(report.applied)
+
+    from vllm_hybrid_npu_lab.model import build_setup
+    from vllm_hybrid_npu_lab.presets import TINY_HYBRID
+    from vllm_hybrid_npu_lab.replay import replay
+    from vllm_hybrid_npu_lab.trace import TraceRequest
+    from vllm_hybrid_npu_lab.upstream_grid import UpstreamSetting
+
+    rng = random.Random(args.seed)
+    setup = build_setup(TINY_HYBRID, kv_cache_bytes=64 << 20, max_model_len=8192, block_size=256,
+                        max_num_batched_tokens=8192, prefill_checkpoints=True,
+                        tune=UpstreamSetting(pmu=64, ckpt=True).tune)
+    bs = setup.block_size
+    # on the 64-token grid, the checkpoint n - 64 inside a block (not on a block boundary); at
+    # least two output tokens: a decode step after the prefill
+    grid = [x for x in range(bs + 64, 8 * bs + 1, 64) if x % bs in (128, 192)]
+    rows = [(rng.choice(grid), rng.randint(2, 6)) for _ in range(3)]
+    result["rows"], result["block_size"], result["hash_block_size"] = rows, bs, setup.hash_block_size
+    reqs = []
+    for k, (n, out) in enumerate(rows):  # each prompt its own trace blocks (512 tokens each)
+        ids = tuple(100 * (k + 1) + j for j in range(-(-n // 512)))
+        reqs += [TraceRequest(10_000.0 * len(reqs), n, out, ids),
+                 TraceRequest(10_000.0 * (len(reqs) + 1), n, out, ids)]
+    seen: dict = {}
+
+    class Recording(setup.vllm_config.scheduler_config.get_scheduler_cls()):
+        def schedule(self, *a, **k):
+            coordinator = self.kv_cache_manager.coordinator
+            seen["coordinator"] = f"{type(coordinator).__module__}.{type(coordinator).__qualname__}"
+            seen["marked"] = [len(getattr(m, resend_tail.FLAG, ())) for m in coordinator.single_type_managers]
+            return super().schedule(*a, **k)
+
+    res = replay(reqs, setup, Recording, carry_outputs=False, target="npu")
+    result["cached_per_request"] = list(res.cached_per_request)
+    result["coordinator"], result["marked"] = seen["coordinator"], seen["marked"]
 
 
 if __name__ == "__main__":

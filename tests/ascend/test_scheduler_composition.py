@@ -31,6 +31,14 @@ second block (its rules in the ``gdn-manager-*`` hooks) with the same vllm-ascen
 block keeps the block boundary 512 in its column and 576 in a second block, so a sharer of 512
 tokens hits 512 (vLLM's re-key: 0) and the prompt's repeat hits 576; every block back in the
 pool at the end. The control (the variable ``off``) keeps vLLM's re-key.
+
+The resend tail (``sched_replay.py --mode resend``): ``resend-tail-declared`` and ``resend-tail``
+with the same vllm-ascend patches, in both orders, at ``--prefix-match-unit 64``, block 256, on
+vllm-ascend's ``AscendHybridKVCacheCoordinator`` (its ``__init__`` does not run vLLM's): prompts
+ending on the 64-token grid with the checkpoint ``n - 64`` inside a block, each decoding at least
+two tokens, then each resent; the resend hits the checkpoint. Two controls hit 0: the managers
+marked in ``HybridKVCacheCoordinator.__init__`` (where the entry was, never run there), and the
+tail wrapper without its decode-step keep (0.30's tail at ``n`` re-keys the block).
 """
 
 from __future__ import annotations
@@ -254,3 +262,47 @@ def test_second_checkpoint_block_with_vllm_ascends_manager(second):
         assert sent == [{"1": [(512, "junction"), (cp_b, "prompt")]}], (where, second["payloads"])
     # nothing leaked: every block but the null block back in the pool (cached ones evictable)
     assert second["free_blocks"] == second["pool_blocks"] - 1 and second["extra_left"] == 0, where
+
+
+# ------------------------------------------------------------------------------ resend tail
+@pytest.fixture(scope="module", params=[("ascend-first", "none"), ("registry-first", "none"),
+                                        ("ascend-first", "coordinator"), ("ascend-first", "keep")],
+                ids=["ascend-first", "registry-first", "control-coordinator", "control-keep"])
+def resend(request, tmp_path_factory):
+    """``sched_replay.py --mode resend``: the resend-tail entries with vllm-ascend's
+    scheduler-side platform patches, in either order; the controls mark the managers in
+    ``HybridKVCacheCoordinator.__init__`` (``coordinator``) or drop the decode-step keep
+    (``keep``)."""
+    order, control = request.param
+    res = _sched_replay(tmp_path_factory, "resend", order=order, control=control)
+    res["order"], res["control"] = order, control
+    return res
+
+
+def test_resend_of_a_grid_prompt_hits_its_checkpoint_on_vllm_ascends_coordinator(resend):
+    """Hits in tokens: each prompt's first send 0, its resend the Mamba checkpoint
+    ``(n - 1) // 64 * 64`` (``n`` the prompt's tokens, 64 the prefix-match unit); 0 in the
+    controls."""
+    assert resend["failed"] == {}
+    assert {"resend-tail-declared", "resend-tail"} <= set(resend["applied"]), resend["applied"]
+    assert resend["coordinator"] == (
+        "vllm_ascend.patch.platform.patch_kv_cache_coordinator.AscendHybridKVCacheCoordinator")
+    bs, unit, rows = resend["block_size"], resend["hash_block_size"], resend["rows"]
+    where = f"seed {SEED}, {resend['order']}, control {resend['control']}: rows {rows}"
+    assert (bs, unit) == (256, 64), where
+    # premises by construction: on the unit grid, the checkpoint n - 64 inside a block past the
+    # first, at least one decode step after the prefill
+    assert all(n % unit == 0 and (n - unit) % bs and n > bs and out >= 2 for n, out in rows), where
+    marked, cached = resend["marked"], resend["cached_per_request"]
+    if resend["control"] == "coordinator":
+        # vllm-ascend's coordinator never ran HybridKVCacheCoordinator.__init__: nothing marked
+        assert marked == [0] * len(marked), where
+        assert cached == [0] * 2 * len(rows), (where, cached)
+        return
+    # every manager carries the engine's GDN managers: every group but the one attention group
+    assert marked == [len(marked) - 1] * len(marked), (where, marked)
+    if resend["control"] == "keep":  # the first decode step re-keys the tail to n
+        assert cached == [0] * 2 * len(rows), (where, cached)
+        return
+    want = [hit for n, _ in rows for hit in (0, (n - 1) // 64 * 64)]
+    assert cached == want, (where, cached)
