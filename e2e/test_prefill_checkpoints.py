@@ -1356,6 +1356,13 @@ def test_prefix_match_unit_64_plans_where_the_scheduler_caches(tiny_model_dir, e
             assert hit.num_cached_tokens == position, (len(p), block)
             _assert_same([Sequence.from_output(cold.outputs[0])],
                          [Sequence.from_output(hit.outputs[0])], exact=exact_across_schedules)
+        # a prompt on the grid (its checkpoint inside a block) that decodes a few tokens: the
+        # resend still hits its checkpoint (decode steps must not re-key its attention tail)
+        n = rng.choice([n for n in range(block + 128, 3 * block, 64) if (n - 64) % block])
+        grid, out_tokens = _prompt(rng, n), rng.randrange(2, 7)
+        _gen(llm, [grid], max_tokens=out_tokens, ignore_eos=True)
+        (again,), _ = _gen(llm, [grid])
+        assert again.num_cached_tokens == n - 64, (n, out_tokens, block, again.num_cached_tokens)
         from vllm_hybrid_npu.patches import registry
 
         if "resend-tail" in registry.REPORT.applied:  # vLLM 0.30 (0.32: both at the unit before)
