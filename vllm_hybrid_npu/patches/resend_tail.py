@@ -18,8 +18,7 @@ matches one unit past the hit and drops it, and the Mamba checkpoint sits one un
 The Mamba manager holds the checkpoint only while the prompt's last chunk is scheduled; each
 decode step after it asks for none. A tail registered at ``n - unit`` is kept through those steps:
 0.30's rule would register ``n`` in the same block, and ``BlockPool.cache_partial_block`` drops a
-block's shorter entry, so after a single decode step the resend hit 0 again (an engine test
-generating one token per prompt never decoded).
+block's shorter entry, so after a single decode step the resend would hit 0.
 
 The rule changes only requests whose Mamba manager holds a prefill checkpoint at that boundary
 (engines declaring ``MambaSpec.num_prefill_checkpoint_blocks``: ours, or vLLM 0.30's own for
