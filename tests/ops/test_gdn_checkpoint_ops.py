@@ -49,10 +49,14 @@ def _batch(rng, gen, suffix):
     ck = [rows - 1] if suffix else rng.sample(range(rows), rng.randint(1, rows))
     for r in ck:
         offsets[r] = rng.randint(1, lens[r] - 1)
+    # zero-length rows after them (vllm-ascend keeps a full graph's padded rows among its prefill
+    # rows, with no tokens): the tails stay a suffix
+    zeros = rng.randint(0, 2)
+    lens, offsets = lens + [0] * zeros, offsets + [0] * zeros
     qsl = [0]
     for n in lens:
         qsl.append(qsl[-1] + n)
-    plan = plan_step(qsl, offsets, [r for r in range(rows)], num_decodes=0)
+    plan = plan_step(qsl, offsets, list(range(rows + zeros)), num_decodes=0)
     t = qsl[-1]
     inputs = (torch.randn(1, t, H, K, generator=gen), torch.randn(1, t, H, K, generator=gen) * 0.3,
               torch.randn(1, t, H, V, generator=gen), -torch.rand(1, t, H, generator=gen) * 0.2,

@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import itertools
 from typing import Any, Callable, Iterator
 
 import torch
@@ -222,7 +223,10 @@ def run_split(run: Callable[..., tuple[torch.Tensor, torch.Tensor]], md: Checkpo
     plan = md.plan
     parts = [part(k) for k in range(len(plan.rounds))]
     if plan.tails_are_suffix:  # only the last prefill row has checkpoints: each round a slice
-        cuts = md.memo("split-cuts", lambda: [0, *(spans[-1][2] for spans in plan.rounds)])
+        # each round's tokens follow the previous round's (rows with no tokens after the last
+        # one, a full graph's padding, add none)
+        cuts = md.memo("split-cuts", lambda: [0, *itertools.accumulate(
+            plan.round_bounds(k)[-1] for k in range(len(plan.rounds)))])
     state, o_parts, finals, states = initial_state, [], [], []
     for k, name in enumerate(parts):
         if plan.tails_are_suffix:
