@@ -29,7 +29,11 @@ by a torch reference of its contract, all computing in float32:
   ``initial_state`` / ``final_state`` ``[N, HV, V, K]``, ``actual_seq_lengths`` per sequence);
 * ``fla_npu.ops.ascendc.chunk_gated_delta_rule_fwd`` (as ``DeviceOperator.fla_gdn_prefill`` calls
   it: BNSD q / k / v, state ``[N, HV, K, V]``, output sequence-major), only in ``--paths fla-npu``
-  (then vllm-ascend chooses it), ``causal_conv1d_fn``, ``recurrent_gated_delta_rule``;
+  (then vllm-ascend chooses it), ``causal_conv1d_fn`` (on a conv state ``W - 1 + k`` wide under
+  MTP: its first ``W - 1`` columns, as vLLM's Triton kernel), ``causal_conv1d_update`` and
+  ``recurrent_gated_delta_rule`` with ``num_accepted_tokens`` (the speculative rows; their
+  contracts on the wide state and the ``k + 1`` slots are vLLM's Triton ones, unverified for
+  fla_npu's binaries; only determinism is relied on) and without (a decode);
 * AscendC ops under their own names and schemas (``csrc/torch_binding.cpp``) with
   ``torch.library``: ``_C_ascend::chunk_gated_delta_rule_fwd_h_vllm`` and ``chunk_fwd_o_vllm``;
 * Triton: ``chunk_local_cumsum``, ``chunk_scaled_dot_kkt_fwd``, ``solve_tril``,
@@ -63,6 +67,22 @@ table held by vllm-ascend's own ``vllm_ascend/worker/block_table.py`` ``BlockTab
 its device tensor). Checked against vLLM's ``K + 1``-step split: the planned checkpoints are the
 constructed ones, vllm-ascend's op runs once per round, every exported conv and SSM block, every
 output and every other cache byte are the split's; a plan one token earlier is caught.
+
+MTP draws (``--spec-draws``, issue 58; :func:`spec_draw`): ``k`` speculative tokens drawn from
+1-3 (builder and layer as MTP builds them: ``use_spec_decode``, ``num_spec``, ``k`` speculative
+blocks, the conv state ``W - 1 + k`` wide; vLLM's EAGLE block drop in the plan), speculative
+decode rows (``k + 1`` tokens, accepted counts drawn) first and between prefill rows, a 1-token
+non-speculative row; every second one under a full graph with padded suffix rows (sequence length
+0, a ``k + 1`` span; ``num_actual_reqs``, which vllm-ascend's runner passes, the real rows or
+all).
+Checked against vLLM's split (both its steps with the speculative rows): the planned offsets are
+vLLM's rule at the non-speculative rows' batch rows; each checkpoint's conv (first ``W - 1``
+columns) and SSM blocks are the split's, its other ``k`` conv columns unchanged; every output and
+cache byte is the step's without the plan but the checkpoint and final blocks (the split's); the
+speculative rows' outputs and ``k + 1`` slots are the step's without the plan; vllm-ascend's
+speculative kernels ran once, its prefill op once without the plan and twice with it. Controls:
+the forward's conv rows in batch order (no ``non_spec_token_indx`` map), the plan one chunk
+earlier, and (full graph) the plan of the rows as passed, padded spans kept.
 
 Second-checkpoint draws (``--second-draws``, issue 38 item 3; :func:`second_rows`): at
 ``--prefix-match-unit 64``, block 128, rows whose checkpoint ``cp`` lies inside the prompt's last
@@ -240,8 +260,11 @@ def causal_conv1d_fn_ref(x, weight, bias=None, conv_states=None, query_start_loc
                          cache_indices=None, has_initial_state=None, activation=None,
                          pad_slot_id=None, null_block_id=None):
     """fla_npu's prefill conv: ``x`` ``[T, D]``, ``weight`` ``[W, D]`` (packed), conv states
-    ``[blocks, W - 1, D]`` read where ``has_initial_state`` and set to the last ``W - 1`` input
-    rows of each sequence (initial rows first)."""
+    ``[blocks, W - 1 + k, D]`` (``k`` speculative tokens, else 0): their first ``W - 1`` time
+    columns read where ``has_initial_state`` and set to the last ``W - 1`` input rows of each
+    sequence (initial rows first), the other ``k`` left as they were (vLLM's Triton
+    ``causal_conv1d_fn``, ``state_len = KERNEL_WIDTH - 1``; fla_npu's binary on a wide state:
+    unverified)."""
     torch = _torch()
     width = weight.shape[0]
     out = torch.empty_like(x)
@@ -251,7 +274,7 @@ def causal_conv1d_fn_ref(x, weight, bias=None, conv_states=None, query_start_loc
         if e == s:
             continue
         idx = int(cache_indices[n])
-        init = (conv_states[idx].float() if bool(has_initial_state[n])
+        init = (conv_states[idx, :width - 1].float() if bool(has_initial_state[n])
                 else torch.zeros(width - 1, x.shape[1]))
         xx = torch.cat([init, x[s:e].float()])
         y = sum(weight[j].float() * xx[j: j + e - s] for j in range(width))
@@ -260,18 +283,82 @@ def causal_conv1d_fn_ref(x, weight, bias=None, conv_states=None, query_start_loc
         if activation == "silu":
             y = torch.nn.functional.silu(y)
         out[s:e] = y.to(x.dtype)
-        conv_states[idx] = xx[-(width - 1):].to(conv_states.dtype)
+        conv_states[idx, :width - 1] = xx[-(width - 1):].to(conv_states.dtype)
     return out
 
 
-def causal_conv1d_update_ref(*a, **k):
-    raise AssertionError("the replay's batches always hold a prefill row")
+def causal_conv1d_update_ref(x, conv_state, weight, bias=None, activation=None,
+                             conv_state_indices=None, num_accepted_tokens=None,
+                             query_start_loc=None, max_query_len=None, null_block_id=None,
+                             out=None):
+    """fla_npu's conv update as vllm-ascend's speculative rows call it (its contract is
+    unverified; vLLM's Triton ``causal_conv1d_update`` with ``num_accepted_tokens`` read so):
+    ``x`` ``[T, D]`` the rows' tokens (``query_start_loc``), ``weight`` ``[W, D]`` (packed), each
+    row's block ``conv_state[conv_state_indices[n]]`` ``[W - 1 + k, D]`` read from time column
+    ``num_accepted_tokens[n] - 1`` (its ``W - 1`` columns before the row's first token), then set
+    to the last ``W - 1 + k`` columns of the state from that column followed by the tokens. The
+    speculative rows are compared with and without the plugin's plan, so only determinism
+    matters here."""
+    torch = _torch()
+    width, span = weight.shape[0], conv_state.shape[1]
+    out = torch.empty_like(x) if out is None else out
+    qsl = query_start_loc.tolist()
+    for n in range(len(qsl) - 1):
+        s, e = qsl[n], qsl[n + 1]
+        if e == s:
+            continue
+        idx, off = int(conv_state_indices[n]), int(num_accepted_tokens[n]) - 1
+        state = conv_state[idx].float()
+        xx = torch.cat([state[off:off + width - 1], x[s:e].float()])
+        y = sum(weight[j].float() * xx[j: j + e - s] for j in range(width))
+        if bias is not None:
+            y = y + bias.float()
+        if activation == "silu":
+            y = torch.nn.functional.silu(y)
+        out[s:e] = y.to(x.dtype)
+        full = torch.cat([state[off:], x[s:e].float()])
+        assert full.shape[0] >= span, (full.shape, span)
+        conv_state[idx] = full[-span:].to(conv_state.dtype)
+    return out
+
+
+def recurrent_gdr_spec_ref(q, k, v, ssm_state, g, beta, scale, actual_seq_lengths,
+                           ssm_state_indices, num_accepted_tokens):
+    """fla_npu's recurrence on speculative rows as vllm-ascend calls it (contract unverified;
+    vLLM's ``fused_recurrent_gated_delta_rule`` with 2-D state indices read so): ``R`` rows
+    (``num_accepted_tokens`` [R]), row ``n`` of ``actual_seq_lengths[n + 1]`` tokens
+    (vllm-ascend's ``[query_start_loc[0], lengths...]``), its ``k + 1`` state slots
+    ``ssm_state_indices.view(R, -1)[n]``: the state read from slot ``num_accepted_tokens[n] - 1``,
+    the state after its ``j``-th token written to slot ``j``; state ``[blocks, HV, V, K]``."""
+    torch = _torch()
+    rows = num_accepted_tokens.numel()
+    slots = ssm_state_indices.view(rows, -1).tolist()
+    lens = actual_seq_lengths[1:rows + 1].tolist()
+    assert sum(lens) == q.shape[0], (lens, q.shape)
+    out = torch.empty(q.shape[0], NV, v.shape[-1], dtype=v.dtype)
+    qq, kk = _kv_heads(q.float()), _kv_heads(k.float())
+    t = 0
+    for n, length in enumerate(lens):
+        S = ssm_state[slots[n][int(num_accepted_tokens[n]) - 1]].float().transpose(-1, -2)
+        for j in range(length):
+            S = S * torch.exp(g[t].float())[:, None, None]
+            vn = v[t].float() - torch.einsum("hk,hkv->hv", kk[t], S)
+            S = S + torch.einsum("hk,hv->hkv", kk[t], vn * beta[t].float()[:, None])
+            out[t] = (torch.einsum("hk,hkv->hv", qq[t], S) * scale).to(v.dtype)
+            ssm_state[slots[n][j]] = S.transpose(-1, -2).to(ssm_state.dtype)
+            t += 1
+    return out
 
 
 def recurrent_gdr_ref(q, k, v, ssm_state, g=None, beta=None, scale=None, actual_seq_lengths=None,
                       ssm_state_indices=None, num_accepted_tokens=None):
-    """fla_npu's decode recurrence, one token per sequence; state ``[blocks, HV, V, K]``."""
+    """fla_npu's decode recurrence, one token per sequence; state ``[blocks, HV, V, K]``. With
+    ``num_accepted_tokens`` (vllm-ascend's speculative rows): :func:`recurrent_gdr_spec_ref`."""
     torch = _torch()
+    if num_accepted_tokens is not None:
+        CALLS["spec_recurrent"] += 1
+        return recurrent_gdr_spec_ref(q, k, v, ssm_state, g, beta, scale, actual_seq_lengths,
+                                      ssm_state_indices, num_accepted_tokens)
     out = torch.empty(q.shape[0], NV, v.shape[-1], dtype=v.dtype)
     qq, kk = _kv_heads(q.float()), _kv_heads(k.float())
     for t in range(q.shape[0]):
@@ -294,7 +381,7 @@ def naive_gdr(q, k, v, g, beta, S0, scale):
         vn = v[t] - torch.einsum("hk,hkv->hv", k[t], S)
         S = S + torch.einsum("hk,hv->hkv", k[t], vn * beta[t][:, None])
         out.append(torch.einsum("hk,hkv->hv", q[t], S) * scale)
-    return torch.stack(out), S
+    return (torch.stack(out) if out else v.new_zeros((0, *v.shape[1:]), dtype=torch.float32)), S
 
 
 def fused_gdn_gating_ref(A_log, a, b, dt_bias):
@@ -326,7 +413,8 @@ def _naive_rows(q, k, v, g, beta, states, bounds, scale):
 def fused_cann_ref(query, key, value, *, beta, initial_state, actual_seq_lengths, scale, g):
     """``torch_npu.npu_chunk_gated_delta_rule``: TND q, k [T, NK, K] (l2-normed by the caller),
     v [T, HV, V], beta [T, HV] bf16, g [T, HV] float32, initial_state [N, HV, V, K] bf16,
-    actual_seq_lengths int32 [N]; returns o [T, HV, V] bf16 and final_state [N, HV, V, K] bf16."""
+    actual_seq_lengths int32 [N]; returns o [T, HV, V] bf16 and final_state [N, HV, V, K] bf16 (a
+    zero-length sequence keeps its initial state: assumed, the op's documentation is silent)."""
     torch = _torch()
     assert initial_state.dtype == torch.bfloat16 and g.dtype == torch.float32, "op contract"
     assert query.dim() == 3 and actual_seq_lengths.dtype == torch.int32, "TND layout"
@@ -365,7 +453,9 @@ def scatter_ssm_states_ref(state, indices, source):
 
 
 # --------------------------------------------------------------------------- environment
-CALLS = {"fused_cann": 0, "fla_npu": 0, "ascendc_fwd_h": 0}
+#: kernel calls by kind: the three prefill paths' ops, and the speculative rows' conv update and
+#: recurrence (:func:`causal_conv1d_update_ref`, :func:`recurrent_gdr_spec_ref`)
+CALLS = {"fused_cann": 0, "fla_npu": 0, "ascendc_fwd_h": 0, "spec_conv": 0, "spec_recurrent": 0}
 
 
 def _counting(name, fn):
@@ -418,7 +508,7 @@ def setup(fla_npu: bool):
         sys.modules[name] = mod
     asc = sys.modules["fla_npu.ops.ascendc"]
     asc.causal_conv1d_fn = causal_conv1d_fn_ref
-    asc.causal_conv1d_update = causal_conv1d_update_ref
+    asc.causal_conv1d_update = _counting("spec_conv", causal_conv1d_update_ref)
     asc.recurrent_gated_delta_rule = recurrent_gdr_ref
     if fla_npu:
         asc.chunk_gated_delta_rule_fwd = _counting("fla_npu", fla_npu_fwd_ref)
@@ -506,8 +596,16 @@ def make_layer(qwen_cls, gen):
     return layer
 
 
-def vllm_config(pcp=1, ssm="auto"):
-    """An engine configuration as the plugin reads it (a Qwen3-Next, align mode, bf16)."""
+def mtp_config(k):
+    """vLLM 0.30's ``SpeculativeConfig`` as the plugin reads it: ``qwen3_next_mtp`` (rewritten to
+    ``mtp``, an EAGLE drafter: its block drop) with ``k`` speculative tokens."""
+    return types.SimpleNamespace(method="mtp", num_speculative_tokens=k, use_eagle=lambda: True,
+                                 use_eagle_block_drop=lambda: True)
+
+
+def vllm_config(pcp=1, ssm="auto", num_spec=0):
+    """An engine configuration as the plugin reads it (a Qwen3-Next, align mode, bf16; with
+    ``num_spec`` > 0 MTP with that many speculative tokens)."""
     torch = _torch()
     return types.SimpleNamespace(
         cache_config=types.SimpleNamespace(enable_prefix_caching=True, mamba_cache_mode="align",
@@ -518,12 +616,15 @@ def vllm_config(pcp=1, ssm="auto"):
             hf_text_config=types.SimpleNamespace(linear_num_value_heads=NV)),
         parallel_config=types.SimpleNamespace(tensor_parallel_size=1,
                                               prefill_context_parallel_size=pcp),
-        speculative_config=None)
+        speculative_config=mtp_config(num_spec) if num_spec else None)
 
 
-def make_builder(builder_mod, block_size, ssm_dtype, host):
+def make_builder(builder_mod, block_size, ssm_dtype, host, num_spec=0, graph=False):
     """vllm-ascend's builder as its fused backend picks it: the host-metadata one where a fused
-    prefill op runs (``AscendGDNFusedAttentionBackend.get_builder_cls``)."""
+    prefill op runs (``AscendGDNFusedAttentionBackend.get_builder_cls``). With ``num_spec`` > 0 as
+    MTP builds it (``k`` speculative tokens: a conv state ``W - 1 + k`` wide, ``k`` speculative
+    blocks, ``use_spec_decode``, the sequence-index buffers its ``__init__`` allocates); ``graph``:
+    a full graph (``use_full_cuda_graph``)."""
     import torch
     from vllm.v1.kv_cache_interface import MambaSpec
 
@@ -531,43 +632,89 @@ def make_builder(builder_mod, block_size, ssm_dtype, host):
            else builder_mod.AscendGDNAttentionMetadataBuilder)
     b = object.__new__(cls)
     b.kv_cache_spec = MambaSpec(
-        block_size=block_size, shapes=((WIDTH - 1, CONV_DIM), (NV, DV, DK)),
+        block_size=block_size, shapes=((WIDTH - 1 + num_spec, CONV_DIM), (NV, DV, DK)),
         dtypes=(torch.bfloat16, ssm_dtype), mamba_cache_mode="align",
-        num_prefill_checkpoint_blocks=1, prefill_checkpoint_alignment=CHUNK)
-    b.vllm_config = vllm_config()
-    b.use_full_cuda_graph, b.use_spec_decode, b.num_spec = False, False, 0
+        num_speculative_blocks=num_spec, num_prefill_checkpoint_blocks=1,
+        prefill_checkpoint_alignment=CHUNK)
+    b.vllm_config = vllm_config(num_spec=num_spec)
+    b.use_full_cuda_graph, b.use_spec_decode, b.num_spec = graph, num_spec > 0, num_spec
     b.decode_cudagraph_max_bs = 16
+    if num_spec:  # AscendGDNAttentionMetadataBuilder.__init__'s buffers (capacity 16)
+        for name, dtype in (("spec_sequence_masks", torch.bool), ("spec_sequence_masks_cpu", torch.bool),
+                            ("spec_sequence_indices", torch.int64),
+                            ("spec_sequence_indices_cpu", torch.int64),
+                            ("non_spec_sequence_indices", torch.int64),
+                            ("non_spec_sequence_indices_cpu", torch.int64)):
+            setattr(b, name, torch.empty(16, dtype=dtype))
+        b.spec_actual_seq_lengths = torch.empty(17, dtype=torch.int32)
+        b.non_spec_actual_seq_lengths = torch.empty(17, dtype=torch.int32)
     return b
 
 
-def common_metadata(rows, tables):
-    """``rows``: (context, query_len) per request (decodes first)."""
+def common_metadata(rows, tables, decoding=(), padded=0):
+    """``rows``: (context, query_len) per request (decodes first); ``decoding``: rows that are
+    not prefilling (speculative decode rows); the last ``padded`` rows are full-graph padding
+    (sequence length 0, their query span kept)."""
     import torch
     from vllm.v1.attention.backend import CommonAttentionMetadata
 
     qlens = [q for _, q in rows]
     qsl = torch.tensor([0, *torch.tensor(qlens).cumsum(0).tolist()], dtype=torch.int32)
-    seq = torch.tensor([c + q for c, q in rows], dtype=torch.int32)
+    seq = torch.tensor([c + q if r < len(rows) - padded else 0 for r, (c, q) in enumerate(rows)],
+                       dtype=torch.int32)
     return CommonAttentionMetadata(
         query_start_loc=qsl, query_start_loc_cpu=qsl.clone(), seq_lens=seq,
         num_reqs=len(rows), num_actual_tokens=int(qsl[-1]), max_query_len=max(qlens),
         max_seq_len=int(seq.max()), block_table_tensor=tables,
         slot_mapping=torch.zeros(int(qsl[-1]), dtype=torch.int64),
-        is_prefilling=torch.tensor([q > 1 for q in qlens]),
+        is_prefilling=torch.tensor([q > 1 and r not in decoding for r, q in enumerate(qlens)]),
         seq_lens_cpu_upper_bound=seq.clone())
 
 
-def run_step(layer, builder, rows, tables, inputs, caches, plan=True, override=None, reads=None):
+@dataclasses.dataclass
+class Spec:
+    """A step's speculative decoding inputs (MTP, ``k`` tokens): per request the draft tokens
+    (``k`` for a speculative decode row, -1 otherwise) and accepted tokens (1..k+1; 1 elsewhere),
+    the rows the runner counts (``num_actual_reqs``), the last ``padded`` rows full-graph padding
+    (counted in ``num_actual_reqs`` or not)."""
+    drafts: list
+    accepted: list
+    num_actual_reqs: int
+    padded: int = 0
+
+    def kwargs(self):
+        import torch
+
+        return dict(num_accepted_tokens=torch.tensor(self.accepted, dtype=torch.int32),
+                    num_decode_draft_tokens_cpu=torch.tensor(self.drafts, dtype=torch.int32),
+                    num_actual_reqs=self.num_actual_reqs)
+
+    def of(self, rows):
+        """The same inputs for a step of ``rows`` (indices into this step's requests)."""
+        return Spec([self.drafts[r] for r in rows], [self.accepted[r] for r in rows], len(rows))
+
+    def decoding(self):
+        return {r for r, d in enumerate(self.drafts) if d >= 0}
+
+
+def run_step(layer, builder, rows, tables, inputs, caches, plan=True, override=None, reads=None,
+             spec=None):
     """One step of ``rows`` over clones of ``caches``: ``(checkpoints, out, conv, ssm, calls)``
-    (``calls``: prefill kernel calls, by kind);
+    (``calls``: kernel calls, by kind);
     ``plan=False`` drops the plugin's plan, ``override(checkpoints)`` replaces it; with ``reads``
-    (a list) the metadata builder runs under :class:`HostReads` of ``tables``, its reads appended."""
+    (a list) the metadata builder runs under :class:`HostReads` of ``tables``, its reads appended;
+    ``spec`` (a :class:`Spec`): the step's speculative decoding inputs, as vllm-ascend's runner
+    passes them to the builder."""
     import torch
     import vllm.forward_context as fc
     from vllm_hybrid_npu.patches.gdn_prefill_checkpoint import FIELD
 
     with HostReads(tables, reads) if reads is not None else contextlib.nullcontext():
-        md = builder.build(0, common_metadata(rows, tables))
+        if spec is None:
+            md = builder.build(0, common_metadata(rows, tables))
+        else:
+            md = builder.build(0, common_metadata(rows, tables, spec.decoding(), spec.padded),
+                               **spec.kwargs())
     ck = getattr(md, FIELD, None)
     if not plan or override is not None:
         setattr(md, FIELD, None if not plan else override(ck))
@@ -727,6 +874,215 @@ def draw(rng, gen, layer, builder_mod, path, ssm_dtype):
         "control_shifted_caught": all(not torch.equal(ssm_c[s], ssm_1[rb])
                                       for s, rb in zip(slots, running)),
         "tail_share": plan.tail_bounds[-1] / plan.num_prefill_tokens,  # the second call's tokens
+    }
+
+
+# --------------------------------------------------------------------------- MTP (issue 58)
+def spec_rows(rng, block, k):
+    """A batch under MTP with ``k`` speculative tokens: ``(context, query_len, speculative?)`` per
+    request, in batch order. Two or three prefill rows (query 2 to ``5 * block`` tokens, context
+    0 or whole blocks) and one 1-token non-speculative row (a prefill in vllm-ascend's step: it
+    folds such rows into its prefills beside speculative rows), shuffled; speculative decode rows
+    (``k + 1`` tokens, context 1-300) first, between two prefill rows, and up to two more
+    anywhere."""
+    rows = [(rng.choice([0, 0, block * rng.randint(1, 3)]), rng.randint(2, 5 * block), False)
+            for _ in range(rng.randint(2, 3))]
+    rows.append((rng.choice([0, rng.randint(1, 300)]), 1, False))
+    rng.shuffle(rows)
+    prefill = [i for i, (_, q, _) in enumerate(rows) if q > 1]
+
+    def spec_row():
+        return (rng.randint(1, 300), k + 1, True)
+
+    rows.insert(rng.randint(prefill[0] + 1, prefill[-1]), spec_row())  # after the first prefill
+    rows.insert(0, spec_row())
+    for _ in range(rng.randint(0, 2)):
+        rows.insert(rng.randint(0, len(rows)), spec_row())
+    return rows
+
+
+def spec_draw(rng, gen, layer, builder_mod, path, ssm_dtype, graph=False):
+    """One random batch under MTP (:func:`spec_rows`; ``k`` drawn from 1-3, a conv state
+    ``W - 1 + k`` wide, ``use_spec_decode``, vLLM's EAGLE block drop) on ``path`` with an SSM cache
+    of ``ssm_dtype``; ``graph``: a full graph with one or two padded suffix rows (sequence length
+    0, a ``k + 1`` token span: FIA's padding, which vllm-ascend's builder zero-lengths), counted in
+    ``num_actual_reqs`` or not (then vllm-ascend also cuts them). From the same caches: the step with the plugin's plan, without it, and
+    vLLM's split (a first step with the same rows, every checkpointed row stopped at its
+    checkpoint; a second with the speculative rows and the checkpointed rows' rest, from the
+    running state align mode copies into each such row's final block); controls: the conv rows
+    taken in batch order (the forward without ``non_spec_token_indx``), the plan one chunk
+    earlier, and (full graph) the plan of the unnormalised rows (padded spans kept). The
+    speculative rows run in both split steps (they fold the non-speculative 1-token rows into
+    prefills there too, as in the planned step); their own states are compared with and without
+    the plan only."""
+    import torch
+    from vllm.v1.kv_cache_interface import (
+        get_mamba_prefill_checkpoint_position,
+        is_mamba_prefill_checkpoint_valid,
+    )
+    from vllm_hybrid_npu.ops import gdn_checkpoint as ops
+    from vllm_hybrid_npu.patches import gdn_prefill_checkpoint as gpc
+    from vllm_hybrid_npu.patches import registry
+    from vllm_hybrid_npu.patches.vllm_ascend_gdn import _kernel_meta
+
+    k, block = rng.choice([1, 2, 3]), rng.choice([64, 128])
+    builder = make_builder(builder_mod, block, ssm_dtype, host=path != "chunk", num_spec=k,
+                           graph=graph)
+    layer.num_spec = k
+    w1 = WIDTH - 1
+    while True:
+        drawn = spec_rows(rng, block, k)
+        rows, is_spec = [(c, q) for c, q, _ in drawn], [x for _, _, x in drawn]
+        n, pad = len(rows), rng.randint(1, 2) if graph else 0
+        # the padded rows within num_actual_reqs (zero-length prefill rows then). Not on fla_npu
+        # with a bf16 cache: vllm-ascend's scatter around empty segments there
+        # (DeviceOperator.fla_gdn_prefill) puts the kernel's final state into a copy of the
+        # initial state, so it needs the cache dtype, and this reference returns float32
+        counted = graph and rng.random() < 0.5 and (path != "fla-npu" or ssm_dtype == torch.float32)
+        spec = Spec([k if x else -1 for x in is_spec] + [-1] * pad,
+                    [rng.randint(1, k + 1) if x else 1 for x in is_spec] + [1] * pad,
+                    n + pad if counted else n, pad)
+        all_rows = rows + [(0, k + 1)] * pad
+        # align mode's tables, every column a block: the speculative gather reads k columns past
+        # each row's running column
+        tables, nb = align_tables([None] * len(all_rows),
+                                  max((c + q - 1) // block for c, q in rows) + k + 1)
+        tables = torch.tensor(tables, dtype=torch.int32)
+        if getattr(builder.build(0, common_metadata(all_rows, tables, spec.decoding(), pad),
+                                 **spec.kwargs()), gpc.FIELD, None) is not None:
+            break
+    t = sum(q for _, q in all_rows)
+    qsl = [0, *torch.tensor([q for _, q in rows]).cumsum(0).tolist()]
+    mixed_qkv = torch.randn(t, CONV_DIM, generator=gen).to(torch.bfloat16)
+    b = torch.randn(t, NV, generator=gen).to(torch.bfloat16)
+    a = torch.randn(t, NV, generator=gen).to(torch.bfloat16)
+    conv0 = torch.randn(nb, w1 + k, CONV_DIM, generator=gen).to(torch.bfloat16)
+    ssm0 = (torch.randn(nb, NV, DV, DK, generator=gen) * 0.1).to(ssm_dtype)
+    for r, (ctx, q) in enumerate(rows):  # a prefill row's state after its context, where read
+        if ctx and not is_spec[r]:
+            src = tables[r, (ctx - 1) // block]
+            dst = tables[r, (ctx - 1) // block:]
+            conv0[dst], ssm0[dst] = conv0[src].clone(), ssm0[src].clone()
+    caches, inputs = (conv0, ssm0), (mixed_qkv, b, a)
+
+    def step(**kw):
+        return run_step(layer, builder, all_rows, tables, inputs, caches, spec=spec, **kw)
+
+    _, out_n, conv_n, ssm_n, calls_n = step(plan=False)
+    ck, out_p, conv_p, ssm_p, calls_p = step()
+    plan, slots = ck.plan, ck.slots.tolist()
+    keep = [r for r in range(n) if not is_spec[r]]  # the plan's rows: the non-speculative ones
+    offset = {keep[i]: o for i, o in zip(plan.rows, plan.offsets)}
+    expected = {}
+    for r in keep:  # vLLM's rule (EAGLE's block drop), by its own functions
+        c, q = rows[r]
+        pos = get_mamba_prefill_checkpoint_position(c + q, block, True)
+        if q > 1 and is_mamba_prefill_checkpoint_valid(
+                query_start=c, query_end=c + q, checkpoint_position=pos, hash_block_size=block,
+                mamba_block_size=block, checkpoint_alignment=CHUNK):
+            expected[r] = pos - c
+    # vLLM's split, first step: the same rows, every checkpointed one stopped at its checkpoint
+    first = [(c, offset.get(r, q)) for r, (c, q) in enumerate(rows)]
+    idx = torch.tensor([tok for r, (_, m) in enumerate(first) for tok in range(qsl[r], qsl[r] + m)])
+    _, _, conv_1, ssm_1, _ = run_step(layer, builder, first, tables[:n], tuple(x[idx] for x in inputs),
+                                      caches, False, spec=spec.of(range(n)))
+    # its second step: the speculative rows and the checkpointed rows' rest, from the running
+    # state align mode copies into each checkpointed row's final block
+    conv_m, ssm_m = conv_1.clone(), ssm_1.clone()
+    running, finals = {}, {}
+    for r, off in offset.items():
+        ctx, q = rows[r]
+        running[r] = int(tables[r, (ctx + off - 1) // block])
+        finals[r] = int(tables[r, (ctx + q - 1) // block])
+        conv_m[finals[r]], ssm_m[finals[r]] = conv_1[running[r]], ssm_1[running[r]]
+    members = [r for r in range(n) if is_spec[r] or r in offset]
+    second = [(rows[r][0] + offset[r], rows[r][1] - offset[r]) if r in offset else rows[r]
+              for r in members]
+    idx2 = [tok for r in members for tok in range(qsl[r] + offset.get(r, 0), qsl[r + 1])]
+    _, out_2, conv_2, ssm_2, _ = run_step(layer, builder, second, tables[members],
+                                          tuple(x[torch.tensor(idx2)] for x in inputs),
+                                          (conv_m, ssm_m), False, spec=spec.of(members))
+    tails = {tok for r in offset for tok in range(qsl[r] + offset[r], qsl[r + 1])}
+    want_out = out_n.clone()
+    for i, tok in enumerate(idx2):
+        if tok in tails:
+            want_out[tok] = out_2[i]
+    want_conv, want_ssm = conv_n.clone(), ssm_n.clone()
+    checks = []
+    for i, pr in enumerate(plan.rows):
+        r, slot = keep[pr], slots[i]
+        run_b, fin_b = running[r], finals[r]
+        checks.append({
+            "row": r, "context": rows[r][0], "query_len": rows[r][1], "offset": offset[r],
+            "checkpoint_block": slot, "split_block": run_b,
+            "conv_equal": bool(torch.equal(conv_p[slot, :w1], conv_1[run_b, :w1])),
+            "ssm_equal": bool(torch.equal(ssm_p[slot], ssm_1[run_b])),
+            "spec_columns_kept": bool(torch.equal(conv_p[slot, w1:], conv0[slot, w1:])),
+            "block_differed_before": bool(not torch.equal(conv0[slot, :w1], conv_1[run_b, :w1])
+                                          and not torch.equal(ssm0[slot], ssm_1[run_b])),
+        })
+        want_conv[slot, :w1], want_ssm[slot] = conv_1[run_b, :w1], ssm_1[run_b]
+        want_conv[fin_b, :w1], want_ssm[fin_b] = conv_2[fin_b, :w1], ssm_2[fin_b]
+    spec_tok = torch.tensor([tok for r in range(n) if is_spec[r] for tok in range(qsl[r], qsl[r + 1])])
+    spec_blocks = [int(tables[r, (c + q - 1) // block + j]) for r, (c, q) in enumerate(rows)
+                   if is_spec[r] for j in range(k + 1)]
+
+    def same_spec(conv, ssm):
+        return all(torch.equal(conv[x], conv_n[x]) and torch.equal(ssm[x], ssm_n[x]) for x in spec_blocks)
+
+    def exported(conv, ssm):  # every checkpoint block holds the split's bytes
+        return all(torch.equal(conv[c["checkpoint_block"], :w1], conv_1[c["split_block"], :w1])
+                   and torch.equal(ssm[c["checkpoint_block"]], ssm_1[c["split_block"]]) for c in checks)
+
+    # control (a): the conv rows in batch order, as the forward took them before the spec map
+    real = ops.write_conv
+    ops.write_conv = lambda cache, x, md, width, dim_first, rows=None: real(cache, x, md, width, dim_first)
+    try:
+        _, _, conv_a, _, _ = step()
+    finally:
+        ops.write_conv = real
+    # control (c): the plan one chunk earlier
+    _, _, _, ssm_c, _ = step(override=lambda c: shifted(c, builder))
+    # the plan's prefill rows and tokens against those vllm-ascend's prefill kernel gets
+    raw, kwargs = common_metadata(all_rows, tables, spec.decoding(), pad), spec.kwargs()
+    md0 = builder.build(0, raw, **kwargs)
+
+    def layout(p):
+        return [len(p.head_bounds) - 1, p.num_prefill_tokens]
+
+    vllm_ascend_layout = [md0.prefill_query_start_loc.numel() - 1, int(md0.prefill_query_start_loc[-1])]
+    control_graph = None
+    if graph:  # control (d): the plan of the rows as the runner passed them (padded spans kept)
+        bad = gpc.build_checkpoints(builder, raw, md0, registry.REPORT.stack, _kernel_meta,
+                                    kwargs["num_decode_draft_tokens_cpu"])
+        control_graph = {"plan_layout": layout(bad.plan), "raised": None, "bytes_differ": None}
+        try:
+            _, _, conv_d, ssm_d, _ = step(override=lambda _: bad)
+            control_graph["bytes_differ"] = not exported(conv_d, ssm_d)
+        except (RuntimeError, IndexError, AssertionError) as exc:  # the kernels' row counts
+            control_graph["raised"] = f"{type(exc).__name__}: {exc}"[:300]
+    layer.num_spec = 0
+    return {
+        "k": k, "block_size": block, "graph": graph, "padded_rows": pad,
+        "padded_counted": counted, "rows": rows,
+        "spec_rows": [r for r in range(n) if is_spec[r]], "accepted": spec.accepted[:n],
+        "one_token_rows": [r for r in keep if rows[r][1] == 1],
+        "planned": {str(r): o for r, o in offset.items()},
+        "expected": {str(r): o for r, o in expected.items()},
+        "checkpoints": checks,
+        "vllm_ascend_choice": sorted(calls_n), "kernel_calls": [calls_n, calls_p],
+        "outputs_equal": bool(torch.equal(out_p, want_out)),
+        "caches_equal": bool(torch.equal(conv_p, want_conv) and torch.equal(ssm_p, want_ssm)),
+        "spec_rows_equal": bool(torch.equal(out_p[spec_tok], out_n[spec_tok]) and same_spec(conv_p, ssm_p)),
+        "spec_rows_ran": bool(any(not torch.equal(ssm_n[x], ssm0[x]) for x in spec_blocks)
+                              and any(not torch.equal(conv_n[x], conv0[x]) for x in spec_blocks)),
+        "control_batch_order_caught": all(
+            not torch.equal(conv_a[c["checkpoint_block"], :w1], conv_1[c["split_block"], :w1])
+            for c in checks),
+        "control_shifted_caught": all(not torch.equal(ssm_c[c["checkpoint_block"]], ssm_1[c["split_block"]])
+                                      for c in checks),
+        "plan_layout": layout(getattr(md0, gpc.FIELD).plan), "vllm_ascend_layout": vllm_ascend_layout,
+        "control_graph": control_graph,
     }
 
 
@@ -1085,12 +1441,14 @@ def path_checks(gdn_mod):
 
     cls = gdn_mod.AscendGatedDeltaNetAttention
     out = {"default": gpc.exporter_path(vllm_config(), "npu"),
+           "mtp": gpc.exporter_path(vllm_config(num_spec=2), "npu"),
            "pcp2": gpc.exporter_path(vllm_config(pcp=2), "npu"),
            "ssm_float32": gpc.exporter_path(vllm_config(ssm="float32"), "npu")}
     saved = cls._fused_chunk_available
     cls._fused_chunk_available = True  # as if the smoke call of npu_chunk_gated_delta_rule passed
     try:
         out["fused_probe_passed"] = gpc.exporter_path(vllm_config(), "npu")
+        out["mtp_fused_probe_passed"] = gpc.exporter_path(vllm_config(num_spec=2), "npu")
     finally:
         cls._fused_chunk_available = saved
     return {k: list(v) for k, v in out.items()}
@@ -1104,6 +1462,9 @@ def main(argv=None) -> int:
                     help="junction batches (several checkpoints per row) per path and dtype")
     ap.add_argument("--second-draws", type=int, default=1,
                     help="second-checkpoint batches (--prefix-match-unit 64) per path and dtype")
+    ap.add_argument("--spec-draws", type=int, default=1,
+                    help="MTP batches (speculative decode rows beside prefill rows) per path and "
+                         "dtype; every second one under a full graph with padded rows")
     ap.add_argument("--paths", default="chunk,fused",
                     help="comma-separated from chunk, fused, fla-npu (fla-npu alone: the stub "
                          "package then has the fused op, which vllm-ascend prefers)")
@@ -1144,6 +1505,11 @@ def main(argv=None) -> int:
                     str(dt).replace("torch.", ""): [
                         junction_draw(rng, gen, layer, builder_mod, path, dt, second=True)
                         for _ in range(args.second_draws)]
+                    for dt in (torch.bfloat16, torch.float32)},
+                "spec_draws": {
+                    str(dt).replace("torch.", ""): [
+                        spec_draw(rng, gen, layer, builder_mod, path, dt, graph=i % 2 == 1)
+                        for i in range(args.spec_draws)]
                     for dt in (torch.bfloat16, torch.float32)},
             }
         cls._fused_chunk_available = False

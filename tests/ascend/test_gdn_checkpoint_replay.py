@@ -23,6 +23,18 @@ boundary ``q`` into the column the KV-cache manager keyed at ``q`` and ``cp`` in
 block (one appended table column), vllm-ascend's op runs three rounds, and every byte equals
 vLLM's split stopping at ``q`` and ``cp``.
 
+MTP batches (issue 58; ``spec_draw``): ``k`` speculative tokens drawn from 1-3, a conv state
+``W - 1 + k`` wide, ``use_spec_decode``, speculative decode rows (``k + 1`` tokens, accepted
+counts drawn) first and between prefill rows, a 1-token non-speculative row; one batch per path
+and dtype under a full graph with padded suffix rows (counted in ``num_actual_reqs`` or not). The plan is vLLM's
+rule with EAGLE's block drop on the non-speculative rows; the exported conv (first ``W - 1``
+columns) and SSM blocks equal vLLM's split, the checkpoint blocks' other ``k`` conv columns are
+unchanged, the speculative rows' outputs and ``k + 1`` slots are those of the step without the
+plan, vllm-ascend's speculative conv update and recurrence ran once and its prefill op once
+without the plan, twice with it. Controls: the conv rows taken in batch order (no
+``non_spec_token_indx`` map), the plan one chunk earlier, and under the full graph the plan of
+the padded rows as passed (it has rows or tokens vllm-ascend's kernels do not: the step fails).
+
 Fresh seed per session, printed in every failure; rerun with ``VLLM_HYBRID_NPU_TEST_SEED=<seed>``.
 The vllm-ascend sdist is fetched with pip and cached (``tests/ascend/upstream.py``).
 """
@@ -40,6 +52,7 @@ from ascend.replay_run import SEED, run_replay  # tests/ascend/replay_run.py
 DRAWS = 2
 JUNCTION_DRAWS = 1  # junction batches per path and SSM cache dtype
 SECOND_DRAWS = 1  # second-checkpoint batches per path and SSM cache dtype
+SPEC_DRAWS = 2  # MTP batches per path and SSM cache dtype: the second under a full graph
 #: the replay's op counter of each vllm-ascend prefill path
 OP = {"chunk": "ascendc_fwd_h", "fused": "fused_cann", "fla-npu": "fla_npu"}
 #: a one-token tail: vllm-ascend's recurrent kernel (the split's decode) against its chunk pipeline
@@ -54,7 +67,8 @@ def replay(paths: str) -> dict:
         out = Path(os.environ.get("TMPDIR", "/tmp")) / f"vhn-gdn-replay-{os.getpid()}-{paths}.json"
         cmd = [sys.executable, str(HERE / "gdn_replay.py"), "--seed", str(SEED),
                "--draws", str(DRAWS), "--junction-draws", str(JUNCTION_DRAWS),
-               "--second-draws", str(SECOND_DRAWS), "--paths", paths,
+               "--second-draws", str(SECOND_DRAWS), "--spec-draws", str(SPEC_DRAWS),
+               "--paths", paths,
                "--out", str(out)]
         _results[paths] = run_replay(cmd, out, timeout=900)
     return _results[paths]
@@ -160,11 +174,55 @@ def test_second_checkpoint_states_equal_the_split(path, dtype):
         _several_checkpoints_equal_the_split(d, path, where)
 
 
+@pytest.mark.parametrize("path", ["chunk", "fused", "fla-npu"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_mtp_exported_bytes_equal_the_split(path, dtype):
+    draws = run_of(path)["spec_draws"][dtype]
+    assert [d["graph"] for d in draws] == [False, True]
+    for i, d in enumerate(draws):
+        where = (f"seed {SEED}, {path}, SSM cache {dtype}, MTP draw {i}: k {d['k']}, block "
+                 f"{d['block_size']}, full graph {d['graph']} ({d['padded_rows']} padded rows, "
+                 f"in num_actual_reqs: {d['padded_counted']}), "
+                 f"rows (context, query) {d['rows']}, speculative rows {d['spec_rows']}, "
+                 f"accepted {d['accepted']}")
+        # premises (by construction): speculative rows before and between prefill rows, a
+        # 1-token non-speculative row
+        prefill = [r for r, (_, q) in enumerate(d["rows"]) if q > 1 and r not in d["spec_rows"]]
+        assert d["k"] in (1, 2, 3) and d["one_token_rows"], where
+        assert d["spec_rows"][0] < prefill[0], where
+        assert any(prefill[0] < s < prefill[-1] for s in d["spec_rows"]), where
+        assert (d["padded_rows"] > 0) == d["graph"], where
+        # vllm-ascend took the path under test: its speculative conv update and recurrence once,
+        # its prefill op once without the plan, twice (split) with it
+        spec = {OP[path]: 1, "spec_conv": 1, "spec_recurrent": 1}
+        assert d["kernel_calls"] == [spec, {**spec, OP[path]: 2}], where
+        # the plan: vLLM's rule (EAGLE's drop) on the non-speculative rows, at their batch rows;
+        # its prefill rows and tokens are those vllm-ascend's prefill kernel gets
+        assert d["checkpoints"] and d["planned"] == d["expected"], where
+        assert d["plan_layout"] == d["vllm_ascend_layout"], where
+        for c in d["checkpoints"]:
+            assert c["block_differed_before"], (where, c)
+            assert c["conv_equal"] and c["ssm_equal"], (where, c)
+            assert c["spec_columns_kept"], (where, c)
+        assert d["outputs_equal"] and d["caches_equal"], where
+        assert d["spec_rows_ran"] and d["spec_rows_equal"], where
+        assert d["control_batch_order_caught"], where
+        assert d["control_shifted_caught"], where
+        if d["graph"]:  # the padded rows' plan has rows or tokens vllm-ascend's kernels do not
+            g = d["control_graph"]
+            assert g["plan_layout"] != d["vllm_ascend_layout"], (where, g)
+            assert g["raised"] or g["bytes_differ"], (where, g)
+
+
 def test_path_decisions():
     paths = replay("chunk,fused")["paths"]
     assert paths["default"] == ["ascend-chunk", ""] and paths["ssm_float32"] == ["ascend-chunk", ""]
     assert paths["fused_probe_passed"] == ["ascend-fused", ""]
+    # under MTP (vLLM 0.30.0, vllm-ascend 0.30.0rc2) the same paths
+    assert paths["mtp"] == ["ascend-chunk", ""]
+    assert paths["mtp_fused_probe_passed"] == ["ascend-fused", ""]
     path, why = paths["pcp2"]
     assert path is None and "prefill context parallel" in why
     # fla_npu's fused op present: vllm-ascend prefers it even where the CANN op's probe passes
     assert replay("fla-npu")["paths"]["fused_probe_passed"] == ["ascend-fla-npu", ""]
+    assert replay("fla-npu")["paths"]["mtp_fused_probe_passed"] == ["ascend-fla-npu", ""]

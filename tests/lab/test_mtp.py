@@ -14,7 +14,8 @@ carried. The rules, read from vLLM and the runtime, not from the lab:
 * the runtime declares the plugin's checkpoint under MTP on the CPU path alone (vLLM 0.30, not
   on a CPU with AMX tiles: its ``speculative_off``); there the checkpoint is reserved one unit
   lower, ``cp = (n - 1) // B * B - B``: the repeat hits ``cp`` (>= the no-drafter plugin hit
-  minus one unit) and a cold prompt still takes one step; on the NPU (and CUDA) the runtime
+  minus one unit) and a cold prompt still takes one step; on CUDA, and on the NPU where no
+  vllm-ascend 0.30.0rc2 is installed (the stack ``speculative_off`` reads here), the runtime
   refuses, so ``upstream:ckpt`` replays as vLLM's split.
 """
 

@@ -7,7 +7,9 @@ equals the final state of the row's head run alone; with a bf16 cache the checkp
 rounded to bf16 and the tail's outputs equal a run of the tail alone from the rounded state (what
 vLLM's split computes in its next step). Random batches (rows, lengths, checkpoints; the suffix
 layout and the gathered one), seed printed on failure. The writes are checked on poisoned caches,
-the conv write by both methods (``fused``: our Triton kernel, in the interpreter on CPU).
+the conv write by both methods (``fused``: our Triton kernel, in the interpreter on CPU), also on a
+conv state ``width - 1 + k`` wide (speculative decoding: only the first ``width - 1`` columns are
+written) and, for a plan in another token layout than the input's, through a token map.
 
 Rows with several checkpoints (a shared-prefix junction before the prompt's own; issue 38): the
 split runs one call per round (``K + 1`` for ``K`` checkpoints in a row), each round from the
@@ -16,6 +18,8 @@ segment, row by row (vLLM's ``K + 1``-step split), exactly, in float64 and in bf
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 
@@ -49,10 +53,14 @@ def _batch(rng, gen, suffix):
     ck = [rows - 1] if suffix else rng.sample(range(rows), rng.randint(1, rows))
     for r in ck:
         offsets[r] = rng.randint(1, lens[r] - 1)
+    # zero-length rows after them (vllm-ascend keeps a full graph's padded rows among its prefill
+    # rows, with no tokens): the tails stay a suffix
+    zeros = rng.randint(0, 2)
+    lens, offsets = lens + [0] * zeros, offsets + [0] * zeros
     qsl = [0]
     for n in lens:
         qsl.append(qsl[-1] + n)
-    plan = plan_step(qsl, offsets, [r for r in range(rows)], num_decodes=0)
+    plan = plan_step(qsl, offsets, list(range(rows + zeros)), num_decodes=0)
     t = qsl[-1]
     inputs = (torch.randn(1, t, H, K, generator=gen), torch.randn(1, t, H, K, generator=gen) * 0.3,
               torch.randn(1, t, H, V, generator=gen), -torch.rand(1, t, H, generator=gen) * 0.2,
@@ -136,14 +144,19 @@ def test_writes_touch_only_the_checkpoint_blocks(rng, torch_gen, seed, dim_first
     dtype = rng.choice([torch.float32, torch.bfloat16])
     # the model's dtype is the conv cache's (the interpreter would truncate a float32 -> bf16 cast)
     mixed = torch.randn(qsl[-1], dim, generator=torch_gen).to(dtype if method == "fused" else torch.float32)
-    conv = torch.full((blocks, dim, width - 1) if dim_first else (blocks, width - 1, dim),
+    # under speculative decoding (k > 0) the conv state is width - 1 + k wide
+    span = width - 1 + rng.randint(0, 3)
+    conv = torch.full((blocks, dim, span) if dim_first else (blocks, span, dim),
                       float("nan"), dtype=dtype)
     ops.write_conv(conv, mixed, md, width, dim_first)
     slots = md.slots.tolist()
     assert slots == [table[r, 0].item() for r in plan.rows]
+    time_first = conv.transpose(1, 2) if dim_first else conv  # [blocks, span, dim]
     for end, slot in zip(plan.conv_end, slots):
-        got = conv[slot].transpose(0, 1) if dim_first else conv[slot]
-        assert torch.equal(got, mixed[end - width + 1:end].to(dtype)), f"seed={seed}"
+        got = time_first[slot, :width - 1]
+        assert torch.equal(got, mixed[end - width + 1:end].to(dtype)), f"seed={seed}, span {span}"
+    # the other k columns: a prefill leaves them as they were
+    assert torch.isnan(time_first[:, width - 1:].float()).all(), f"seed={seed}, span {span}"
     assert md.conv_rows(width) is md.conv_rows(width)
     ssm = torch.full((blocks, H, V, K), float("nan"), dtype=dtype)
     states = torch.randn(len(slots), H, V, K, generator=torch_gen, dtype=torch.float64)
@@ -154,6 +167,35 @@ def test_writes_touch_only_the_checkpoint_blocks(rng, torch_gen, seed, dim_first
         assert torch.equal(ssm[slot], states[i].to(dtype)), f"seed={seed}"
     untouched = sorted(set(range(blocks)) - set(slots))
     assert torch.isnan(conv[untouched].float()).all() and torch.isnan(ssm[untouched].float()).all()
+
+
+@pytest.mark.parametrize("dim_first", [True, False])
+def test_conv_rows_through_a_token_map(rng, torch_gen, seed, dim_first):
+    """A plan in another token layout than the step's input (the non-speculative rows of a step
+    with speculative decode rows): ``rows``, the map's entries at the plan's conv rows, gives the
+    bytes of the input laid out as the plan."""
+    width, dim, blocks, rows = rng.choice([2, 3, 4]), rng.randint(3, 20), 8, rng.randint(1, 4)
+    lens = [rng.randint(width + 2, 40) for _ in range(rows)]
+    offsets = [rng.choice([0, rng.randint(width, n - 1)]) for n in lens]
+    offsets[rng.randrange(rows)] = width
+    qsl = [0]
+    for n in lens:
+        qsl.append(qsl[-1] + n)
+    plan = plan_step(qsl, offsets, [0] * rows, num_decodes=0)
+    table = torch.tensor([[b] for b in rng.sample(range(blocks), rows)], dtype=torch.int32)
+    md = ops.build_metadata(plan, table, lambda v, d: torch.tensor(v, dtype=d))
+    # the step's input: the plan's tokens at the map's positions among others
+    batch = qsl[-1] + rng.randint(1, 20)
+    index = torch.randperm(batch, generator=torch_gen)[:qsl[-1]].sort().values
+    mixed = torch.randn(batch, dim, generator=torch_gen)
+    shape = (blocks, dim, width - 1) if dim_first else (blocks, width - 1, dim)
+    got, want = torch.zeros(shape), torch.zeros(shape)
+    ops.write_conv(got, mixed, md, width, dim_first, index.index_select(0, md.conv_rows(width)))
+    ops.write_conv(want, mixed[index], md, width, dim_first)
+    assert torch.equal(got, want) and got.abs().sum() > 0, f"seed={seed}"
+    fused = dataclasses.replace(md, method="fused")
+    with pytest.raises(ValueError, match="own token layout"):
+        ops.write_conv(got, mixed, fused, width, dim_first, index)
 
 
 def test_scope():

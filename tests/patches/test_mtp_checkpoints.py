@@ -20,8 +20,10 @@ its worker's part: tests/patches/test_cpu_spec_checkpoints.py), prompt lengths d
 * 1, 2 and 3 speculative tokens give the same checkpoints and hits (align mode ignores
   lookahead);
 * drafters vLLM does not treat as EAGLE are refused with a reason, and so are EAGLE/MTP on the
-  CUDA and NPU paths (their workers do not write under speculative decoding) and on a vLLM other
-  than 0.30; decode rows with draft tokens are not planned.
+  CUDA path (its worker does not write under speculative decoding), on a vLLM other than 0.30 and
+  on the NPU with a vllm-ascend other than 0.30.0rc2 (whose speculative GDN forward the NPU paths
+  were read against; their worker's part: tests/ascend/test_gdn_checkpoint_replay.py); decode rows
+  with draft tokens are not planned.
 """
 
 from __future__ import annotations
@@ -240,10 +242,11 @@ def test_speculative_tokens_give_the_same_checkpoints(tiny_config, engine_entrie
 
 
 def test_exporter_path_under_speculative_decoding(tiny_config, monkeypatch):
-    """An EAGLE/MTP drafter: the CPU path (its worker writes under speculative decoding on vLLM
-    0.30); refused with the reason logged on the CUDA and NPU paths, on another vLLM and with the
-    CPU path taken off ``SPEC_DECODE_PATHS``; a drafter vLLM does not treat as EAGLE (ngram):
-    refused with its method named."""
+    """An EAGLE/MTP drafter: the CPU path and vllm-ascend 0.30.0rc2's NPU paths (their workers
+    write under speculative decoding on vLLM 0.30); refused with the reason logged on the CUDA
+    path (before its backend is probed), on another vLLM, on the NPU with another vllm-ascend and
+    with the CPU path taken off ``SPEC_DECODE_PATHS``; a drafter vLLM does not treat as EAGLE
+    (ngram): refused with its method named."""
     from vllm_hybrid_npu.patches import registry
     from vllm_hybrid_npu.support import Stack
     from vllm_hybrid_npu_lab.model import build_setup
@@ -261,14 +264,26 @@ def test_exporter_path_under_speculative_decoding(tiny_config, monkeypatch):
     path, why = G.exporter_path(vc, "cpu")
     assert path is None and "AMX" in why
     monkeypatch.setattr(G, "cpu_amx_tiles", lambda: False)
-    for path in ("triton", "ascend", "ascend-fla-npu", "ascend-fused", "ascend-chunk"):
-        why = G.speculative_off(vc, path)
-        assert why is not None and "EAGLE/MTP" in why and path in why, (path, why)
-    # CUDA and the NPU are refused before their backends are probed
+    why = G.speculative_off(vc, "triton")
+    assert why is not None and "EAGLE/MTP" in why and "triton" in why, why
+    # CUDA is refused before its backend is probed
     monkeypatch.setattr(G, "_path", lambda *a: pytest.fail("probed a backend under MTP"))
-    for target, path in (("cuda", "triton"), ("npu", "ascend")):
-        got, why = G.exporter_path(vc, target)
-        assert got is None and "EAGLE/MTP" in why and path in why, (target, why)
+    got, why = G.exporter_path(vc, "cuda")
+    assert got is None and "EAGLE/MTP" in why and "triton" in why, why
+    # the NPU paths: on vLLM 0.30.0 with vllm-ascend 0.30.0rc2; the NPU's backend is probed
+    npu_paths = ("ascend", "ascend-fla-npu", "ascend-fused", "ascend-chunk")
+    monkeypatch.setattr(registry.REPORT, "stack", Stack("npu", "0.30.0", "0.30.0rc2"))
+    assert all(G.speculative_off(vc, path) is None for path in npu_paths)
+    monkeypatch.setattr(G, "_path", lambda config, target: ("ascend-chunk", ""))
+    assert G.exporter_path(vc, "npu") == ("ascend-chunk", "")
+    for stack, named in ((Stack("npu", "0.30.0", "0.30.0rc1"), "vllm-ascend 0.30.0rc1"),
+                         (Stack("npu", "0.32.0", "0.30.0rc2"), "vLLM 0.32.0")):
+        monkeypatch.setattr(registry.REPORT, "stack", stack)
+        for path in npu_paths:
+            why = G.speculative_off(vc, path)
+            assert why is not None and "EAGLE/MTP" in why and named in why and path in why, why
+        got, why = G.exporter_path(vc, "npu")
+        assert got is None and named in why, why
     monkeypatch.undo()
     monkeypatch.setattr(registry.REPORT, "stack", Stack("cpu", "0.30.0"))
     monkeypatch.setattr(G, "cpu_amx_tiles", lambda: False)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import itertools
 from typing import Any, Callable, Iterator
 
 import torch
@@ -184,19 +185,28 @@ def _upload(plan: StepPlan, method: str, to_device: ToDevice, kernel_meta: Kerne
 
 
 def write_conv(conv_cache: torch.Tensor, mixed_qkv: torch.Tensor, md: CheckpointMetadata,
-               width: int, dim_first: bool) -> None:
+               width: int, dim_first: bool, rows: torch.Tensor | None = None) -> None:
     """Each checkpoint's conv state: the ``width - 1`` rows of ``mixed_qkv`` (the step's
     pre-convolution input [T, D]) before it, into its block of ``conv_cache`` ([blocks, D,
-    width - 1] when ``dim_first``, else [blocks, width - 1, D]) in the cache dtype: one Triton
-    launch where the method is ``fused`` (CUDA), else a gather and an index copy."""
+    width - 1 + k] when ``dim_first``, else [blocks, width - 1 + k, D]; ``k`` the speculative
+    tokens, 0 without speculative decoding) in the cache dtype: one Triton launch where the method
+    is ``fused`` (CUDA), else a gather and an index copy. Only the first ``width - 1`` time columns
+    are written: a prefill's convolution reads and writes those, and leaves the other ``k`` as
+    they were (vLLM's ``causal_conv1d_fn``, ``state_len = width - 1``). ``rows``: the split's
+    batch indices of those input rows (int [n * (width - 1)], checkpoint-major) where the plan's
+    token layout is not ``mixed_qkv``'s (a step with speculative decode rows); default
+    ``md.conv_rows(width)``."""
+    conv_cache = conv_cache[..., :width - 1] if dim_first else conv_cache[:, :width - 1]
     if md.method == "fused":
+        if rows is not None:
+            raise ValueError("write_conv: the fused method takes the plan's own token layout")
         from vllm_hybrid_npu.ops import _triton_gdn
 
         _triton_gdn.write_conv(conv_cache, mixed_qkv, md.conv_end, md.slots, width, dim_first,
                                kernels=None if mixed_qkv.is_cuda else _triton_gdn.interpreted())
         return
     with torch.profiler.record_function(PROFILE_RANGE + ".conv"):
-        rows = mixed_qkv.index_select(0, md.conv_rows(width))
+        rows = mixed_qkv.index_select(0, md.conv_rows(width) if rows is None else rows)
         rows = rows.view(md.slots.numel(), width - 1, -1).to(conv_cache.dtype)
         conv_cache.index_copy_(0, md.slots, rows.transpose(1, 2) if dim_first else rows)
 
@@ -222,7 +232,10 @@ def run_split(run: Callable[..., tuple[torch.Tensor, torch.Tensor]], md: Checkpo
     plan = md.plan
     parts = [part(k) for k in range(len(plan.rounds))]
     if plan.tails_are_suffix:  # only the last prefill row has checkpoints: each round a slice
-        cuts = md.memo("split-cuts", lambda: [0, *(spans[-1][2] for spans in plan.rounds)])
+        # each round's tokens follow the previous round's (rows with no tokens after the last
+        # one, a full graph's padding, add none)
+        cuts = md.memo("split-cuts", lambda: [0, *itertools.accumulate(
+            plan.round_bounds(k)[-1] for k in range(len(plan.rounds)))])
     state, o_parts, finals, states = initial_state, [], [], []
     for k, name in enumerate(parts):
         if plan.tails_are_suffix:

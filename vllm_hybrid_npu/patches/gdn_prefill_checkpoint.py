@@ -77,18 +77,29 @@ def is_gdn_model(model_config: Any) -> bool:
 
 # --------------------------------------------------------------------------- which path
 #: Exporter paths whose worker writes the engine's checkpoints under EAGLE/MTP speculative
-#: decoding, on the vLLM versions of :data:`SPEC_DECODE_VLLM`. The CPU worker's part is built
-#: (vLLM 0.30's speculative CPU GDN path, a conv state ``width - 1 + k`` wide, split at the
-#: checkpoints by the ``gdn-checkpoint-cpu-spec*`` entries in steps with and without speculative
-#: decode rows; the builder plans the non-speculative rows, :func:`build_checkpoints`); CUDA's
-#: one pass and vllm-ascend's split do not wrap their speculative paths (multi-slot SSM states,
-#: the wide conv buffer, the rows reordered by ``spec_sequence_masks``). A path named here
-#: declares the checkpoint under EAGLE/MTP; the engine's side (the drafter-drop checkpoint,
+#: decoding, on the vLLM versions of :data:`SPEC_DECODE_VLLM` (and, on the NPU, the vllm-ascend
+#: versions of :data:`SPEC_DECODE_ASCEND`). The conv state is ``width - 1 + k`` wide there and a
+#: prefill reads and writes its first ``width - 1`` columns. The CPU worker's part: vLLM 0.30's
+#: speculative CPU GDN path split at the checkpoints by the ``gdn-checkpoint-cpu-spec*`` entries
+#: in steps with and without speculative decode rows. vllm-ascend's: its one prefill kernel of a
+#: step runs the non-speculative rows alone (``non_spec_token_indx``'s tokens, ``num_decodes``
+#: 0), which the NPU paths' kernel wrappers split as without speculative decoding; the forward
+#: wrapper takes the conv rows through that index (:func:`make_forward`). In steps with
+#: speculative decode rows the builder plans the other rows alone (:func:`build_checkpoints`).
+#: CUDA's one pass does not wrap vLLM's speculative path (multi-slot SSM states, the wide conv
+#: buffer, the rows reordered by ``spec_sequence_masks``). A path named here declares the
+#: checkpoint under EAGLE/MTP; the engine's side (the drafter-drop checkpoint,
 #: :func:`speculative_off`) is the same for every path.
-SPEC_DECODE_PATHS: frozenset[str] = frozenset({"cpu"})
-#: vLLM versions whose CPU speculative GDN functions (``_spec_aware_nonspec``,
-#: ``_spec_aware_nonspec_subset``) the ``gdn-checkpoint-cpu-spec*`` entries were read against.
+SPEC_DECODE_PATHS: frozenset[str] = frozenset(
+    {"cpu", "ascend", "ascend-fla-npu", "ascend-fused", "ascend-chunk"})
+#: vLLM versions whose speculative GDN paths the entries were read against: the CPU functions
+#: (``_spec_aware_nonspec``, ``_spec_aware_nonspec_subset``) and the GDN metadata vllm-ascend's
+#: builder fills (``spec_sequence_masks``, ``non_spec_token_indx``).
 SPEC_DECODE_VLLM = ("0.30.0",)
+#: vllm-ascend versions whose speculative GDN forward and builder
+#: (``AscendGatedDeltaNetAttention._forward_core``, ``AscendGDNAttentionMetadataBuilder.build``)
+#: the NPU paths' export was read against.
+SPEC_DECODE_ASCEND = ("0.30.0rc2",)
 
 
 def cpu_amx_tiles() -> bool:
@@ -105,9 +116,10 @@ def cpu_amx_tiles() -> bool:
 def speculative_off(vllm_config: Any, path: str) -> str | None:
     """Why the exporter ``path`` declares no checkpoint under the speculative decoding of
     ``vllm_config`` (a str), or None (no speculative decoding, or an EAGLE/MTP drafter on a path
-    of :data:`SPEC_DECODE_PATHS`). vLLM 0.30 treats ``speculative_config.use_eagle()`` drafters
-    (``eagle``, ``eagle3``, ``mtp``: ``qwen3_next_mtp`` is rewritten to ``mtp``, ``dflash``,
-    ``dspark``) by its EAGLE block drop, which the Mamba manager's checkpoint follows
+    of :data:`SPEC_DECODE_PATHS` with vLLM of :data:`SPEC_DECODE_VLLM` and, on the NPU,
+    vllm-ascend of :data:`SPEC_DECODE_ASCEND`). vLLM 0.30 treats
+    ``speculative_config.use_eagle()`` drafters (``eagle``, ``eagle3``, ``mtp``:
+    ``qwen3_next_mtp`` is rewritten to ``mtp``, ``dflash``, ``dspark``) by its EAGLE block drop, which the Mamba manager's checkpoint follows
     (``get_mamba_prefill_checkpoint_position(..., drop)``, one prefix-match unit lower) and the
     engine's plan lists (``core.step_checkpoints``); other drafters (``ngram``, a draft model,
     ``suffix``, ``medusa``) are not checked against the plan."""
@@ -127,10 +139,14 @@ def speculative_off(vllm_config: Any, path: str) -> str | None:
                 f"{sorted(SPEC_DECODE_PATHS)} does; vLLM's split kept)")
     # the plugin's loaded stack, else (an engine built without the plugin's load: the lab) the
     # installed vLLM's version, read from its package metadata
-    version = (registry.REPORT.stack or detect_stack(target_of(path))).vllm
-    if version not in SPEC_DECODE_VLLM:
-        return (f"EAGLE/MTP speculative decoding on vLLM {version}: the {path} path writes under "
+    stack = registry.REPORT.stack or detect_stack(target_of(path))
+    if stack.vllm not in SPEC_DECODE_VLLM:
+        return (f"EAGLE/MTP speculative decoding on vLLM {stack.vllm}: the {path} path writes under "
                 f"speculative decoding on vLLM {SPEC_DECODE_VLLM} only (vLLM's split kept)")
+    if target_of(path) == "npu" and stack.vllm_ascend not in SPEC_DECODE_ASCEND:
+        return (f"EAGLE/MTP speculative decoding on vllm-ascend {stack.vllm_ascend}: the {path} "
+                f"path writes under speculative decoding on vllm-ascend {SPEC_DECODE_ASCEND} only "
+                "(vllm-ascend's split kept)")
     return None
 
 
@@ -146,8 +162,8 @@ def exporter_path(vllm_config: Any, target: str) -> tuple[str | None, str]:
     ``(None, reason)``; under speculative decoding only where :func:`speculative_off` allows."""
     if getattr(vllm_config, "speculative_config", None) is not None and \
             target not in {target_of(p) for p in SPEC_DECODE_PATHS}:
-        # no path of this target writes under speculative decoding: refused before its backend
-        # is probed (CUDA's prefill backend, vllm-ascend's hardware profile and ops)
+        # no path of this target writes under speculative decoding (CUDA): refused before its
+        # backend is probed
         return None, speculative_off(vllm_config, {"cpu": "cpu", "cuda": "triton"}.get(target, "ascend"))
     path, reason = _path(vllm_config, target)
     if path is not None and (why := speculative_off(vllm_config, path)) is not None:
@@ -258,10 +274,11 @@ def build_checkpoints(builder: Any, common: Any, metadata: Any, stack: Stack,
     In a step with speculative decode rows (``metadata.spec_sequence_masks`` set; the rows whose
     ``draft_tokens_cpu``, vLLM's ``num_decode_draft_tokens_cpu`` int32 [R], is >= 0) the plan is
     of the other rows alone, in vLLM's non-speculative order and token layout (the rows and
-    tokens its ``non_spec_token_indx`` selects, ``num_decodes`` 0: vLLM runs their 1-token rows
-    as prefills there), which the CPU path's ``_spec_aware_nonspec_subset`` receives; only on
-    :data:`SPEC_DECODE_VLLM` and the CPU target (nothing is declared under speculative decoding
-    elsewhere: :data:`SPEC_DECODE_PATHS`).
+    tokens its ``non_spec_token_indx`` selects, ``num_decodes`` 0: vLLM and vllm-ascend run their
+    1-token rows as prefills there), which the CPU path's ``_spec_aware_nonspec_subset`` and
+    vllm-ascend's prefill kernel receive; only on :data:`SPEC_DECODE_VLLM` and the CPU and NPU
+    targets (nothing of ours is declared under speculative decoding elsewhere:
+    :data:`SPEC_DECODE_PATHS`).
 
     Raises:
         RuntimeError: the runner gave no ``seq_lens_cpu_upper_bound`` where it is read (the
@@ -280,8 +297,8 @@ def build_checkpoints(builder: Any, common: Any, metadata: Any, stack: Stack,
     seq_lens = None if common.seq_lens_cpu_upper_bound is None else \
         common.seq_lens_cpu_upper_bound[:n].tolist()
     if metadata.spec_sequence_masks is not None:
-        if stack.target != "cpu" or stack.vllm not in SPEC_DECODE_VLLM:
-            return None  # only the CPU worker wraps vLLM's speculative GDN path
+        if stack.target not in ("cpu", "npu") or stack.vllm not in SPEC_DECODE_VLLM:
+            return None  # no speculative path of ours: nothing of ours declared (speculative_off)
         drafted = (draft_tokens_cpu[:n] >= 0).tolist() if draft_tokens_cpu is not None \
             else metadata.spec_sequence_masks[:n].tolist()
         keep = [r for r in range(n) if not drafted[r]]  # vLLM's non-speculative rows, in order
@@ -292,7 +309,7 @@ def build_checkpoints(builder: Any, common: Any, metadata: Any, stack: Stack,
         qlens = [qsl[r + 1] - qsl[r] for r in keep]
         qsl, seq_lens, n = [0, *itertools.accumulate(qlens)], [seq_lens[r] for r in keep], len(keep)
         table = table.index_select(0, torch.tensor(keep, dtype=torch.int64).to(table.device))
-        assert metadata.num_decodes == 0, "vLLM runs non-speculative decodes as prefills here"
+        assert metadata.num_decodes == 0, "vLLM and vllm-ascend run 1-token rows as prefills here"
     if stack.vllm in VLLM_PLAN:  # request rows 0..n-1; each row's block (gathered) as a column
         planned = metadata.checkpoint
         if _path_of(builder, stack) is None or (planned is None and not explicit):
@@ -484,9 +501,13 @@ def _triton_junctions_off(vllm_config: Any) -> str | None:
     return None
 
 
-def make_builder(kernel_meta: Callable[[Any, Any], ops.KernelMeta | None]):
+def make_builder(kernel_meta: Callable[[Any, Any], ops.KernelMeta | None],
+                 rows: Callable[..., Any] | None = None):
     """Registry ``make`` of a GDN metadata builder's ``build``: upstream's metadata, with the
-    step's checkpoints in :data:`FIELD` when it has some."""
+    step's checkpoints in :data:`FIELD` when it has some. ``rows(builder, common_attn_metadata,
+    *args, **kwargs)`` (``build``'s arguments after ``common_prefix_len``) gives the step's rows
+    as upstream's ``build`` reads them where it rewrites its ``CommonAttentionMetadata`` first
+    (vllm-ascend's); None: as passed."""
     def make(upstream: Any, stack: Stack) -> Any:
         @functools.wraps(upstream)
         def build(self, common_prefix_len, common_attn_metadata, *args, **kwargs):
@@ -494,7 +515,9 @@ def make_builder(kernel_meta: Callable[[Any, Any], ops.KernelMeta | None]):
             # vLLM 0.30's build(common_prefix_len, m, num_accepted_tokens,
             # num_decode_draft_tokens_cpu, fast_build): the rows drafted for (>= 0)
             drafts = kwargs.get("num_decode_draft_tokens_cpu", args[1] if len(args) > 1 else None)
-            ck = build_checkpoints(self, common_attn_metadata, md, stack, kernel_meta, drafts)
+            common = common_attn_metadata if rows is None else \
+                rows(self, common_attn_metadata, *args, **kwargs)
+            ck = build_checkpoints(self, common, md, stack, kernel_meta, drafts)
             return md if ck is None else with_checkpoints(md, ck)
 
         return build
@@ -521,19 +544,28 @@ def make_forward(upstream: Any, stack: Stack) -> Any:
     without checkpoints (every decode-only step) reads the step's GDN metadata and calls
     upstream: nothing else, once per GDN layer where the layer runs eagerly (vLLM's module
     ``vllm.forward_context`` is bound here, at the entry's application, not imported per call:
-    an import statement would cost host time on every layer and step)."""
+    an import statement would cost host time on every layer and step).
+
+    In a step with speculative decode rows (the metadata's ``spec_sequence_masks`` set:
+    vllm-ascend under MTP) the plan is of the other rows, in the token layout of
+    ``non_spec_token_indx`` (int [T'], their batch token indices in order; ``mixed_qkv`` [T, D] is
+    in batch order): the conv rows are taken through it."""
     import vllm.forward_context as forward_context
 
     @functools.wraps(upstream)
     def _forward_core(self, mixed_qkv, b, a, core_attn_out):
         raw = forward_context.get_forward_context().attn_metadata
-        ck = getattr(raw.get(self.prefix) if isinstance(raw, dict) else None, FIELD, None)
+        md = raw.get(self.prefix) if isinstance(raw, dict) else None
+        ck = getattr(md, FIELD, None)
         if ck is None:
             return upstream(self, mixed_qkv, b, a, core_attn_out)
         from vllm.model_executor.layers.mamba.mamba_utils import is_conv_state_dim_first
 
-        ops.write_conv(self.kv_cache[0], mixed_qkv, ck, self.conv_kernel_size,
-                       is_conv_state_dim_first())
+        width, rows = self.conv_kernel_size, None
+        if md.spec_sequence_masks is not None:  # shared by the group's layers, once per step
+            rows = ck.memo(f"conv-spec-{width}", lambda: md.non_spec_token_indx.index_select(
+                0, ck.conv_rows(width)))
+        ops.write_conv(self.kv_cache[0], mixed_qkv, ck, width, is_conv_state_dim_first(), rows)
         with ops.exporting(ck, self.kv_cache[1], ck.method) as scope:
             result = upstream(self, mixed_qkv, b, a, core_attn_out)
         if scope.exports != 1:

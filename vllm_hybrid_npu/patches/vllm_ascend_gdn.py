@@ -14,8 +14,16 @@ glue). The split's chunk metadata is vllm-ascend's own (``_build_non_spec_chunke
 A row with several checkpoints (a shared-prefix junction before the prompt's own, or the block
 boundary a row started mid-block crosses: :mod:`.gdn_junction`) runs in one kernel call per
 segment (``ops.run_split``'s rounds); the engine sends those blocks with the step
-(:mod:`.gdn_step_checkpoints`), so the builder reads no block-table column. Verified on CPU only, replaying vllm-ascend's code
-(``tests/ascend/gdn_replay.py``).
+(:mod:`.gdn_step_checkpoints`), so the builder reads no block-table column.
+
+Under EAGLE/MTP speculative decoding (vLLM 0.30.0 with vllm-ascend 0.30.0rc2:
+``gdn.SPEC_DECODE_PATHS``) the forward runs the speculative decode rows on their own kernels
+(``causal_conv1d_update``, ``recurrent_gated_delta_rule`` on ``k + 1`` state slots: not wrapped)
+and the others, all prefills, in its one prefill kernel call, in the token layout of
+``non_spec_token_indx``: the builder plans those rows alone, the kernel wrappers split that call
+as without speculative decoding, and the forward wrapper takes the conv rows through that index
+into the first ``width - 1`` columns of the conv state (``width - 1 + k`` wide there). Verified on
+CPU only, replaying vllm-ascend's code (``tests/ascend/gdn_replay.py``).
 """
 
 from __future__ import annotations
@@ -39,6 +47,24 @@ def _kernel_meta(builder: Any, device: Any) -> ops.KernelMeta:
     device_meta = getattr(builder, "build_device_chunk_metadata", True)
     return lambda host, dev: _build_non_spec_chunked_prefill_metadata(
         builder, host, device, build_device_metadata=device_meta)
+
+
+def _rows(builder: Any, common: Any, num_accepted_tokens: Any = None,
+          num_decode_draft_tokens_cpu: Any = None, fast_build: bool = False,
+          num_actual_reqs: int | None = None) -> Any:
+    """The step's rows as vllm-ascend 0.30.0rc2's ``AscendGDNAttentionMetadataBuilder.build``
+    (same arguments) reads them before it splits the batch: under a full graph with speculative
+    decoding its ``_remove_spec_graph_padding_queries`` gives the padded suffix rows FIA spans
+    ``k + 1`` tokens wide zero tokens, and rows past ``num_actual_reqs`` (graph padding) are cut
+    (``CommonAttentionMetadata.unpadded``). The plan's rows and token layout are then vllm-ascend's
+    prefill rows' (its kernels get one initial state per row)."""
+    if builder.use_full_cuda_graph and builder.use_spec_decode:
+        from vllm_ascend.ops.gdn_attn_builder import _remove_spec_graph_padding_queries
+
+        common = _remove_spec_graph_padding_queries(common, num_decode_draft_tokens_cpu)
+    if num_actual_reqs is not None and num_actual_reqs < common.num_reqs:
+        common = common.unpadded(common.num_actual_tokens, num_actual_reqs)
+    return common
 
 
 def _probe_forward(upstream: Any, stack: Stack) -> str | None:
@@ -108,13 +134,15 @@ def _entry(name, module, qualname, make, why, **kw):
 
 PATCHES = [
     _entry("gdn-checkpoint-ascend-plan", ASCEND_BUILDER, "AscendGDNAttentionMetadataBuilder.build",
-           gdn.make_builder(_kernel_meta), "per-step checkpoint plan in vllm-ascend's GDN metadata "
-           "(its builder replaces vLLM's), with its chunk metadata of the split's two calls",
+           gdn.make_builder(_kernel_meta, _rows), "per-step checkpoint plan in vllm-ascend's GDN "
+           "metadata (its builder replaces vLLM's; under MTP of the non-speculative rows, in its "
+           "token layout), with its chunk metadata of the split's calls",
            signature=gdn.BUILD_SIGNATURE),
     _entry("gdn-checkpoint-ascend-forward", gdn.ASCEND_GDN,
            "AscendGatedDeltaNetAttention._forward_core", gdn.make_forward,
-           "conv checkpoints from the step's input rows; the SSM ones from the chunk kernel "
-           "vllm-ascend chooses, split (next three entries)", signature=gdn.FORWARD_SIGNATURE,
+           "conv checkpoints from the step's input rows (under MTP the non-speculative rows', "
+           "through non_spec_token_indx); the SSM ones from the chunk kernel vllm-ascend chooses, "
+           "split (next three entries)", signature=gdn.FORWARD_SIGNATURE,
            probe=_probe_forward),
     _entry("gdn-checkpoint-ascend-forward-qwen", gdn.QWEN_GDN,
            "QwenGatedDeltaNetAttention._forward_core", gdn.make_forward, "the same, where "
