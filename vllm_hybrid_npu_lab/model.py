@@ -185,6 +185,20 @@ TARGET_PATHS = {"cpu": "cpu", "cuda": "triton", "npu": "ascend"}
 #: the vLLM whose ``SpeculativeConfig`` :func:`mtp_config` stands in for
 MTP_VLLM = "0.30.0"
 
+#: the vllm-ascend the lab's ``npu`` target models over each vLLM (the newest release built on it)
+NPU_VLLM_ASCEND = {"0.30.0": "0.30.0rc2", "0.23.0": "0.23.0.post1"}
+
+
+def modelled_stack(target: str):
+    """The :class:`~vllm_hybrid_npu.support.Stack` a lab ``target`` (``cpu``, ``cuda``, ``npu``)
+    stands for: the installed vLLM and, for ``npu``, the vllm-ascend of
+    :data:`NPU_VLLM_ASCEND` over it (none is installed where the lab runs)."""
+    from vllm_hybrid_npu.support import Stack
+
+    vllm = vllm_version()
+    return Stack(target=target, vllm=vllm,
+                 vllm_ascend=NPU_VLLM_ASCEND.get(vllm) if target == "npu" else None)
+
 
 def vllm_version() -> str:
     """The installed vLLM's version (``vllm.__version__`` without a local ``+`` suffix)."""
@@ -356,7 +370,8 @@ def build_setup(
         if checkpoints:  # the runtime's own decision for the target's exporter path
             from vllm_hybrid_npu.patches.gdn_prefill_checkpoint import speculative_off
 
-            spec_off = speculative_off(vllm_config, TARGET_PATHS[exporter_target])
+            spec_off = speculative_off(vllm_config, TARGET_PATHS[exporter_target],
+                                       modelled_stack(exporter_target))
             checkpoints = spec_off is None
     if not attention_only:
         Platform._align_hybrid_block_size(vllm_config, backend)

@@ -11,12 +11,12 @@ carried. The rules, read from vLLM and the runtime, not from the lab:
   cold prompt takes one step;
 * an MTP drafter (``qwen3_next_mtp`` -> ``mtp``, an EAGLE drafter) drops one prefix-match unit
   of the hit: with vLLM's split the repeat hits ``h0 - B`` (at most the no-drafter hit);
-* the runtime declares the plugin's checkpoint under MTP on the CPU path alone (vLLM 0.30, not
-  on a CPU with AMX tiles: its ``speculative_off``); there the checkpoint is reserved one unit
-  lower, ``cp = (n - 1) // B * B - B``: the repeat hits ``cp`` (>= the no-drafter plugin hit
-  minus one unit) and a cold prompt still takes one step; on CUDA, and on the NPU where no
-  vllm-ascend 0.30.0rc2 is installed (the stack ``speculative_off`` reads here), the runtime
-  refuses, so ``upstream:ckpt`` replays as vLLM's split.
+* the runtime declares the plugin's checkpoint under MTP on the CPU path (vLLM 0.30, not on a
+  CPU with AMX tiles) and on vllm-ascend 0.30.0rc2's paths (the stack the lab's ``npu`` target
+  models: its ``speculative_off``); there the checkpoint is reserved one unit lower,
+  ``cp = (n - 1) // B * B - B``: the repeat hits ``cp`` (>= the no-drafter plugin hit minus one
+  unit) and a cold prompt still takes one step; on CUDA the runtime refuses, so
+  ``upstream:ckpt`` replays as vLLM's split.
 """
 
 from __future__ import annotations
@@ -64,26 +64,27 @@ def _n(rng):
 
 
 @pytest.mark.skipif(not ON_030, reason="the CPU path declares checkpoints under MTP on vLLM 0.30")
-def test_mtp_on_npu_drops_a_unit_and_keeps_vllms_split(cfg, rng, no_amx):
+def test_mtp_on_cuda_drops_a_unit_and_keeps_vllms_split(cfg, rng, no_amx):
     n = _n(rng)
     h0 = (n - 1) // B * B
     for policy in ("upstream", "upstream:ckpt"):
-        _, plain = _twice(cfg, n, policy, 0, "npu")
+        _, plain = _twice(cfg, n, policy, 0, "cuda")
         assert plain.cached_per_request == [0, h0], (n, policy)
-    setup, mtp = _twice(cfg, n, "upstream:ckpt", 2, "npu")
+    setup, mtp = _twice(cfg, n, "upstream:ckpt", 2, "cuda")
     assert not setup.prefill_checkpoints and "split kept" in setup.speculative_off, n
     assert mtp.cached_per_request == [0, h0 - B], n  # one unit below, <= the no-drafter hit
-    _, split = _twice(cfg, n, "upstream", 2, "npu")
+    _, split = _twice(cfg, n, "upstream", 2, "cuda")
     assert split.to_dict() | {"wall_s": 0} == mtp.to_dict() | {"wall_s": 0}  # refused: the same
 
 
 @pytest.mark.skipif(not ON_030, reason="the CPU path declares checkpoints under MTP on vLLM 0.30")
-def test_mtp_on_cpu_keeps_the_plugins_checkpoint_one_unit_lower(cfg, rng, no_amx):
+@pytest.mark.parametrize("target", ["cpu", "npu"])
+def test_mtp_keeps_the_plugins_checkpoint_one_unit_lower(cfg, rng, no_amx, target):
     n = _n(rng)
-    _, plugin = _twice(cfg, n, "upstream:ckpt", 0, "cpu")
+    _, plugin = _twice(cfg, n, "upstream:ckpt", 0, target)
     assert plugin.prefill_steps_per_prompt == 1, n
     for k in (1, 2):
-        setup, mtp = _twice(cfg, n, "upstream:ckpt", k, "cpu")
+        setup, mtp = _twice(cfg, n, "upstream:ckpt", k, target)
         assert setup.prefill_checkpoints and setup.speculative_off is None
         assert setup.speculative_tokens == k
         cp = (n - 1) // B * B - B

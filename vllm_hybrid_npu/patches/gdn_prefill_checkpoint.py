@@ -113,7 +113,7 @@ def cpu_amx_tiles() -> bool:
     return bool(probe and probe())
 
 
-def speculative_off(vllm_config: Any, path: str) -> str | None:
+def speculative_off(vllm_config: Any, path: str, stack: Stack | None = None) -> str | None:
     """Why the exporter ``path`` declares no checkpoint under the speculative decoding of
     ``vllm_config`` (a str), or None (no speculative decoding, or an EAGLE/MTP drafter on a path
     of :data:`SPEC_DECODE_PATHS` with vLLM of :data:`SPEC_DECODE_VLLM` and, on the NPU,
@@ -122,7 +122,9 @@ def speculative_off(vllm_config: Any, path: str) -> str | None:
     ``qwen3_next_mtp`` is rewritten to ``mtp``, ``dflash``, ``dspark``) by its EAGLE block drop, which the Mamba manager's checkpoint follows
     (``get_mamba_prefill_checkpoint_position(..., drop)``, one prefix-match unit lower) and the
     engine's plan lists (``core.step_checkpoints``); other drafters (``ngram``, a draft model,
-    ``suffix``, ``medusa``) are not checked against the plan."""
+    ``suffix``, ``medusa``) are not checked against the plan. ``stack``: the stack to judge
+    (the hit-rate lab's modelled target); default the plugin's loaded stack, else the installed
+    one."""
     spec = getattr(vllm_config, "speculative_config", None)
     if spec is None:
         return None
@@ -139,7 +141,7 @@ def speculative_off(vllm_config: Any, path: str) -> str | None:
                 f"{sorted(SPEC_DECODE_PATHS)} does; vLLM's split kept)")
     # the plugin's loaded stack, else (an engine built without the plugin's load: the lab) the
     # installed vLLM's version, read from its package metadata
-    stack = registry.REPORT.stack or detect_stack(target_of(path))
+    stack = stack or registry.REPORT.stack or detect_stack(target_of(path))
     if stack.vllm not in SPEC_DECODE_VLLM:
         return (f"EAGLE/MTP speculative decoding on vLLM {stack.vllm}: the {path} path writes under "
                 f"speculative decoding on vLLM {SPEC_DECODE_VLLM} only (vLLM's split kept)")
