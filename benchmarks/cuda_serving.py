@@ -1042,6 +1042,10 @@ BREAKDOWN_PHASES = (
     ("gdn_conv", "module vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn", ("causal_conv1d_fn",)),
     ("gdn_fla", "module vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn", ("fla_chunk_gated_delta_rule",)),
     ("fla_fwd_h", "module vllm.third_party.flash_linear_attention.ops.chunk", ("chunk_gated_delta_rule_fwd_h",)),
+    # the rest of FLA's chunk pipeline, as its module names them
+    *((f"fla_{name}", "module vllm.third_party.flash_linear_attention.ops.chunk", (name,))
+      for name in ("chunk_local_cumsum", "chunk_scaled_dot_kkt_fwd", "solve_tril", "recompute_w_u_fwd",
+                   "chunk_fwd_o", "l2norm_fwd")),
     ("plugin_plan", "module vllm_hybrid_npu.patches.gdn_prefill_checkpoint", ("build_checkpoints",)),
     ("plugin_write_conv", "module vllm_hybrid_npu.ops.gdn_checkpoint", ("write_conv",)),
 )
@@ -1078,13 +1082,15 @@ def host_probe_us(repeats: int = 3, iters: int = HOST_PROBE_ITERS, clock=None) -
 
 def run_phase_times(timer: PhaseTimer, step_walls: list[tuple[float, int]]) -> dict:
     """One run's host times for ``--phase-times`` (issue 37, session O): ``{"phase_ms": {phase:
-    own ms over the run}, "calls": {phase: calls}, "step_wall_ms": [wall of each executed
+    own ms over the run}, "phase_incl_ms": {phase: inclusive ms}, "each_ms": {phase: [inclusive
+    ms of each call, in order]}, "calls": {phase: calls}, "step_wall_ms": [wall of each executed
     engine.step(), ms]}``, read off ``timer`` (:attr:`PhaseTimer.host`, reset before the run) and
     the run's slice of :attr:`Driver.step_walls`. Host clock only, no device sync: the time a
     phase waits for the GPU lands in that phase. :meth:`Driver.run` adds ``host_probe_us``
     (:func:`host_probe_us`, measured just before the run)."""
     return {"phase_ms": {k: round(1e3 * v[1], 3) for k, v in timer.host.items()},
             "phase_incl_ms": {k: round(1e3 * v[0], 3) for k, v in timer.host.items()},
+            "each_ms": {k: [round(1e3 * x, 3) for x in v] for k, v in timer.each.items()},
             "calls": {k: int(v[2]) for k, v in timer.host.items()},
             "step_wall_ms": [round(1e3 * w, 3) for w, n in step_walls if n]}
 
