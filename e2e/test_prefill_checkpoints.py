@@ -318,8 +318,9 @@ def test_decode_steps_do_no_checkpoint_work(exporter, rng):
     from vllm_hybrid_npu.patches import gdn_prefill_checkpoint as gdn
 
     block, engine, sched = _block(exporter), exporter.llm_engine, _core(exporter).scheduler
-    if not _junction_exported():  # vLLM 0.32 / 0.33: other managers and plans, not counted here
-        pytest.skip("shared-prefix junction entries not applied: the decode-step counts are vLLM 0.30's")
+    if not _junction_exported():  # vLLM 0.33: other managers and plans, not counted here
+        pytest.skip("shared-prefix junction entries not applied: the decode-step counts are those of "
+                    "the junction rule's versions")
     shared = _prompt(rng, 2 * block + rng.randrange(1, block))
     _gen(exporter, [shared + _prompt(rng, rng.randrange(block, 2 * block))])  # first sharer
     prompts = [shared + _prompt(rng, rng.randrange(block, 2 * block)), _prompt(rng, rng.randrange(65, 2 * block))]
