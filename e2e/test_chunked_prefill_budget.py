@@ -94,10 +94,11 @@ def _run(model, engine_args, caching: bool, make_prompt, **extra):
 
 def _chunks_end_at_the_budget() -> bool:
     """Whether the junction entries run prefill chunks to the token budget's end here (vLLM
-    0.30, the CPU exporter path): then the ``token-budget`` entries stand aside."""
+    0.30, the CPU exporter path; ``gdn_junction.BUDGET_VERSIONS``): then the ``token-budget``
+    entries stand aside."""
     from vllm_hybrid_npu.patches import gdn_junction
 
-    return gdn_junction.rule_applied()
+    return gdn_junction.budget_applied()
 
 
 def test_chunked_cold_prefill_takes_the_steps_of_caching_off(tiny_model_dir, engine_args, rng,

@@ -318,8 +318,9 @@ def test_decode_steps_do_no_checkpoint_work(exporter, rng):
     from vllm_hybrid_npu.patches import gdn_prefill_checkpoint as gdn
 
     block, engine, sched = _block(exporter), exporter.llm_engine, _core(exporter).scheduler
-    if not _junction_exported():  # vLLM 0.32 / 0.33: other managers and plans, not counted here
-        pytest.skip("shared-prefix junction entries not applied: the decode-step counts are vLLM 0.30's")
+    if not _junction_exported():  # vLLM 0.33: other managers and plans, not counted here
+        pytest.skip("shared-prefix junction entries not applied: the decode-step counts are those of "
+                    "the junction rule's versions")
     shared = _prompt(rng, 2 * block + rng.randrange(1, block))
     _gen(exporter, [shared + _prompt(rng, rng.randrange(block, 2 * block))])  # first sharer
     prompts = [shared + _prompt(rng, rng.randrange(block, 2 * block)), _prompt(rng, rng.randrange(65, 2 * block))]
@@ -429,11 +430,20 @@ def test_exported_state_bytes_equal_split(tiny_model_dir, engine_args, exporter,
 
 
 def _junction_exported() -> bool:
-    """The junction entries applied (vLLM 0.30) and, on the last exporter engine started here,
-    on (``_crossing_written``: the CPU path; CUDA's one pass on the V2 runner)."""
+    """The junction entries applied (vLLM 0.30 / 0.32, ``gdn_junction.VERSIONS``) and, on the
+    last exporter engine started here, on (``_crossing_written``: the CPU path; CUDA's one pass on
+    the V2 runner)."""
     from vllm_hybrid_npu.patches import gdn_junction
 
     return gdn_junction.rule_applied() and _ON.get("junctions", True)
+
+
+def _budget_exported() -> bool:
+    """:func:`_junction_exported` with the token-budget rule too (vLLM 0.30,
+    ``gdn_junction.BUDGET_VERSIONS``)."""
+    from vllm_hybrid_npu.patches import gdn_junction
+
+    return gdn_junction.budget_applied() and _ON.get("junctions", True)
 
 
 def test_shared_prefix_junction_exported_inside_the_step(tiny_model_dir, engine_args, rng,
@@ -442,7 +452,7 @@ def test_shared_prefix_junction_exported_inside_the_step(tiny_model_dir, engine_
     its own (at least ``B``: its prompt checkpoint lies past the junction's column). The first
     sharer caches its prompt checkpoint only; the second finds attention blocks up to
     ``jf = |S| // B * B`` and no GDN state there (vLLM's shared-prefix junction). Where the
-    junction entries apply (vLLM 0.30, the CPU exporter path): the second sharer takes caching
+    junction entries apply (vLLM 0.30 and 0.32, the CPU exporter path): the second sharer takes caching
     off's one prefill step, the step writes the state at ``jf`` into the block vLLM caches there
     (``_planned_blocks``: plan and ``MambaManager`` in lockstep, with the prompt's own checkpoint),
     the third hits ``jf`` in one step, as after vLLM's split; elsewhere vLLM's stop at ``jf`` stays
@@ -596,8 +606,8 @@ def test_shared_prefix_junction_through_the_host_tier(tiny_model_dir, engine_arg
 
 def _budget_rule_applies() -> bool:
     """Whether the scheduler runs a prefill chunk to the token budget's end (issue 38 item 4):
-    where the junction entries apply (vLLM 0.30, the CPU exporter path)."""
-    return _junction_exported()
+    where the junction entries apply with the budget rule (vLLM 0.30, the CPU exporter path)."""
+    return _budget_exported()
 
 
 def _hand_counted_steps(short: int, long: int, block: int) -> tuple[int, int]:
@@ -1082,9 +1092,9 @@ def test_shared_prefix_junction_preempted_after_its_junction_step(tiny_model_dir
     batch's outputs equal each prompt computed alone up to near-ties (``greedy_compare``'s
     chunking bound, as the preemption test)."""
     block = _block_of(tiny_model_dir, engine_args)  # an engine has run: the entries are decided
-    if not _junction_exported():
-        pytest.skip("shared-prefix junction entries not applied (vLLM stops a chunk at the junction "
-                    "here): the preemption this test forces is counted on the exporter's chunk")
+    if not _budget_exported():
+        pytest.skip("shared-prefix junction and token-budget entries not both applied (vLLM 0.30 "
+                    "only): the preemption this test forces is counted on the budget-sized chunk")
     b, out_j = 12, 8
     budget, usable = b * block, 2 * b + 7
     kv = KV_BYTES * (usable + 1) // _BLOCK["pages"]  # and vLLM's null block
@@ -1238,9 +1248,9 @@ def test_resumed_decoder_with_a_junction_inside_its_prompt(tiny_model_dir, engin
     what it hits after vLLM's split (``jf``), with the output it gets computed cold under a fresh
     ``cache_salt`` (exact on CPU)."""
     block = _block_of(tiny_model_dir, engine_args)  # an engine has run: the entries are decided
-    if not _junction_exported():
-        pytest.skip("shared-prefix junction entries not applied (vLLM stops a chunk at the junction "
-                    "here): the resumed row's blocks are counted on the exporter's chunk")
+    if not _budget_exported():
+        pytest.skip("shared-prefix junction and token-budget entries not both applied (vLLM 0.30 "
+                    "only): the resumed row's blocks are counted on vLLM 0.30's align mode")
     k, usable = 5, 48
     kv = KV_BYTES * (usable + 1) // _BLOCK["pages"]  # and vLLM's null block
     c = rng.randrange(6, 11)

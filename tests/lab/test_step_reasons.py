@@ -81,8 +81,8 @@ def test_prefix_shared_off_the_block_grid_costs_one_junction_step(cfg, rng):
     assert by == {"prompt_tail": 2, "junction": 1}
 
 
-@pytest.mark.skipif(VLLM != (0, 30), reason="the runtime's junction entries are written against "
-                    "vLLM 0.30's Mamba managers (on 0.32 / 0.33 vLLM's stop stays)")
+@pytest.mark.skipif(VLLM != (0, 30), reason="the lab models the junction export of the paths that "
+                    "have it on vLLM 0.30 only (CUDA's V2 runner, vllm-ascend 0.30.0rc2)")
 def test_both_targets_export_the_junction_inside_the_step(cfg, rng, monkeypatch):
     # Block 384, the exporter declared; A, B and C share their first two trace blocks (1024
     # tokens, off the 384 grid), lengths in (1152, 1536). A: one step (its checkpoint at 1152 is

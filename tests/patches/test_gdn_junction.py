@@ -528,3 +528,53 @@ def test_hooks_take_no_second_block_the_engine_did_not_decide(monkeypatch):
 
     M._make_allocate(upstream, None)(kvm, _request(), 1500)  # the prompt's final chunk
     assert during == [({"r": 768}, {})] and vars(kvm)[S.MANAGERS] == ()
+
+
+def test_rule_reads_the_final_chunk_reservation_and_the_budget_switch(rng, seed):
+    """vLLM 0.32's differences, as the rule reads them: under ``final_only`` (sparse retention: the
+    manager reserves the prompt checkpoint only on the chunk reaching the prefill end; vLLM 0.32's
+    default retention interval 0) a non-final
+    chunk is decided with no prompt checkpoint, which leaves the junction's column below the
+    chunk's last one (``limit = cdiv(end, B) - 1``), and the final chunk as before; with
+    ``budget`` off neither the budget's end nor a crossed boundary is handed out. Drawn: junctions
+    in ``(2B, 3B)``, chunks from 0 ending past ``jf + B``."""
+    for _ in range(200):
+        junction = 2 * B + rng.randrange(1, B)
+        prompt = junction + B + rng.randrange(1, 3 * B)
+        end = rng.randrange(3 * B + 1, prompt + 1)
+        req = _request(prompt=prompt, junction=junction)
+        dense, sparse = _rule(), mod.JunctionRule(block=B, hash_block=B, alignment=64, eagle_drop=False,
+                                                  managers=(), final_only=True, budget=False)
+        where = (junction, prompt, end)
+        got = sparse.decide(req, 0, end)
+        assert got == ("export", 2 * B), where
+        if end == prompt:
+            assert got == dense.decide(req, 0, end), where
+        assert sparse.budget_end(req, 0, end) == 0 and sparse.crossed(req, 0 + 64, end) == 0, where
+
+
+def test_exact_junction_stop_by_version_attribute():
+    """The rule defers to vLLM where its split stops at the junction itself: vLLM 0.30's
+    ``mamba_fine_grained_prefix_cache``, vLLM 0.32's ``mamba_shared_prefix_checkpoint``."""
+    ns = types.SimpleNamespace
+    assert not mod.exact_junction_stop(ns())
+    assert not mod.exact_junction_stop(ns(mamba_fine_grained_prefix_cache=False))
+    assert mod.exact_junction_stop(ns(mamba_fine_grained_prefix_cache=True))
+    assert mod.exact_junction_stop(ns(mamba_shared_prefix_checkpoint=True))
+    assert not mod.exact_junction_stop(ns(mamba_shared_prefix_checkpoint=False))
+
+
+def test_final_chunk_reservation_read_from_the_installed_manager():
+    """:func:`mod.reserves_final_chunk_only`: the installed ``MambaManager`` takes
+    ``prefill_end`` (vLLM 0.32) and the coordinator's retention interval is 0 (semantic boundaries
+    only: the coordinator passes ``prefill_end``); vLLM 0.30's manager takes no ``prefill_end``
+    and reserves on every chunk."""
+    import inspect
+
+    from vllm.v1.core import single_type_kv_cache_manager as single
+
+    takes = "prefill_end" in inspect.signature(single.MambaManager.get_num_blocks_to_allocate).parameters
+    for retention, sparse in ((0, True), (None, False), (1024, False)):
+        kv = types.SimpleNamespace(coordinator=types.SimpleNamespace(retention_interval=retention))
+        assert mod.reserves_final_chunk_only(kv) == (takes and sparse), (retention, takes)
+    assert not mod.reserves_final_chunk_only(types.SimpleNamespace(coordinator=types.SimpleNamespace()))

@@ -39,14 +39,23 @@ grid vLLM 0.30's own ``MambaManager`` reserves the checkpoint at the chunk's las
 reads the chunk's end, final or not); from a start mid-block the initial state's block takes the
 next boundary's state (the engine lists it, ``core.step_checkpoints``) and ``allocate_slots``
 hands the managers the prompt checkpoint or the chunk's last boundary past it
-(:meth:`JunctionRule.crossed`). Only with the prefix-match unit at the block.
+(:meth:`JunctionRule.crossed`). Only with the prefix-match unit at the block, and only on vLLM
+0.30 (:data:`BUDGET_VERSIONS`).
+
+On vLLM 0.32 the junction rule applies as on 0.30 (:data:`VERSIONS`): its split, ``MambaManager``
+and ``KVCacheManager.allocate_slots`` keep 0.30's contracts for it (the prompt checkpoint in column
+``cdiv(end, block) - 2``, the junction among the boundaries ``cache_blocks`` keeps). Two
+differences are read from the engine: under sparse retention 0.32's manager reserves the prompt
+checkpoint only on the chunk reaching the prefill end (:func:`reserves_final_chunk_only`), and
+``--enable-mamba-shared-prefix-checkpoint`` makes vLLM stop at the junction itself and cache it
+there (:func:`exact_junction_stop`), where the rule defers to vLLM.
 
 The Mamba managers are vLLM's ``MambaManager`` or a subclass (vllm-ascend's
 ``AscendMambaManager``, :func:`is_mamba_manager`). On CUDA the one pass writes every checkpoint of
 a row (a junction, the crossed boundary, the prompt's own) on vLLM 0.30's V2 runner, which
 receives the engine's list. Elsewhere (CUDA's V1 runner, FlashInfer,
 ``FLA_USE_FAST_OPS=1``, DCP / PCP / micro-batching; vllm-ascend's V2 runner, DCP, a KV connector;
-vLLM 0.32 / 0.33, whose managers reserve checkpoints by other rules; EAGLE/MTP's block drop, logged)
+vLLM 0.33, not read here; EAGLE/MTP's block drop, logged)
 nothing applies and vLLM stops at the junction, as before (:func:`~.gdn_prefill_checkpoint.junctions_off`). A junction the manager cannot place (its column not null) keeps nothing
 there: the chunk already ran past it, so a later sharer hits less, but no block is cached
 unwritten. Until: vLLM exports junction states inside the step itself (RFC #52959).
@@ -69,7 +78,14 @@ logger = logging.getLogger("vllm_hybrid_npu")
 RULE = "_vhn_junction_rule"
 #: A Mamba manager's ``{request id: junction position}`` for the allocation in progress.
 HINT = "_vhn_junction"
-VERSIONS = ("0.30.0",)
+#: Where the junction rule applies: vLLM's ``MambaManager`` reserves the chunk's prompt
+#: checkpoint in column ``cdiv(end, block) - 2`` and caches each full block at a reachable
+#: boundary (the junction is one), so a block placed in the junction's column is kept there.
+VERSIONS = ("0.30.0", "0.32.0")
+#: Where prefill chunks also run to the token budget's end (:meth:`JunctionRule.budget_end`,
+#: :meth:`JunctionRule.crossed`): vLLM 0.30, read against its ``MambaManager``, which reserves a
+#: checkpoint on every chunk.
+BUDGET_VERSIONS = ("0.30.0",)
 #: Where the junction entries apply: vLLM's CPU GDN function, CUDA's one pass on vLLM 0.30's V2
 #: runner and vllm-ascend's GDN paths (:data:`.gdn_prefill_checkpoint.JUNCTION_PATHS`; each
 #: engine decides by :func:`decide`).
@@ -82,18 +98,24 @@ class JunctionRule:
     """The engine's parameters of :func:`core.junction_checkpoint`, :func:`core.budget_chunk_end`
     and :func:`core.crossed_checkpoint` (tokens): the Mamba block, the prefix-match unit (vLLM's
     hash block), the declared checkpoint alignment, EAGLE's block drop; and the engine's align-mode
-    Mamba managers that declare prefill checkpoints."""
+    Mamba managers that declare prefill checkpoints. ``final_only``: the managers reserve the
+    prompt checkpoint only on the chunk that reaches the prefill end
+    (:func:`reserves_final_chunk_only`); ``budget``: budget-sized chunks and crossed boundaries on
+    (:data:`BUDGET_VERSIONS`)."""
 
     block: int
     hash_block: int
     alignment: int
     eagle_drop: bool
     managers: tuple
+    final_only: bool = False
+    budget: bool = True
 
     def decide(self, request: Any, start: int, end: int) -> tuple[str, int]:
-        """The rule on the chunk ``[start, end)`` of ``request``, with the prompt checkpoint vLLM
-        0.30's ``MambaManager.get_num_blocks_to_allocate`` reserves for that chunk (the last
-        hash boundary before ``end`` where ``is_mamba_prefill_checkpoint_valid``)."""
+        """The rule on the chunk ``[start, end)`` of ``request``, with the prompt checkpoint vLLM's
+        ``MambaManager.get_num_blocks_to_allocate`` reserves for that chunk (the last hash
+        boundary before ``end`` where ``is_mamba_prefill_checkpoint_valid``; under
+        :attr:`final_only` none before the prefill end)."""
         from vllm.v1.kv_cache_interface import (get_mamba_prefill_checkpoint_position,
                                                 is_mamba_prefill_checkpoint_valid)
 
@@ -102,6 +124,8 @@ class JunctionRule:
             query_start=start, query_end=end, checkpoint_position=position,
             hash_block_size=self.hash_block, mamba_block_size=self.block,
             checkpoint_alignment=self.alignment)
+        if self.final_only and end < max(request.num_prompt_tokens, request.num_tokens - 1):
+            valid = False
         return core.junction_checkpoint(start, end, request.num_prompt_tokens,
                                         getattr(request, "shared_prefix_boundary", 0) or 0,
                                         self.block, position if valid else 0)
@@ -111,16 +135,18 @@ class JunctionRule:
         step exports the GDN state at every block boundary it crosses
         (:func:`core.budget_chunk_end`), or 0 where vLLM's chunking stays: a prefix-match unit
         below the block (its tail stops), a start off the alignment grid, a request past its
-        first prefill (a resumed one replaying output tokens)."""
-        if (self.hash_block != self.block or start % self.alignment
+        first prefill (a resumed one replaying output tokens), or :attr:`budget` off."""
+        if (not self.budget or self.hash_block != self.block or start % self.alignment
                 or request.num_tokens > request.num_prompt_tokens):
             return 0
         return core.budget_chunk_end(start, end, request.num_prompt_tokens, self.alignment)
 
     def crossed(self, request: Any, start: int, end: int) -> int:
         """The position whose state the chunk ``[start, end)`` of ``request``, started off the
-        block grid, leaves in a block of its own (:func:`core.crossed_checkpoint`), or 0."""
-        if self.hash_block != self.block or request.num_tokens > request.num_prompt_tokens:
+        block grid, leaves in a block of its own (:func:`core.crossed_checkpoint`), or 0 (also
+        with :attr:`budget` off: vLLM's chunks then start on the block grid past a hit)."""
+        if (not self.budget or self.hash_block != self.block
+                or request.num_tokens > request.num_prompt_tokens):
             return 0
         return core.crossed_checkpoint(start, end, request.num_prompt_tokens, self.block,
                                        self.alignment)
@@ -147,23 +173,51 @@ def checkpoint_managers(kv_cache_manager: Any) -> tuple:
                  and getattr(m, "has_prefill_checkpoint_blocks", False))
 
 
-def junction_rule(scheduler: Any) -> JunctionRule | None:
-    """The :class:`JunctionRule` of vLLM 0.30's ``scheduler`` (``Scheduler``) as its align-mode
-    configuration allows it, whatever the exporter path: None without align-mode Mamba managers
-    that declare prefill checkpoint blocks, with EAGLE's block drop or with vLLM's fine-grained
-    prefix cache. :func:`decide` adds the path's check; the lab's ``--target npu`` takes it as is
-    (``vllm_hybrid_npu_lab.exporter.apply_junction_entries``)."""
+def exact_junction_stop(scheduler: Any) -> bool:
+    """Whether vLLM's split of ``scheduler`` stops at the junction itself, not floored to the
+    block, and its Mamba manager caches the state there (``cache_partial_block``): vLLM 0.30's
+    ``mamba_fine_grained_prefix_cache``, vLLM 0.32's ``mamba_shared_prefix_checkpoint``
+    (``--enable-mamba-shared-prefix-checkpoint``). vLLM carries that junction; the rule stays off."""
+    return bool(getattr(scheduler, "mamba_fine_grained_prefix_cache", False)
+                or getattr(scheduler, "mamba_shared_prefix_checkpoint", False))
+
+
+def reserves_final_chunk_only(kv_cache_manager: Any) -> bool:
+    """Whether the Mamba managers of ``kv_cache_manager`` reserve the prompt checkpoint only on the
+    chunk reaching the prefill end: vLLM 0.32's ``MambaManager.get_num_blocks_to_allocate`` takes
+    ``prefill_end``, which the coordinator passes at ``prefix_cache_retention_interval`` 0 (its
+    default: only the replay boundary and junctions kept) and zeroes otherwise (a positive
+    interval or None: every chunk's checkpoint reserved); vLLM 0.30's has no such parameter and
+    reserves on every chunk."""
+    import inspect
+
+    from vllm.v1.core import single_type_kv_cache_manager as single
+
+    takes = "prefill_end" in inspect.signature(single.MambaManager.get_num_blocks_to_allocate).parameters
+    return takes and getattr(kv_cache_manager.coordinator, "retention_interval", None) == 0
+
+
+def junction_rule(scheduler: Any, budget: bool = True) -> JunctionRule | None:
+    """The :class:`JunctionRule` of vLLM 0.30's or 0.32's ``scheduler`` (``Scheduler``) as its
+    align-mode configuration allows it, whatever the exporter path: None without align-mode Mamba
+    managers that declare prefill checkpoint blocks, with EAGLE's block drop or where vLLM stops
+    at the junction itself (:func:`exact_junction_stop`). ``budget``: the rule also runs chunks to
+    the token budget's end. :func:`decide` adds the path's check; the lab's ``--target npu`` takes
+    it as is (``vllm_hybrid_npu_lab.exporter.apply_junction_entries``)."""
     managers = checkpoint_managers(scheduler.kv_cache_manager)
     if (not managers or not scheduler.mamba_has_prefill_checkpoint_blocks
-            or scheduler.use_eagle_block_drop or scheduler.mamba_fine_grained_prefix_cache):
+            or scheduler.use_eagle_block_drop or exact_junction_stop(scheduler)):
         return None
     return JunctionRule(scheduler.cache_config.block_size, scheduler.hash_block_size,
-                        scheduler.mamba_prefill_checkpoint_alignment, False, managers)
+                        scheduler.mamba_prefill_checkpoint_alignment, False, managers,
+                        final_only=reserves_final_chunk_only(scheduler.kv_cache_manager),
+                        budget=budget)
 
 
 def decide(scheduler: Any, stack: Stack) -> JunctionRule | None:
     """The scheduler's :class:`JunctionRule`, or None where junctions keep vLLM's stop (vLLM
-    other than 0.30, or :func:`~.gdn_prefill_checkpoint.junctions_off`); decided once per
+    outside :data:`VERSIONS`, or :func:`~.gdn_prefill_checkpoint.junctions_off`; budget-sized
+    chunks only on :data:`BUDGET_VERSIONS`); decided once per
     scheduler, at its start (``gdn-manager-engine``) or its first split, logged, and handed to
     its KV-cache manager (:data:`RULE`)."""
     if hasattr(scheduler, RULE):
@@ -171,7 +225,7 @@ def decide(scheduler: Any, stack: Stack) -> JunctionRule | None:
     rule = None
     if stack.vllm in VERSIONS and gdn.junctions_off(
             scheduler.vllm_config, gdn.exporter_path(scheduler.vllm_config, stack.target)[0]) is None:
-        rule = junction_rule(scheduler)
+        rule = junction_rule(scheduler, budget=stack.vllm in BUDGET_VERSIONS)
         if rule is None and scheduler.use_eagle_block_drop:
             # the rule's checkpoint and budget stops are vLLM's no-drop positions; under the
             # drop the manager reserves one unit lower and the sharer's hit lands lower too
@@ -182,7 +236,7 @@ def decide(scheduler: Any, stack: Stack) -> JunctionRule | None:
     if rule is not None:
         logger.info("vllm-hybrid-npu: shared-prefix junction states exported from inside the step "
                     "(block %d tokens): the scheduler does not stop at a junction it can export%s",
-                    rule.block, "" if rule.hash_block != rule.block else
+                    rule.block, "" if not rule.budget or rule.hash_block != rule.block else
                     ", and prefill chunks end where the token budget ends (the states at the "
                     "block boundaries they cross exported too)")
     setattr(scheduler, RULE, rule)
@@ -194,13 +248,13 @@ def budget_rule_expected(vllm_config: Any, target: str) -> bool:
     """Whether an engine of ``vllm_config`` on ``target`` will run prefill chunks to the token
     budget's end (:meth:`JunctionRule.budget_end`), read from the configuration before the
     scheduler exists: the exporter path writes the states there (:func:`gdn.junctions_off`), the
-    split entry is applied or pending (vLLM 0.30), and no ``--prefix-match-unit`` is set (below
+    split entry's budget rule is applied or pending (:func:`budget_applied`), and no ``--prefix-match-unit`` is set (below
     the block its tail stops stay; the block is not known yet). The ``token-budget`` entries
     then leave the budget alone: no chunk ends on the block grid for them to save. Not under
     EAGLE/MTP's block drop, where :func:`junction_rule` gives no rule."""
     spec = getattr(vllm_config, "speculative_config", None)
     return (gdn.junctions_off(vllm_config, gdn.exporter_path(vllm_config, target)[0]) is None
-            and rule_applied()
+            and budget_applied()
             and getattr(vllm_config.cache_config, "prefix_match_unit", None) is None
             and not (spec is not None and spec.use_eagle_block_drop()))  # junction_rule's None
 
@@ -250,7 +304,7 @@ def allocation_checkpoint(rule: JunctionRule, request: Any, start: int, end: int
 
 def place(manager: Any, request_id: str, position: int, before: int, out: list) -> None:
     """Put a new block in the column ``position // block - 1`` of ``request_id``'s blocks in
-    ``manager`` (vLLM 0.30's ``MambaManager``), the column vLLM's split would have cached the
+    ``manager`` (vLLM 0.30's or 0.32's ``MambaManager``), the column vLLM's split would have cached the
     junction's state in, after upstream's ``allocate_new_blocks`` returned ``out`` (the request's
     new columns, after a copy-on-write block for a new request's partial hit; ``before``: the
     request's block count before that call). ``out`` and the request's blocks name the same
@@ -274,7 +328,7 @@ def _make_chunk_end(upstream: Any, stack: Stack) -> Any:
     """Registry ``make`` of ``Scheduler._mamba_block_aligned_split`` (vLLM 0.30-0.33): one
     wrapper of two layers, the mid-block stop inside (CUDA, the NPU:
     ``gdn_prefill_checkpoint._make_mid_block_stop``) and the junction and token-budget rule
-    outside (:func:`_make_split`; vLLM 0.30, where :func:`decide` gives a rule). The rule's
+    outside (:func:`_make_split`; vLLM 0.30 / 0.32, where :func:`decide` gives a rule). The rule's
     second upstream call (the chunk without the junction stop) goes through the stop too."""
     inner = (gdn._make_mid_block_stop(upstream, stack) if stack.target in gdn.MID_BLOCK_TARGETS
              else upstream)
@@ -282,22 +336,29 @@ def _make_chunk_end(upstream: Any, stack: Stack) -> Any:
 
 
 def _chunk_end_wanted(stack: Stack) -> str | None:
-    """:func:`.gdn_prefill_checkpoint.wanted`; on CPU outside vLLM 0.30 neither layer applies
-    (no mid-block stop on the CPU path, the junction rule is vLLM 0.30's)."""
+    """:func:`.gdn_prefill_checkpoint.wanted`; on CPU outside :data:`VERSIONS` neither layer
+    applies (no mid-block stop on the CPU path, the junction rule is read against those)."""
     if stack.target == "cpu" and stack.vllm not in VERSIONS:
-        return f"nothing to do on CPU with vLLM {stack.vllm} (the junction rule is vLLM 0.30's)"
+        return (f"nothing to do on CPU with vLLM {stack.vllm} (the junction rule is read against "
+                f"vLLM {', '.join(VERSIONS)})")
     return gdn.wanted(stack)
 
 
-def rule_applied() -> bool:
-    """Whether this process's load applied (or will apply) the chunk end's junction and
-    token-budget rule: :data:`ENTRY` applied or pending, on vLLM 0.30 (on 0.32 / 0.33 the entry
-    is the mid-block stop alone)."""
+def rule_applied(versions: tuple = VERSIONS) -> bool:
+    """Whether this process's load applied (or will apply) the chunk end's junction rule:
+    :data:`ENTRY` applied or pending, on vLLM in ``versions`` (elsewhere the entry is the
+    mid-block stop alone)."""
     from vllm_hybrid_npu.patches import registry
 
     report = registry.REPORT
     return ((ENTRY in report.applied or ENTRY in report.pending)
-            and (report.stack is None or report.stack.vllm in VERSIONS))
+            and (report.stack is None or report.stack.vllm in versions))
+
+
+def budget_applied() -> bool:
+    """Whether this process's load applied (or will apply) the chunk end's token-budget rule:
+    :func:`rule_applied` on :data:`BUDGET_VERSIONS`."""
+    return rule_applied(BUDGET_VERSIONS)
 
 
 PATCHES = [

@@ -34,8 +34,10 @@ None (:data:`.gdn_junction.RULE`), the second block's managers are empty
 that writes one state per row). The blocks these hooks reserve are listed to the worker by the
 engine's plan (:mod:`.gdn_step_checkpoints`). The hooks wrap vLLM's classes, so vllm-ascend
 0.30.0rc2's ``AscendMambaManager`` (a subclass, ``patch/platform/patch_mamba_manager.py``) runs
-them under its own ``get_num_blocks_to_allocate``. vLLM 0.30 only: 0.32 / 0.33 reserve
-checkpoints by other rules.
+them under its own ``get_num_blocks_to_allocate``. The first four hooks apply on vLLM 0.30 and
+0.32 (:data:`JUNCTION_VERSIONS`), where the second block is off
+(:func:`.gdn_second_checkpoint.decide`); the caching, retiring and freeing hooks on 0.30 only
+(0.32 caches the prompt checkpoint at retention interval 0 itself).
 """
 
 from __future__ import annotations
@@ -50,6 +52,10 @@ from vllm_hybrid_npu.patches import gdn_second_checkpoint as second
 from vllm_hybrid_npu.support import Stack
 
 VERSIONS = ("0.30.0",)
+#: The junction rule's hooks (``gdn-manager-engine``, ``-allocate``, ``-count``, ``-blocks``):
+#: also vLLM 0.32, whose ``MambaManager`` and ``KVCacheManager.allocate_slots`` keep 0.30's
+#: contracts for them (:data:`.gdn_junction.VERSIONS`); the second block's hooks stay on 0.30.
+JUNCTION_VERSIONS = junction.VERSIONS
 TARGETS = ("cpu", "cuda", "npu")
 SCHEDULER = "vllm.v1.core.sched.scheduler"
 KV_MANAGER = "vllm.v1.core.kv_cache_manager"
@@ -59,7 +65,7 @@ logger = logging.getLogger("vllm_hybrid_npu")
 
 
 def decisions(scheduler: Any, stack: Stack) -> dict[str, str]:
-    """What the configuration of vLLM 0.30's ``scheduler`` decided for the engine's GDN
+    """What the configuration of vLLM 0.30's / 0.32's ``scheduler`` decided for the engine's GDN
     checkpoints, after :func:`.gdn_junction.decide` and :func:`.gdn_second_checkpoint.decide`
     ran on it: ``{"exporter", "junctions", "budget_chunks", "second", "drafter_drop"}``, each
     ``"on"`` (the exporter: its path), or ``"off"`` / ``"off (why)"``. Reads the decisions the
@@ -79,7 +85,8 @@ def decisions(scheduler: Any, stack: Stack) -> dict[str, str]:
         junctions = "off"
     found = second.managers_of(scheduler.kv_cache_manager)
     return {"exporter": path or f"off ({why})", "junctions": junctions,
-            "budget_chunks": "on" if rule is not None and rule.hash_block == rule.block else "off",
+            "budget_chunks": ("on" if rule is not None and rule.budget and rule.hash_block == rule.block
+                              else "off"),
             "second": f"on ({len(found)} KV-cache groups)" if found else
             f"off ({second.KEY}=off)" if second.mode() != "on" else
             f"off ({second.KEY}=on, no KV-cache group eligible here)",
@@ -87,7 +94,7 @@ def decisions(scheduler: Any, stack: Stack) -> dict[str, str]:
 
 
 def _make_engine(upstream: Any, stack: Stack) -> Any:
-    """Registry ``make`` of vLLM 0.30's ``Scheduler.__init__``: after it, this engine's junction
+    """Registry ``make`` of vLLM 0.30's / 0.32's ``Scheduler.__init__``: after it, this engine's junction
     rule and second-block managers, decided once from its configuration, and one line naming
     every decision (:func:`decisions`)."""
     @functools.wraps(upstream)
@@ -102,7 +109,7 @@ def _make_engine(upstream: Any, stack: Stack) -> Any:
 
 
 def _make_allocate(upstream: Any, stack: Stack) -> Any:
-    """Registry ``make`` of vLLM 0.30's ``KVCacheManager.allocate_slots``: for a prefill chunk
+    """Registry ``make`` of vLLM 0.30's / 0.32's ``KVCacheManager.allocate_slots``: for a prefill chunk
     ``[start, end)`` (tokens: the request's computed tokens, plus the new local and external hit,
     plus ``num_new_tokens``), the junction rule's checkpoint for the junction managers
     (:data:`.gdn_junction.HINT`) and, for a prompt's final chunk, ``(start, prompt tokens)`` for
@@ -141,7 +148,7 @@ def _make_allocate(upstream: Any, stack: Stack) -> Any:
 
 
 def _make_count(upstream: Any, stack: Stack) -> Any:
-    """Registry ``make`` of vLLM 0.30's ``MambaManager.get_num_blocks_to_allocate``: upstream's
+    """Registry ``make`` of vLLM 0.30's / 0.32's ``MambaManager.get_num_blocks_to_allocate``: upstream's
     count, one more for a handed junction or crossed boundary, one more for a second block
     (not in vLLM's admission estimate, ``apply_admission_cap``, nor past the pool: vLLM's
     "not this step")."""
@@ -159,7 +166,7 @@ def _make_count(upstream: Any, stack: Stack) -> Any:
 
 
 def _make_blocks(upstream: Any, stack: Stack) -> Any:
-    """Registry ``make`` of vLLM 0.30's ``MambaManager.allocate_new_blocks``: upstream's new
+    """Registry ``make`` of vLLM 0.30's / 0.32's ``MambaManager.allocate_new_blocks``: upstream's new
     blocks, the handed junction's block put in its column, then the second block taken."""
     @functools.wraps(upstream)
     def allocate_new_blocks(self, request_id, *args, **kwargs):
@@ -216,9 +223,10 @@ def _wanted(stack: Stack) -> str | None:
     return gdn.wanted(stack)
 
 
-def entry(name: str, module: str, qualname: str, make: Any, why: str, signature: tuple) -> Any:
-    """A behaviour-changing ``gdn-manager-*`` entry (vLLM 0.30, every target)."""
-    return gdn.entry(name, module, qualname, make, TARGETS, why, vllm=VERSIONS, wanted=_wanted,
+def entry(name: str, module: str, qualname: str, make: Any, why: str, signature: tuple,
+          vllm: tuple = VERSIONS) -> Any:
+    """A behaviour-changing ``gdn-manager-*`` entry (every target; vLLM ``vllm``)."""
+    return gdn.entry(name, module, qualname, make, TARGETS, why, vllm=vllm, wanted=_wanted,
                      signature=signature,
                      until="vLLM's MambaManager reserves and keeps junction, crossed-boundary and "
                            "block-boundary states itself (RFC #52959, vllm-project/vllm#54076)")
@@ -229,18 +237,19 @@ PATCHES = [
     entry("gdn-manager-engine", SCHEDULER, "Scheduler.__init__", _make_engine,
           "decides once per engine, from its configuration, the junction rule and the second "
           "block's managers (none where the exporter path writes one state per row)",
-          ("self", "vllm_config", "kv_cache_config")),
+          ("self", "vllm_config", "kv_cache_config"), JUNCTION_VERSIONS),
     entry("gdn-manager-allocate", KV_MANAGER, "KVCacheManager.allocate_slots", _make_allocate,
           "hands the align-mode Mamba managers this chunk's junction or crossed boundary "
           "(core.junction_checkpoint, core.crossed_checkpoint) and a final chunk's prompt length "
           "(core.second_checkpoint), for that call",
           ("self", "request", "num_new_tokens", "num_new_computed_tokens", "new_computed_blocks",
-           "num_lookahead_tokens", "num_external_computed_tokens")),
+           "num_lookahead_tokens", "num_external_computed_tokens"), JUNCTION_VERSIONS),
     entry("gdn-manager-count", SINGLE_TYPE, "MambaManager.get_num_blocks_to_allocate",
-          _make_count, "one block more for each handed checkpoint", MANAGER_ID),
+          _make_count, "one block more for each handed checkpoint", MANAGER_ID, JUNCTION_VERSIONS),
     entry("gdn-manager-blocks", SINGLE_TYPE, "MambaManager.allocate_new_blocks", _make_blocks,
           "the junction's block in the column vLLM's split would have cached it in "
-          "(jf // block - 1); the second block beside the request's blocks", MANAGER_ID),
+          "(jf // block - 1); the second block beside the request's blocks", MANAGER_ID,
+          JUNCTION_VERSIONS),
     entry("gdn-manager-cache", SINGLE_TYPE, "MambaManager._cache_partial_tail_block", _make_cache,
           "the second block keyed at the checkpoint, the column keeping the block boundary's key; "
           "the prompt's checkpoint cached at retention interval 0 (vLLM 0.32's fix carried); "
