@@ -277,14 +277,20 @@ def causal_conv1d_fn_ref(x, weight, bias=None, conv_states=None, query_start_loc
         init = (conv_states[idx, :width - 1].float() if bool(has_initial_state[n])
                 else torch.zeros(width - 1, x.shape[1]))
         xx = torch.cat([init, x[s:e].float()])
-        y = sum(weight[j].float() * xx[j: j + e - s] for j in range(width))
-        if bias is not None:
-            y = y + bias.float()
-        if activation == "silu":
-            y = torch.nn.functional.silu(y)
-        out[s:e] = y.to(x.dtype)
+        out[s:e] = _conv_rows(xx, weight, bias, activation).to(x.dtype)
         conv_states[idx, :width - 1] = xx[-(width - 1):].to(conv_states.dtype)
     return out
+
+
+def _conv_rows(xx, weight, bias, activation):
+    """The causal convolution of one row: ``xx`` [W - 1 + L, D] float32 (the state's ``W - 1``
+    columns, then the row's ``L`` tokens), ``weight`` [W, D]; returns [L, D] float32."""
+    torch = _torch()
+    width = weight.shape[0]
+    y = sum(weight[j].float() * xx[j: j + xx.shape[0] - width + 1] for j in range(width))
+    if bias is not None:
+        y = y + bias.float()
+    return torch.nn.functional.silu(y) if activation == "silu" else y
 
 
 def causal_conv1d_update_ref(x, conv_state, weight, bias=None, activation=None,
@@ -310,12 +316,7 @@ def causal_conv1d_update_ref(x, conv_state, weight, bias=None, activation=None,
         idx, off = int(conv_state_indices[n]), int(num_accepted_tokens[n]) - 1
         state = conv_state[idx].float()
         xx = torch.cat([state[off:off + width - 1], x[s:e].float()])
-        y = sum(weight[j].float() * xx[j: j + e - s] for j in range(width))
-        if bias is not None:
-            y = y + bias.float()
-        if activation == "silu":
-            y = torch.nn.functional.silu(y)
-        out[s:e] = y.to(x.dtype)
+        out[s:e] = _conv_rows(xx, weight, bias, activation).to(x.dtype)
         full = torch.cat([state[off:], x[s:e].float()])
         assert full.shape[0] >= span, (full.shape, span)
         conv_state[idx] = full[-span:].to(conv_state.dtype)
