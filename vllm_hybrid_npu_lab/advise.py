@@ -848,7 +848,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "declared, so vLLM splits every cold prompt at its last block boundary: "
                         "plain vLLM on Triton/FLA or on vLLM before 0.33, "
                         "VLLM_HYBRID_NPU_PREFILL_CHECKPOINTS=off, speculative decoding (but EAGLE/MTP on vLLM "
-                        "0.30's CPU path), "
+                        "0.30's CPU path and vllm-ascend 0.30.0rc2's paths), "
                         "vllm-ascend with PCP > 1 or on 310P; vLLM 0.33's FlashInfer GDN prefill "
                         "declares and exports its own, like the exporter). The "
                         "plugin exports on vLLM's CPU GDN function, CUDA's Triton/FLA kernels and "

@@ -197,15 +197,16 @@ TARGET_HELP = ("the GDN prefill-checkpoint exporter path modelled: cuda (the one
                "turns them off there; with vllm-ascend's own scheduler changes for every setting: "
                "beside a host tier a request with a computed prefix runs its chunk whole) or cpu "
                "(vLLM's CPU GDN path as the plugin runs it: the same exports, also beside a host "
-               "tier, no mid-block stop; the one path declaring checkpoints under "
-               "--speculative-tokens, vLLM 0.30, not on a CPU with AMX tiles)")
+               "tier, no mid-block stop); under --speculative-tokens checkpoints are declared "
+               "on cpu (vLLM 0.30, not on a CPU with AMX tiles) and npu (vllm-ascend 0.30.0rc2 "
+               "over vLLM 0.30), not on cuda")
 
 #: ``--speculative-tokens``' help in ``hitrate`` and ``advise``
 SPECULATIVE_HELP = ("replay an MTP drafter with N speculative tokens (vLLM's qwen3_next_mtp, "
                     "rewritten to mtp; 0 = none, default): vLLM's scheduler drops one "
                     "prefix-match unit of each hit (its EAGLE block drop) and reserves the "
                     "lookahead slots; the plugin's checkpoint is declared where the runtime "
-                    "declares it under MTP (--target cpu), elsewhere vLLM's split is kept")
+                    "declares it under MTP (--target cpu and npu), on cuda vLLM's split is kept")
 
 
 def add_speculative_argument(parser: Any) -> None:
