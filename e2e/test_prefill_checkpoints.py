@@ -1612,11 +1612,11 @@ def _registry_with(key: str, value: str):
         apply_patches()
 
 
-def _entries_outside(module: str) -> str | None:
-    """Why the first registry entry of ``vllm_hybrid_npu.patches.<module>`` (an opt-in's: its
-    entries share their stacks) is not for the installed stack, as the plugin's load decides, or
-    None: ``sub_block_tail_split`` (``VLLM_HYBRID_NPU_OPTIONS=tailsplit=off``; vLLM 0.30),
-    ``gdn_mamba_manager`` (the Mamba managers' hooks, which run
+def _entries_outside(module: str, name: str | None = None) -> str | None:
+    """Why the registry entry ``name`` of ``vllm_hybrid_npu.patches.<module>`` (default its first:
+    an opt-in's entries share their stacks) is not for the installed stack, as the plugin's load
+    decides, or None: ``sub_block_tail_split`` (``VLLM_HYBRID_NPU_OPTIONS=tailsplit=off``; vLLM
+    0.30), ``gdn-manager-cache`` of ``gdn_mamba_manager`` (the second block's hooks, which run
     ``VLLM_HYBRID_NPU_OPTIONS=second=on``; vLLM 0.30)."""
     import importlib
 
@@ -1624,7 +1624,8 @@ def _entries_outside(module: str) -> str | None:
     from vllm_hybrid_npu.support import detect_stack
 
     entries = importlib.import_module(f"vllm_hybrid_npu.patches.{module}").PATCHES
-    return stack_skip_reason(entries[0], detect_stack())
+    entry = entries[0] if name is None else next(p for p in entries if p.name == name)
+    return stack_skip_reason(entry, detect_stack())
 
 
 @pytest.mark.skipif(_entries_outside("sub_block_tail_split") is not None,
@@ -1707,8 +1708,8 @@ def _free_blocks(llm) -> int:
     return _core(llm).scheduler.kv_cache_manager.block_pool.get_num_free_blocks()
 
 
-@pytest.mark.skipif(_entries_outside("gdn_mamba_manager") is not None,
-                    reason=f"{_entries_outside('gdn_mamba_manager')}")
+@pytest.mark.skipif(_entries_outside("gdn_mamba_manager", "gdn-manager-cache") is not None,
+                    reason=f"{_entries_outside('gdn_mamba_manager', 'gdn-manager-cache')}")
 @pytest.mark.parametrize("ssm_dtype", ["auto", "float32"])
 def test_second_checkpoint_keeps_the_block_boundary(tiny_model_dir, engine_args, rng,
                                                     exact_across_schedules, ssm_dtype):
@@ -1797,8 +1798,8 @@ def test_second_checkpoint_keeps_the_block_boundary(tiny_model_dir, engine_args,
         _close(split)
 
 
-@pytest.mark.skipif(_entries_outside("gdn_mamba_manager") is not None,
-                    reason=f"{_entries_outside('gdn_mamba_manager')}")
+@pytest.mark.skipif(_entries_outside("gdn_mamba_manager", "gdn-manager-cache") is not None,
+                    reason=f"{_entries_outside('gdn_mamba_manager', 'gdn-manager-cache')}")
 def test_second_checkpoint_through_the_host_tier(tiny_model_dir, engine_args, rng, exact_across_schedules):
     """``VLLM_HYBRID_NPU_OPTIONS=second=on`` beside vLLM's OffloadingConnector
     (``kv_offloading_size`` 1 GiB, a device KV cache of 24 MiB, ``--prefix-match-unit 64``; issue
