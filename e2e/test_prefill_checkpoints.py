@@ -1485,10 +1485,13 @@ def _chunk_checkpoints_by_hand(d: dict[str, int], block: int, mode: str) -> list
     blocks), and, with the exporter, its prefill checkpoint one block below its end
     (``get_mamba_prefill_checkpoint_position(i * bB)`` = ``(i * b - 1) B``), cached by vLLM 0.30 at
     any retention but 0 (``all``) and dropped with ``final``. The final chunk leaves the prompt's
-    checkpoint ``(n - 1) // B * B`` (kept in both modes); its running state ends inside a block
-    (not cached)."""
+    checkpoint ``(n - 1) // B * B`` (kept in both modes); its running state is cached as a
+    non-final chunk's is: where ``n`` is a block boundary on the retention grid (the draw's final
+    chunk may be ``bB`` tokens), not where it ends inside a block."""
     b, rb, k, n = d["b"], d["rb"], d["k"], d["n"]
     ends = {i * b * block for i in range(1, k + 1) if (i * b) % rb == 0}
+    if n % block == 0 and (n // block) % rb == 0:
+        ends.add(n)
     chunk_checkpoints = {(i * b - 1) * block for i in range(1, k + 1)} if mode == "all" else set()
     return sorted(ends | chunk_checkpoints | {(n - 1) // block * block})
 
