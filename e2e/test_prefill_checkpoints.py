@@ -430,7 +430,7 @@ def test_exported_state_bytes_equal_split(tiny_model_dir, engine_args, exporter,
 
 
 def _junction_exported() -> bool:
-    """The junction entries applied (vLLM 0.30 / 0.32, ``gdn_junction.VERSIONS``) and, on the
+    """The junction entries applied (vLLM 0.30 / 0.32 / 0.33, ``gdn_junction.VERSIONS``) and, on the
     last exporter engine started here, on (``_crossing_written``: the CPU path; CUDA's one pass on
     the V2 runner)."""
     from vllm_hybrid_npu.patches import gdn_junction
@@ -452,7 +452,7 @@ def test_shared_prefix_junction_exported_inside_the_step(tiny_model_dir, engine_
     its own (at least ``B``: its prompt checkpoint lies past the junction's column). The first
     sharer caches its prompt checkpoint only; the second finds attention blocks up to
     ``jf = |S| // B * B`` and no GDN state there (vLLM's shared-prefix junction). Where the
-    junction entries apply (vLLM 0.30 and 0.32, the CPU exporter path): the second sharer takes caching
+    junction entries apply (vLLM 0.30, 0.32 and 0.33, the CPU exporter path): the second sharer takes caching
     off's one prefill step, the step writes the state at ``jf`` into the block vLLM caches there
     (``_planned_blocks``: plan and ``MambaManager`` in lockstep, with the prompt's own checkpoint),
     the third hits ``jf`` in one step, as after vLLM's split; elsewhere vLLM's stop at ``jf`` stays

@@ -82,8 +82,12 @@ class SupportedStack:
 #: function on ``cpu``; the Triton/FLA path on ``cuda``, with the scheduler's stop at the block
 #: boundary for a chunk started mid-block where a checkpoint is declared, vLLM's FlashInfer
 #: export included; the engine's explicit checkpoints, received by the V1 runner, for a chunk
-#: vLLM runs across a block boundary from a finer prefix-match unit); the CPU runner's seeded-chunk entry (0.33's V1 runner keeps 0.30's
-#: generator rewind by offset); not the copy kernel.
+#: vLLM runs across a block boundary from a finer prefix-match unit); the shared-prefix junction
+#: rule (``gdn-chunk-end``'s junction layer and the Mamba managers' ``gdn-manager-engine``,
+#: ``-allocate``, ``-count``, ``-blocks``: 0.33's split, ``KVCacheManager.allocate_slots`` and
+#: ``MambaManager`` keep 0.32's contracts for it, :data:`.patches.gdn_junction.VERSIONS`); the CPU
+#: runner's seeded-chunk entry (0.33's V1 runner keeps 0.30's generator rewind by offset); not the
+#: copy kernel.
 V033_ENTRIES: tuple[str, ...] = (
     "config-checks", "config-checks-flag",
     "step-counters", "step-counters-stats", "step-counters-free", "step-counters-pop",
@@ -91,6 +95,7 @@ V033_ENTRIES: tuple[str, ...] = (
     "gdn-checkpoint-regather", "gdn-checkpoint-cpu", "gdn-checkpoint-triton",
     "gdn-checkpoint-fla-split", "gdn-checkpoint-fla-h", "gdn-chunk-end",
     "cpu-seeded-chunk", "gdn-checkpoint-send", "gdn-checkpoint-receive",
+    "gdn-manager-engine", "gdn-manager-allocate", "gdn-manager-count", "gdn-manager-blocks",
 )
 
 

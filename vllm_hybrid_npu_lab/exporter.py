@@ -179,7 +179,7 @@ def apply_junction_entries(scheduler: Any, target: str = "npu") -> bool:
     from vllm_hybrid_npu.patches.gdn_prefill_checkpoint import CROSSING_WRITTEN
 
     kv = scheduler.kv_cache_manager
-    # the runtime exports junctions on vLLM 0.30 / 0.32 (J.VERSIONS), but the paths the lab models
+    # the runtime exports junctions on vLLM 0.30 / 0.32 / 0.33 (J.VERSIONS), but the paths the lab models
     # (CUDA's V2 runner, vllm-ascend 0.30.0rc2) do only on 0.30, budget-sized chunks with them
     rule = (J.junction_rule(scheduler) if base_version(vllm.__version__) in J.BUDGET_VERSIONS
             else None)

@@ -183,14 +183,17 @@ def test_vllm_033_rows_are_the_entries_listing_it():
     Triton/FLA state writes, the stop at a block boundary after a hit inside a block) and the
     CPU runner's seeded-chunk entry (0.33's V1 runner rewinds generators by offset), the engine's
     explicit checkpoints and their receipt by the V1 runner (a chunk vLLM runs across a block
-    boundary from a finer prefix-match unit); not the copy kernel, nor the entries 0.33 does itself (the block rounding) or has (the retention
-    rule)."""
+    boundary from a finer prefix-match unit), the shared-prefix junction rule's Mamba-manager
+    hooks (engine, allocate, count, blocks: 0.33 keeps 0.32's contracts for them); not the copy
+    kernel, nor the entries 0.33 does itself (the block rounding) or has (the retention rule), nor
+    the second block's hooks (vLLM 0.30's)."""
     want = {"config-checks", "config-checks-flag", "step-counters", "step-counters-stats",
             "step-counters-free", "step-counters-pop", "gdn-checkpoint-spec",
             "gdn-checkpoint-alignment", "gdn-checkpoint-plan", "gdn-checkpoint-regather",
             "gdn-checkpoint-cpu", "gdn-checkpoint-triton", "gdn-checkpoint-fla-split",
             "gdn-checkpoint-fla-h", "gdn-chunk-end", "cpu-seeded-chunk",
-            "gdn-checkpoint-send", "gdn-checkpoint-receive"}
+            "gdn-checkpoint-send", "gdn-checkpoint-receive", "gdn-manager-engine",
+            "gdn-manager-allocate", "gdn-manager-count", "gdn-manager-blocks"}
     rows = [r for r in support.SUPPORT_MATRIX if r.vllm == "0.33.0"]
     assert {r.target for r in rows} == {"cpu", "cuda"}
     assert all(set(r.entries) == want for r in rows)
@@ -300,9 +303,10 @@ def test_cpu_default_keeps_vllms_copy_kernel():
 
 def test_vllm_033_applies_its_row():
     """On vLLM 0.33 (as its distribution metadata reports it) on CPU: the configuration checks,
-    the step counters and the exporter's CPU entries through vLLM's plan; the CUDA-only entries
-    are not for the target; the copy kernel and the entries 0.33 does not need (block rounding,
-    retention) are outside its row."""
+    the step counters, the exporter's CPU entries through vLLM's plan and the junction rule (the
+    chunk end's junction layer, the Mamba managers' hooks); the CUDA-only entries are not for the
+    target; the copy kernel, the entries 0.33 does not need (block rounding, retention) and the
+    second block's are outside its row."""
     import vllm
 
     if not vllm.__version__.startswith("0.33."):
@@ -310,12 +314,11 @@ def test_vllm_033_applies_its_row():
     r = _probe()
     cuda_only = {"gdn-checkpoint-regather", "gdn-checkpoint-triton", "gdn-checkpoint-fla-split",
                  "gdn-checkpoint-fla-h"}
-    assert sorted(r["applied"]) == sorted(set(support.V033_ENTRIES) - cuda_only - {"gdn-chunk-end"}), r
+    assert sorted(r["applied"]) == sorted(set(support.V033_ENTRIES) - cuda_only), r
     assert r["failed"] == {} and r["pending"] == {} and r["unsupported"] is None
     assert all(r["skipped"][n] == "not for target cpu" for n in cuda_only)
-    # the chunk end's layers: the mid-block stop (CUDA, the NPU) and the junction rule (vLLM 0.30)
-    assert r["skipped"]["gdn-chunk-end"].startswith("nothing to do on CPU with vLLM 0.33"), r
-    for n in ("gdn-checkpoint-block-size", "gdn-manager-cache", "copy-kernel"):
+    for n in ("gdn-checkpoint-block-size", "gdn-manager-cache", "gdn-manager-retire",
+              "gdn-manager-free", "copy-kernel"):
         assert r["skipped"][n].startswith("outside the support matrix"), n
     assert r["config"] is True and r["copy"] is False and r["sched"] is False
 

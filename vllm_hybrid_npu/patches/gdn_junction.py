@@ -42,10 +42,10 @@ hands the managers the prompt checkpoint or the chunk's last boundary past it
 (:meth:`JunctionRule.crossed`). Only with the prefix-match unit at the block, and only on vLLM
 0.30 (:data:`BUDGET_VERSIONS`).
 
-On vLLM 0.32 the junction rule applies as on 0.30 (:data:`VERSIONS`): its split, ``MambaManager``
-and ``KVCacheManager.allocate_slots`` keep 0.30's contracts for it (the prompt checkpoint in column
+On vLLM 0.32 and 0.33 the junction rule applies as on 0.30 (:data:`VERSIONS`): their split,
+``MambaManager`` and ``KVCacheManager.allocate_slots`` keep 0.30's contracts for it (the prompt checkpoint in column
 ``cdiv(end, block) - 2``, the junction among the boundaries ``cache_blocks`` keeps). Two
-differences are read from the engine: under sparse retention 0.32's manager reserves the prompt
+differences are read from the engine: under sparse retention their manager reserves the prompt
 checkpoint only on the chunk reaching the prefill end (:func:`reserves_final_chunk_only`), and
 ``--enable-mamba-shared-prefix-checkpoint`` makes vLLM stop at the junction itself and cache it
 there (:func:`exact_junction_stop`), where the rule defers to vLLM.
@@ -55,7 +55,7 @@ The Mamba managers are vLLM's ``MambaManager`` or a subclass (vllm-ascend's
 a row (a junction, the crossed boundary, the prompt's own) on vLLM 0.30's V2 runner, which
 receives the engine's list. Elsewhere (CUDA's V1 runner, FlashInfer,
 ``FLA_USE_FAST_OPS=1``, DCP / PCP / micro-batching; vllm-ascend's V2 runner, DCP, a KV connector;
-vLLM 0.33, not read here; EAGLE/MTP's block drop, logged)
+EAGLE/MTP's block drop, logged)
 nothing applies and vLLM stops at the junction, as before (:func:`~.gdn_prefill_checkpoint.junctions_off`). A junction the manager cannot place (its column not null) keeps nothing
 there: the chunk already ran past it, so a later sharer hits less, but no block is cached
 unwritten. Until: vLLM exports junction states inside the step itself (RFC #52959).
@@ -80,8 +80,10 @@ RULE = "_vhn_junction_rule"
 HINT = "_vhn_junction"
 #: Where the junction rule applies: vLLM's ``MambaManager`` reserves the chunk's prompt
 #: checkpoint in column ``cdiv(end, block) - 2`` and caches each full block at a reachable
-#: boundary (the junction is one), so a block placed in the junction's column is kept there.
-VERSIONS = ("0.30.0", "0.32.0")
+#: boundary (the junction is one), so a block placed in the junction's column is kept there
+#: (0.33: 0.32's split, manager and ``allocate_slots`` but for EAGLE/MTP's lookahead hashes,
+#: under which the rule is off).
+VERSIONS = ("0.30.0", "0.32.0", "0.33.0")
 #: Where prefill chunks also run to the token budget's end (:meth:`JunctionRule.budget_end`,
 #: :meth:`JunctionRule.crossed`): vLLM 0.30, read against its ``MambaManager``, which reserves a
 #: checkpoint on every chunk.
@@ -176,7 +178,7 @@ def checkpoint_managers(kv_cache_manager: Any) -> tuple:
 def exact_junction_stop(scheduler: Any) -> bool:
     """Whether vLLM's split of ``scheduler`` stops at the junction itself, not floored to the
     block, and its Mamba manager caches the state there (``cache_partial_block``): vLLM 0.30's
-    ``mamba_fine_grained_prefix_cache``, vLLM 0.32's ``mamba_shared_prefix_checkpoint``
+    ``mamba_fine_grained_prefix_cache``, vLLM 0.32's / 0.33's ``mamba_shared_prefix_checkpoint``
     (``--enable-mamba-shared-prefix-checkpoint``). vLLM carries that junction; the rule stays off."""
     return bool(getattr(scheduler, "mamba_fine_grained_prefix_cache", False)
                 or getattr(scheduler, "mamba_shared_prefix_checkpoint", False))
@@ -184,7 +186,7 @@ def exact_junction_stop(scheduler: Any) -> bool:
 
 def reserves_final_chunk_only(kv_cache_manager: Any) -> bool:
     """Whether the Mamba managers of ``kv_cache_manager`` reserve the prompt checkpoint only on the
-    chunk reaching the prefill end: vLLM 0.32's ``MambaManager.get_num_blocks_to_allocate`` takes
+    chunk reaching the prefill end: vLLM 0.32's / 0.33's ``MambaManager.get_num_blocks_to_allocate`` takes
     ``prefill_end``, which the coordinator passes at ``prefix_cache_retention_interval`` 0 (its
     default: only the replay boundary and junctions kept) and zeroes otherwise (a positive
     interval or None: every chunk's checkpoint reserved); vLLM 0.30's has no such parameter and
@@ -198,10 +200,11 @@ def reserves_final_chunk_only(kv_cache_manager: Any) -> bool:
 
 
 def junction_rule(scheduler: Any, budget: bool = True) -> JunctionRule | None:
-    """The :class:`JunctionRule` of vLLM 0.30's or 0.32's ``scheduler`` (``Scheduler``) as its
-    align-mode configuration allows it, whatever the exporter path: None without align-mode Mamba
-    managers that declare prefill checkpoint blocks, with EAGLE's block drop or where vLLM stops
-    at the junction itself (:func:`exact_junction_stop`). ``budget``: the rule also runs chunks to
+    """The :class:`JunctionRule` of vLLM 0.30's, 0.32's or 0.33's ``scheduler`` (``Scheduler``) as
+    its align-mode configuration allows it, whatever the exporter path: None without align-mode
+    Mamba managers that declare prefill checkpoint blocks, with EAGLE's block drop (also where
+    vLLM 0.33's block hashes read lookahead tokens: ``num_hash_lookahead_tokens`` is 0 without it)
+    or where vLLM stops at the junction itself (:func:`exact_junction_stop`). ``budget``: the rule also runs chunks to
     the token budget's end. :func:`decide` adds the path's check; the lab's ``--target npu`` takes
     it as is (``vllm_hybrid_npu_lab.exporter.apply_junction_entries``)."""
     managers = checkpoint_managers(scheduler.kv_cache_manager)
@@ -304,7 +307,7 @@ def allocation_checkpoint(rule: JunctionRule, request: Any, start: int, end: int
 
 def place(manager: Any, request_id: str, position: int, before: int, out: list) -> None:
     """Put a new block in the column ``position // block - 1`` of ``request_id``'s blocks in
-    ``manager`` (vLLM 0.30's or 0.32's ``MambaManager``), the column vLLM's split would have cached the
+    ``manager`` (vLLM 0.30's, 0.32's or 0.33's ``MambaManager``), the column vLLM's split would have cached the
     junction's state in, after upstream's ``allocate_new_blocks`` returned ``out`` (the request's
     new columns, after a copy-on-write block for a new request's partial hit; ``before``: the
     request's block count before that call). ``out`` and the request's blocks name the same
@@ -328,7 +331,7 @@ def _make_chunk_end(upstream: Any, stack: Stack) -> Any:
     """Registry ``make`` of ``Scheduler._mamba_block_aligned_split`` (vLLM 0.30-0.33): one
     wrapper of two layers, the mid-block stop inside (CUDA, the NPU:
     ``gdn_prefill_checkpoint._make_mid_block_stop``) and the junction and token-budget rule
-    outside (:func:`_make_split`; vLLM 0.30 / 0.32, where :func:`decide` gives a rule). The rule's
+    outside (:func:`_make_split`; vLLM 0.30 / 0.32 / 0.33, where :func:`decide` gives a rule). The rule's
     second upstream call (the chunk without the junction stop) goes through the stop too."""
     inner = (gdn._make_mid_block_stop(upstream, stack) if stack.target in gdn.MID_BLOCK_TARGETS
              else upstream)

@@ -35,9 +35,9 @@ that writes one state per row). The blocks these hooks reserve are listed to the
 engine's plan (:mod:`.gdn_step_checkpoints`). The hooks wrap vLLM's classes, so vllm-ascend
 0.30.0rc2's ``AscendMambaManager`` (a subclass, ``patch/platform/patch_mamba_manager.py``) runs
 them under its own ``get_num_blocks_to_allocate``. The first four hooks apply on vLLM 0.30 and
-0.32 (:data:`JUNCTION_VERSIONS`), where the second block is off
+0.32 / 0.33 (:data:`JUNCTION_VERSIONS`), where the second block is off
 (:func:`.gdn_second_checkpoint.decide`); the caching, retiring and freeing hooks on 0.30 only
-(0.32 caches the prompt checkpoint at retention interval 0 itself).
+(0.32 and 0.33 cache the prompt checkpoint at retention interval 0 themselves).
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ from vllm_hybrid_npu.support import Stack
 
 VERSIONS = ("0.30.0",)
 #: The junction rule's hooks (``gdn-manager-engine``, ``-allocate``, ``-count``, ``-blocks``):
-#: also vLLM 0.32, whose ``MambaManager`` and ``KVCacheManager.allocate_slots`` keep 0.30's
+#: also vLLM 0.32 and 0.33, whose ``MambaManager`` and ``KVCacheManager.allocate_slots`` keep 0.30's
 #: contracts for them (:data:`.gdn_junction.VERSIONS`); the second block's hooks stay on 0.30.
 JUNCTION_VERSIONS = junction.VERSIONS
 TARGETS = ("cpu", "cuda", "npu")
@@ -65,7 +65,7 @@ logger = logging.getLogger("vllm_hybrid_npu")
 
 
 def decisions(scheduler: Any, stack: Stack) -> dict[str, str]:
-    """What the configuration of vLLM 0.30's / 0.32's ``scheduler`` decided for the engine's GDN
+    """What the configuration of vLLM 0.30's / 0.32's / 0.33's ``scheduler`` decided for the engine's GDN
     checkpoints, after :func:`.gdn_junction.decide` and :func:`.gdn_second_checkpoint.decide`
     ran on it: ``{"exporter", "junctions", "budget_chunks", "second", "drafter_drop"}``, each
     ``"on"`` (the exporter: its path), or ``"off"`` / ``"off (why)"``. Reads the decisions the
@@ -94,7 +94,7 @@ def decisions(scheduler: Any, stack: Stack) -> dict[str, str]:
 
 
 def _make_engine(upstream: Any, stack: Stack) -> Any:
-    """Registry ``make`` of vLLM 0.30's / 0.32's ``Scheduler.__init__``: after it, this engine's junction
+    """Registry ``make`` of vLLM 0.30's / 0.32's / 0.33's ``Scheduler.__init__``: after it, this engine's junction
     rule and second-block managers, decided once from its configuration, and one line naming
     every decision (:func:`decisions`)."""
     @functools.wraps(upstream)
@@ -109,7 +109,7 @@ def _make_engine(upstream: Any, stack: Stack) -> Any:
 
 
 def _make_allocate(upstream: Any, stack: Stack) -> Any:
-    """Registry ``make`` of vLLM 0.30's / 0.32's ``KVCacheManager.allocate_slots``: for a prefill chunk
+    """Registry ``make`` of vLLM 0.30's / 0.32's / 0.33's ``KVCacheManager.allocate_slots``: for a prefill chunk
     ``[start, end)`` (tokens: the request's computed tokens, plus the new local and external hit,
     plus ``num_new_tokens``), the junction rule's checkpoint for the junction managers
     (:data:`.gdn_junction.HINT`) and, for a prompt's final chunk, ``(start, prompt tokens)`` for
@@ -148,7 +148,7 @@ def _make_allocate(upstream: Any, stack: Stack) -> Any:
 
 
 def _make_count(upstream: Any, stack: Stack) -> Any:
-    """Registry ``make`` of vLLM 0.30's / 0.32's ``MambaManager.get_num_blocks_to_allocate``: upstream's
+    """Registry ``make`` of vLLM 0.30's / 0.32's / 0.33's ``MambaManager.get_num_blocks_to_allocate``: upstream's
     count, one more for a handed junction or crossed boundary, one more for a second block
     (not in vLLM's admission estimate, ``apply_admission_cap``, nor past the pool: vLLM's
     "not this step")."""
@@ -166,7 +166,7 @@ def _make_count(upstream: Any, stack: Stack) -> Any:
 
 
 def _make_blocks(upstream: Any, stack: Stack) -> Any:
-    """Registry ``make`` of vLLM 0.30's / 0.32's ``MambaManager.allocate_new_blocks``: upstream's new
+    """Registry ``make`` of vLLM 0.30's / 0.32's / 0.33's ``MambaManager.allocate_new_blocks``: upstream's new
     blocks, the handed junction's block put in its column, then the second block taken."""
     @functools.wraps(upstream)
     def allocate_new_blocks(self, request_id, *args, **kwargs):
