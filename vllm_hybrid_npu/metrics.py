@@ -158,7 +158,7 @@ def _prometheus_counters() -> dict[str, Any]:
                 "miss": Counter(
                     MISS_TOKENS,
                     "Prompt tokens that missed the prefix cache, by reason (partial_block, "
-                    "no_state, evicted, evicted_host, new).",
+                    "drafter_drop, no_state, evicted, evicted_host, new).",
                     [*labels, "reason"],
                 ),
             }

@@ -153,17 +153,24 @@ def _count_cached_states(scheduler: Any) -> int:
     return count
 
 
-def _miss_tracker(setup: Any, host_tier: bool) -> Any:
+def _miss_tracker(setup: Any, host_tier: bool, scheduler: Any = None) -> Any:
     """A ``MissTracker`` of the runtime's miss classifier (``vllm_hybrid_npu.core.miss_reasons``,
     issue 15 item 5) for this replay, or ``None`` while that module is not installed or prefix
-    caching is off (nothing is looked up, so nothing is missed for a reason)."""
+    caching is off (nothing is looked up, so nothing is missed for a reason). Under EAGLE/MTP's
+    block drop on ``scheduler`` (vLLM's ``Scheduler``), the drafter's drop unit as the runtime's
+    step counters read it (``drafter_drop_tokens``)."""
     if not setup.vllm_config.cache_config.enable_prefix_caching:
         return None
     try:
-        from vllm_hybrid_npu.core.miss_reasons import MissTracker
+        from vllm_hybrid_npu.core.miss_reasons import MissTracker, drafter_drop_tokens
     except ImportError:
         return None
-    return MissTracker(setup.hash_block_size, host_tier=host_tier, block_size=setup.block_size)
+    coordinator = getattr(getattr(scheduler, "kv_cache_manager", None), "coordinator", None)
+    drop = drafter_drop_tokens(bool(getattr(scheduler, "use_eagle_block_drop", False)),
+                               setup.block_size, setup.hash_block_size,
+                               bool(getattr(coordinator, "enable_partial_hash_hits", False)))
+    return MissTracker(setup.hash_block_size, host_tier=host_tier, block_size=setup.block_size,
+                       drop_tokens=drop)
 
 
 #: the exporter paths :func:`replay` models (its ``target``)
@@ -319,7 +326,7 @@ def replay(
         worker = SimulatedOffloadWorker(setup.kv_cache_config, link or HostLink())
 
     recorder = SplitRecorder(sched)
-    tracker = _miss_tracker(setup, host_tier=worker is not None)
+    tracker = _miss_tracker(setup, host_tier=worker is not None, scheduler=sched)
     n = len(requests)
     prompts, parents = carried_prompts(
         requests, lambda i, k: output_token(i, k), carry=carry_outputs

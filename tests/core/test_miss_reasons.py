@@ -14,6 +14,7 @@ from vllm_hybrid_npu.core.miss_reasons import (
     MissTracker,
     SeenBlocks,
     classify_miss,
+    drafter_drop_tokens,
 )
 
 NONE_SEEN = lambda j: False  # noqa: E731
@@ -142,3 +143,54 @@ def test_tracker_fine_grained_entries_are_full_blocks_and_the_prompt_tail():
     assert t.on_admit(h2, 129, 0, 0) == _c(evicted=64, partial_block=16 + 1, new=48)
     with pytest.raises(ValueError, match="prefix-match-unit"):
         MissTracker(hash_block_size=16, block_size=40)
+
+
+def test_drafter_drop_by_hand():
+    # 1000 tokens, hash block 100: a hit reaches at most R = 900. EAGLE/MTP's drop unit D = 100:
+    # vLLM's repeat of a cached prompt hits 800 (its lookup dropped [800, 900)).
+    got = classify_miss(1000, 800, 800, 100, ALL_SEEN, drop_tokens=100)
+    assert got == _c(partial_block=100, drafter_drop=100)
+    # the same counts without the drop read those 100 tokens as evicted, which they are not
+    assert classify_miss(1000, 800, 800, 100, ALL_SEEN) == _c(partial_block=100, evicted=100)
+    # a cold prompt under the drop: nothing had an entry, so nothing is the drafter's
+    assert classify_miss(1000, 0, 0, 100, NONE_SEEN, drop_tokens=100) == _c(new=900, partial_block=100)
+    # fine-grained hits off (D = the 300-token block, hash block 100): R_D = 900, [600, 900) dropped
+    assert classify_miss(1000, 600, 600, 100, ALL_SEEN, drop_tokens=300) == _c(
+        partial_block=100, drafter_drop=300)
+    # a hit below the drop range with attention blocks up to it: no state there, then the drop
+    assert classify_miss(1000, 300, 800, 100, ALL_SEEN, drop_tokens=100) == _c(
+        partial_block=100, no_state=500, drafter_drop=100)
+    with pytest.raises(ValueError, match="drop_tokens"):
+        classify_miss(1000, 0, 0, 100, NONE_SEEN, drop_tokens=150)
+
+
+def test_drafter_drop_unit():
+    assert drafter_drop_tokens(False, 384, 64, True) == 0
+    assert drafter_drop_tokens(True, 384, 384, False) == 384
+    assert drafter_drop_tokens(True, 384, 64, True) == 64  # --prefix-match-unit 64, fine-grained
+    assert drafter_drop_tokens(True, 384, 64, False) == 384  # fine-grained hits disabled
+    with pytest.raises(ValueError, match="multiple"):
+        drafter_drop_tokens(True, 100, 64, True)
+
+
+def test_counts_add_up_under_the_drafter_drop():
+    seed = random.randrange(1 << 30)
+    rng = random.Random(seed)
+    for _ in range(2000):
+        u = rng.choice([1, 4, 16, 64, 256])
+        d = u * rng.choice([1, 1, 2, 6])
+        n = rng.randrange(0, 3000)
+        hit = rng.randrange(0, n + 1)
+        attn = rng.randrange(0, n + 1)
+        flags = [rng.choice((NEVER, COMPUTED, ENTRY)) for _ in range(n // u + 1)]
+        got = classify_miss(n, hit, attn, u, flags, host_tier=rng.random() < 0.5, drop_tokens=d)
+        plain = classify_miss(n, hit, attn, u, flags)
+        assert sum(got.values()) == n - hit, f"seed={seed}"
+        assert min(got.values()) >= 0, f"seed={seed}"
+        # the drop only moves tokens of the drop range out of evicted into drafter_drop
+        r = max(((n - 1) // u) * u, 0) if n else 0
+        hi = min(((n - 1) // d) * d, r) if n else 0
+        assert got["drafter_drop"] <= max(hi - max(hi - d, hit, 0), 0), f"seed={seed}"
+        assert got["drafter_drop"] + got["evicted"] + got["evicted_host"] == \
+            plain["evicted"] + plain["evicted_host"], f"seed={seed}"
+        assert all(got[k] == plain[k] for k in ("new", "partial_block", "no_state")), f"seed={seed}"

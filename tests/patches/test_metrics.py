@@ -52,7 +52,7 @@ def patched():
         assert not hook.applied()
 
 
-def _scheduler(cfg, max_num_batched_tokens):
+def _scheduler(cfg, max_num_batched_tokens, spec=None):
     from vllm.utils.hashing import get_hash_fn_by_name
     from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
     from vllm.v1.core.sched.scheduler import Scheduler
@@ -62,6 +62,8 @@ def _scheduler(cfg, max_num_batched_tokens):
                         max_num_batched_tokens=max_num_batched_tokens)
     assert setup.block_size == BS
     vc = setup.vllm_config
+    if spec is not None:  # a speculative configuration, set as vLLM would before the scheduler
+        spec(vc, setup.kv_cache_config)
     hash_fn = get_hash_fn_by_name(vc.cache_config.prefix_caching_hash_algo)
     init_none_hash(hash_fn)
     sched = Scheduler(
@@ -137,7 +139,7 @@ def test_shared_prefix_misses_and_moves_by_hand(cfg, patched):
     #   r1: attention holds r0's 6 shared blocks, no state there -> no_state 1536, block 6 new;
     #   r2, r3: hit 1536 (r1's junction state), block 6 new (256).
     assert hook.miss_totals(sched) == {
-        "partial_block": 4 * 208, "no_state": 1536, "evicted": 0, "evicted_host": 0,
+        "partial_block": 4 * 208, "drafter_drop": 0, "no_state": 1536, "evicted": 0, "evicted_host": 0,
         "new": 1792 + 3 * 256,
     }, f"seed={seed}"
     assert t["requests"] == 4 and t["hit_tokens"] == 2 * 1536 and t["prompt_tokens"] == 8000
@@ -161,8 +163,47 @@ def test_evicted_after_a_prefix_cache_reset(cfg, patched):
     assert sched.reset_prefix_cache()
     _run_one(sched, hasher, "b", prompt, 2, stats)
     assert hook.miss_totals(sched) == {
-        "partial_block": 2 * 232, "no_state": 0, "evicted": 768, "evicted_host": 0, "new": 768,
+        "partial_block": 2 * 232, "drafter_drop": 0, "no_state": 0, "evicted": 768,
+        "evicted_host": 0, "new": 768,
     }, f"seed={seed}"
+
+
+def test_drafter_drop_is_its_own_miss_reason(cfg, patched):
+    """Under EAGLE/MTP (the lab's stand-in for vLLM 0.30's ``SpeculativeConfig``, ``k``
+    speculative tokens drawn, the Mamba groups' speculative blocks set as vLLM sets them), an
+    ``N``-token prompt, then its exact repeat, on vLLM's real scheduler (align mode, no exporter).
+    By hand, with ``R = (N - 1) // 256 * 256`` and the drop unit ``D`` = the 256-token block (no
+    prefix-match unit): the cold prompt misses ``R`` new and ``N - R`` partial tokens; the repeat
+    hits ``R - D`` (vLLM's premise, asserted: its checkpoint sits one block lower under the drop)
+    and misses ``N - R`` partial and ``D`` for the drafter's drop, none evicted, though every block
+    below ``R`` had a cache entry."""
+    import dataclasses
+
+    import vllm
+    from vllm.v1.kv_cache_interface import MambaSpec
+
+    from vllm_hybrid_npu_lab.model import mtp_config
+
+    if not vllm.__version__.startswith("0.30."):
+        pytest.skip(f"the stand-in SpeculativeConfig is vLLM 0.30's (installed: {vllm.__version__})")
+    seed = random.randrange(1 << 30)
+    rng = random.Random(seed)
+    k, n = rng.choice((1, 2, 3)), rng.randrange(3 * BS + 1, 8 * BS + 1)
+    r = (n - 1) // BS * BS
+    prompt = [rng.randrange(1000, 30000) for _ in range(n)]
+    sched, hasher = _scheduler(cfg, 4096, spec=lambda vc, kvc: (
+        object.__setattr__(vc, "speculative_config", mtp_config(k)),
+        [setattr(g, "kv_cache_spec", dataclasses.replace(g.kv_cache_spec, num_speculative_blocks=k))
+         for g in kvc.kv_cache_groups if isinstance(g.kv_cache_spec, MambaSpec)]))
+    where = f"seed={seed}, k={k}, N={n}, R={r}"
+    assert sched.use_eagle_block_drop, where
+    stats = []
+    _run_one(sched, hasher, "a", prompt, 2, stats)
+    assert hook.miss_totals(sched) == {**dict.fromkeys(REASONS, 0), "new": r, "partial_block": n - r}, where
+    chunks = _run_one(sched, hasher, "b", prompt, 2, stats)
+    assert n - sum(chunks[:-1]) == r - BS, f"{where}: premise: vLLM's repeat hit, chunks {chunks}"
+    assert hook.miss_totals(sched) == {**dict.fromkeys(REASONS, 0), "new": r,
+                                       "partial_block": 2 * (n - r), "drafter_drop": BS}, where
 
 
 def test_scheduler_stats_field_survives_vllm_msgpack():

@@ -22,6 +22,15 @@ tokens a KV connector loads; ``NewRequestData.num_computed_tokens`` at first sch
     were computed before but never got an entry of their own: vLLM registers entries only at
     full cache blocks and at each prompt's last hash boundary, so a shared prefix that ends
     inside a cache block is not reachable even though its tokens were computed.
+``drafter_drop``
+    under EAGLE/MTP speculative decoding, tokens of the drop range ``[R_D - D, R_D)`` (``R_D =
+    ((N - 1) // D) * D``, from ``H`` on) that had a cache entry before (they would otherwise
+    count as ``evicted``): vLLM's lookup drops the last matched attention block, one drop unit
+    ``D`` (``KVCacheCoordinator.find_longest_cache_hit``'s ``eagle_margin`` in vLLM 0.30-0.33:
+    the hash block where fine-grained hits are on, else the cache block), so that the drafter
+    has the KV past the hit, and no hit reaches that range. A repeat of a cached prompt misses
+    its last ``D`` reachable tokens for that reason alone; never-computed tokens there stay
+    ``new``.
 ``no_state``
     ``min(A, R) - H``: attention blocks cached, but no GDN/Mamba state (conv + SSM state) at
     any boundary past ``H`` (align mode keeps a state only at some block boundaries).
@@ -37,7 +46,7 @@ tokens a KV connector loads; ``NewRequestData.num_computed_tokens`` at first sch
     before (as far as the bounded memory of :class:`SeenBlocks` reaches: a block cached longer
     ago than its capacity counts as ``new``).
 
-The five counts add up to ``N - H`` exactly.
+The six counts add up to ``N - H`` exactly; ``drafter_drop`` is 0 without a drafter.
 """
 
 from __future__ import annotations
@@ -45,7 +54,8 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Iterable, Sequence
 
 #: Miss reasons, in the order the classification assigns them.
-REASONS: tuple[str, ...] = ("partial_block", "no_state", "evicted", "evicted_host", "new")
+REASONS: tuple[str, ...] = ("partial_block", "drafter_drop", "no_state", "evicted", "evicted_host",
+                             "new")
 
 #: Default number of block hashes :class:`SeenBlocks` remembers when no capacity is given.
 DEFAULT_SEEN_CAPACITY = 1 << 18
@@ -62,6 +72,7 @@ def classify_miss(
     hash_block_size: int,
     seen: Callable[[int], int] | Sequence[int],
     host_tier: bool = False,
+    drop_tokens: int = 0,
 ) -> dict[str, int]:
     """Split the ``num_tokens - hit_tokens`` missed prompt tokens of one request by reason.
 
@@ -78,18 +89,24 @@ def classify_miss(
             ``[max(A, H) // U, R // U)``.
         host_tier: a KV offloading connector (host tier) is configured: blocks seen before are
             ``evicted_host`` instead of ``evicted``.
+        drop_tokens: the drafter's drop unit ``D`` (tokens, a multiple of ``hash_block_size``;
+            :func:`drafter_drop_tokens`), 0 without EAGLE/MTP's block drop.
 
     Returns:
         ``{reason: tokens}`` for every reason in :data:`REASONS` (ints >= 0) summing to
         ``num_tokens - hit_tokens``.
 
     Raises:
-        ValueError: ``hash_block_size`` <= 0, or ``hit_tokens`` outside ``[0, num_tokens]``.
+        ValueError: ``hash_block_size`` <= 0, ``hit_tokens`` outside ``[0, num_tokens]``, or
+            ``drop_tokens`` negative or not a multiple of ``hash_block_size``.
     """
     if hash_block_size <= 0:
         raise ValueError(f"hash_block_size must be > 0 tokens, got {hash_block_size}")
     if not 0 <= hit_tokens <= num_tokens:
         raise ValueError(f"hit_tokens={hit_tokens} outside [0, num_tokens={num_tokens}]")
+    if drop_tokens < 0 or drop_tokens % hash_block_size:
+        raise ValueError(f"drop_tokens={drop_tokens} must be a multiple >= 0 of "
+                         f"hash_block_size={hash_block_size}")
     u = hash_block_size
     out = dict.fromkeys(REASONS, 0)
     reach = max(((num_tokens - 1) // u) * u, 0) if num_tokens > 0 else 0
@@ -97,6 +114,9 @@ def classify_miss(
     out["partial_block"] = num_tokens - lo
     if hit_tokens >= reach:
         return out
+    # the drafter's drop: hash blocks in [drop_lo, drop_hi), on the hash grid
+    drop_hi = min(((num_tokens - 1) // drop_tokens) * drop_tokens, reach) if drop_tokens else 0
+    drop_lo = max(drop_hi - drop_tokens, 0)
     attn = min(max(cached_prefix_tokens, hit_tokens), reach)
     out["no_state"] = attn - hit_tokens
     state = seen if callable(seen) else seen.__getitem__
@@ -113,12 +133,32 @@ def classify_miss(
         lo = max((first + i) * u, attn)
         n = min((first + i + 1) * u, reach) - lo
         if i <= k:
-            out[evicted_key] += n
+            out["drafter_drop" if drop_lo <= (first + i) * u < drop_hi else evicted_key] += n
         elif v >= COMPUTED:
             out["partial_block"] += n
         else:
             out["new"] += n
     return out
+
+
+def drafter_drop_tokens(block_drop: bool, block_size: int, hash_block_size: int,
+                        partial_hash_hits: bool) -> int:
+    """The drafter's drop unit ``D`` (tokens) of :func:`classify_miss`: 0 without EAGLE/MTP's
+    block drop (``block_drop``: vLLM's ``Scheduler.use_eagle_block_drop``); else
+    ``hash_block_size`` where the coordinator's fine-grained hits are on
+    (``partial_hash_hits``: ``KVCacheCoordinator.enable_partial_hash_hits``, a
+    ``--prefix-match-unit`` below the block) and ``block_size`` (the scheduler's block, tokens)
+    otherwise, as vLLM 0.30-0.33's ``find_longest_cache_hit`` sizes its ``eagle_margin``.
+
+    Raises:
+        ValueError: ``block_size`` not a positive multiple of ``hash_block_size`` (> 0).
+    """
+    if hash_block_size <= 0 or block_size <= 0 or block_size % hash_block_size:
+        raise ValueError(f"block_size={block_size} must be a positive multiple of "
+                         f"hash_block_size={hash_block_size}")
+    if not block_drop:
+        return 0
+    return hash_block_size if partial_hash_hits and block_size > hash_block_size else block_size
 
 
 def _verdict(v: int | bool) -> int:
@@ -186,13 +226,15 @@ class MissTracker:
             size).
         block_size: tokens per cache block (int, a multiple of ``hash_block_size``).
         host_tier: whether a KV offloading connector is configured (bool).
+        drop_tokens: the drafter's drop unit (tokens, :func:`drafter_drop_tokens`; 0: none).
         seen: the :class:`SeenBlocks` memory.
         totals: ``{reason: tokens}`` since creation (ints); also ``"requests"`` and
             ``"prompt_tokens"`` (classified requests and their tokens) and ``"hit_tokens"``.
 
     Raises:
-        ValueError: ``hash_block_size`` <= 0, ``capacity`` <= 0, or ``block_size`` not a
-            positive multiple of ``hash_block_size``.
+        ValueError: ``hash_block_size`` <= 0, ``capacity`` <= 0, ``block_size`` not a
+            positive multiple of ``hash_block_size``, or ``drop_tokens`` not a multiple >= 0 of
+            it.
     """
 
     def __init__(
@@ -201,6 +243,7 @@ class MissTracker:
         host_tier: bool = False,
         capacity: int = DEFAULT_SEEN_CAPACITY,
         block_size: int | None = None,
+        drop_tokens: int = 0,
     ) -> None:
         if hash_block_size <= 0:
             raise ValueError(f"hash_block_size must be > 0 tokens, got {hash_block_size}")
@@ -212,6 +255,10 @@ class MissTracker:
         self.hash_block_size = int(hash_block_size)
         self.block_size = int(block_size) if block_size else self.hash_block_size
         self.host_tier = bool(host_tier)
+        if drop_tokens < 0 or drop_tokens % self.hash_block_size:
+            raise ValueError(f"drop_tokens={drop_tokens} must be a multiple >= 0 of "
+                             f"hash_block_size={hash_block_size}")
+        self.drop_tokens = int(drop_tokens)
         self.seen = SeenBlocks(capacity)
         self.totals: dict[str, int] = self._zero()
         self._pending: dict[str, int] = self._zero()
@@ -249,6 +296,7 @@ class MissTracker:
             self.hash_block_size,
             lambda j: get(block_hashes[j], NEVER) if j < nh else NEVER,
             self.host_tier,
+            self.drop_tokens,
         )
         for acc in (self.totals, self._pending):
             for k, v in counts.items():

@@ -67,7 +67,7 @@ import functools
 import logging
 from typing import Any
 
-from vllm_hybrid_npu.core.miss_reasons import REASONS, MissTracker
+from vllm_hybrid_npu.core.miss_reasons import REASONS, MissTracker, drafter_drop_tokens
 from vllm_hybrid_npu.patches.registry import Patch
 from vllm_hybrid_npu.support import Stack
 
@@ -150,21 +150,25 @@ class StepCounters:
             hbs = int(getattr(scheduler, "hash_block_size", None) or bs)
             kvc = scheduler.kv_cache_config
             cap = max(4 * int(getattr(kvc, "num_blocks", 0)) * max(bs // hbs, 1), 1 << 16)
+            tbs = bs if bs % hbs == 0 else hbs
             self.tracker = MissTracker(
-                hbs, host_tier=_host_tier(scheduler), capacity=cap,
-                block_size=bs if bs % hbs == 0 else hbs,
+                hbs, host_tier=_host_tier(scheduler), capacity=cap, block_size=tbs,
+                drop_tokens=drafter_drop_tokens(
+                    bool(getattr(scheduler, "use_eagle_block_drop", False)), tbs, hbs,
+                    bool(getattr(getattr(kvm, "coordinator", None), "enable_partial_hash_hits",
+                                 False))),
             )
             setattr(kvm, TRACKER_ATTR, self.tracker)
         self._broken = False
         logger.info(
             "vllm-hybrid-npu: step counters on: align=%s, GDN/Mamba block %s tokens, %d bytes "
             "per state move; miss reasons %s (cache block %s, hash block %s tokens; "
-            "cache_config.block_size %s)",
+            "cache_config.block_size %s; the drafter's block drop %s tokens)",
             self.align, self.block_size, self.bytes_per_move,
             "on" if self.tracker else "off (prefix caching off)",
             self.tracker.block_size if self.tracker else "-",
             self.tracker.hash_block_size if self.tracker else "-",
-            cache_config.block_size,
+            cache_config.block_size, self.tracker.drop_tokens if self.tracker else "-",
         )
 
     def on_schedule(self, scheduler: Any, out: Any) -> None:
