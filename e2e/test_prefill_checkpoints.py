@@ -1487,7 +1487,7 @@ def _chunk_checkpoints_by_hand(d: dict[str, int], block: int, mode: str) -> list
     any retention but 0 (``all``) and dropped with ``final``. The final chunk leaves the prompt's
     checkpoint ``(n - 1) // B * B`` (kept in both modes); its running state is cached as a
     non-final chunk's is: where ``n`` is a block boundary on the retention grid (the draw's final
-    chunk may be ``bB`` tokens), not where it ends inside a block."""
+    chunk may end on one), not where it ends inside a block."""
     b, rb, k, n = d["b"], d["rb"], d["k"], d["n"]
     ends = {i * b * block for i in range(1, k + 1) if (i * b) % rb == 0}
     if n % block == 0 and (n // block) % rb == 0:

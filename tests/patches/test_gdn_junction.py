@@ -456,6 +456,11 @@ def test_rule_takes_mamba_manager_subclasses(monkeypatch):
     rule = mod.decide(sched, Stack("cpu", "0.30.0"))
     assert rule is not None and rule.managers == (ours, vllms)
     assert mod.is_mamba_manager(ours) and not mod.is_mamba_manager(other)
+    # vLLM 0.33 with an EAGLE/MTP drafter's lookahead block hashes (its block drop then off):
+    # the checkpoint positions read the lookahead, the rule's do not, so there is no rule
+    fields = {k: v for k, v in vars(sched).items() if k != mod.RULE}
+    assert mod.junction_rule(types.SimpleNamespace(**fields, num_hash_lookahead_tokens=2)) is None
+    assert mod.junction_rule(types.SimpleNamespace(**fields, num_hash_lookahead_tokens=0)) is not None
 
 
 def test_mid_block_stop_stands_aside_where_the_step_writes_the_boundary(monkeypatch):

@@ -170,13 +170,20 @@ def test_evicted_after_a_prefix_cache_reset(cfg, patched):
 
 def test_drafter_drop_is_its_own_miss_reason(cfg, patched):
     """Under EAGLE/MTP (the lab's stand-in for vLLM 0.30's ``SpeculativeConfig``, ``k``
-    speculative tokens drawn, the Mamba groups' speculative blocks set as vLLM sets them), an
-    ``N``-token prompt, then its exact repeat, on vLLM's real scheduler (align mode, no exporter).
-    By hand, with ``R = (N - 1) // 256 * 256`` and the drop unit ``D`` = the 256-token block (no
-    prefix-match unit): the cold prompt misses ``R`` new and ``N - R`` partial tokens; the repeat
-    hits ``R - D`` (vLLM's premise, asserted: its checkpoint sits one block lower under the drop)
-    and misses ``N - R`` partial and ``D`` for the drafter's drop, none evicted, though every block
-    below ``R`` had a cache entry."""
+    speculative tokens drawn, the Mamba groups' speculative blocks set as vLLM sets them), on
+    vLLM's real scheduler (align mode, no exporter): an ``N``-token prompt, its exact repeat,
+    then a sharer of its first ``S`` tokens (``2B <= S <= R - B``) with a fresh tail of ``B`` to
+    ``2B`` tokens. By hand, with ``R = (N - 1) // B * B`` and the drop unit ``D = B`` (no
+    prefix-match unit):
+
+    * cold: ``R`` new, ``N - R`` partial;
+    * repeat: hits ``R - D`` (vLLM's premise, asserted: its checkpoint sits one unit lower under
+      the drop); misses ``N - R`` partial and ``D`` for the drafter, none evicted, though every
+      block below ``R`` had a cache entry;
+    * sharer (``N'`` tokens, ``R' = (N' - 1) // B * B``): the attention lookup matches the
+      ``L = S // B * B`` tokens of whole shared blocks and drops the last block, so ``A = L - D``;
+      no GDN state below ``R - B``, so it hits 0 (asserted) and misses ``A`` no_state, ``D`` for
+      the drafter, ``R' - L`` new and ``N' - R'`` partial."""
     import dataclasses
 
     import vllm
@@ -188,22 +195,33 @@ def test_drafter_drop_is_its_own_miss_reason(cfg, patched):
         pytest.skip(f"the stand-in SpeculativeConfig is vLLM 0.30's (installed: {vllm.__version__})")
     seed = random.randrange(1 << 30)
     rng = random.Random(seed)
-    k, n = rng.choice((1, 2, 3)), rng.randrange(3 * BS + 1, 8 * BS + 1)
+    k, n = rng.choice((1, 2, 3)), rng.randrange(5 * BS + 1, 8 * BS + 1)
     r = (n - 1) // BS * BS
+    s = rng.randrange(2 * BS, r - BS + 1)
     prompt = [rng.randrange(1000, 30000) for _ in range(n)]
+    sharer = prompt[:s] + [rng.randrange(30000, 40000) for _ in range(rng.randrange(BS, 2 * BS + 1))]
+    n2, lf = len(sharer), s // BS * BS
+    r2 = (n2 - 1) // BS * BS
     sched, hasher = _scheduler(cfg, 4096, spec=lambda vc, kvc: (
         object.__setattr__(vc, "speculative_config", mtp_config(k)),
         [setattr(g, "kv_cache_spec", dataclasses.replace(g.kv_cache_spec, num_speculative_blocks=k))
          for g in kvc.kv_cache_groups if isinstance(g.kv_cache_spec, MambaSpec)]))
-    where = f"seed={seed}, k={k}, N={n}, R={r}"
+    where = f"seed={seed}, k={k}, N={n}, R={r}, S={s}, N'={n2}"
     assert sched.use_eagle_block_drop, where
     stats = []
+    want = dict.fromkeys(REASONS, 0)
     _run_one(sched, hasher, "a", prompt, 2, stats)
-    assert hook.miss_totals(sched) == {**dict.fromkeys(REASONS, 0), "new": r, "partial_block": n - r}, where
+    want.update(new=r, partial_block=n - r)
+    assert hook.miss_totals(sched) == want, where
     chunks = _run_one(sched, hasher, "b", prompt, 2, stats)
     assert n - sum(chunks[:-1]) == r - BS, f"{where}: premise: vLLM's repeat hit, chunks {chunks}"
-    assert hook.miss_totals(sched) == {**dict.fromkeys(REASONS, 0), "new": r,
-                                       "partial_block": 2 * (n - r), "drafter_drop": BS}, where
+    want.update(partial_block=2 * (n - r), drafter_drop=BS)
+    assert hook.miss_totals(sched) == want, where
+    chunks = _run_one(sched, hasher, "c", sharer, 2, stats)
+    assert sum(chunks[:-1]) == n2, f"{where}: premise: the sharer hits nothing, chunks {chunks}"
+    want.update(partial_block=want["partial_block"] + n2 - r2, no_state=lf - BS,
+                drafter_drop=2 * BS, new=r + r2 - lf)
+    assert hook.miss_totals(sched) == want, where
 
 
 def test_scheduler_stats_field_survives_vllm_msgpack():

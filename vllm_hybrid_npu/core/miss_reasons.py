@@ -23,14 +23,15 @@ tokens a KV connector loads; ``NewRequestData.num_computed_tokens`` at first sch
     full cache blocks and at each prompt's last hash boundary, so a shared prefix that ends
     inside a cache block is not reachable even though its tokens were computed.
 ``drafter_drop``
-    under EAGLE/MTP speculative decoding, tokens of the drop range ``[R_D - D, R_D)`` (``R_D =
-    ((N - 1) // D) * D``, from ``H`` on) that had a cache entry before (they would otherwise
-    count as ``evicted``): vLLM's lookup drops the last matched attention block, one drop unit
-    ``D`` (``KVCacheCoordinator.find_longest_cache_hit``'s ``eagle_margin`` in vLLM 0.30-0.33:
-    the hash block where fine-grained hits are on, else the cache block), so that the drafter
-    has the KV past the hit, and no hit reaches that range. A repeat of a cached prompt misses
-    its last ``D`` reachable tokens for that reason alone; never-computed tokens there stay
-    ``new``.
+    under EAGLE/MTP speculative decoding, ``[max(A, H), min(A + D, R))``: vLLM's attention lookup
+    matched ``A + D`` tokens and dropped the last drop unit ``D`` so that the drafter has the KV
+    past the hit (``FullAttentionManager.find_longest_cache_hit``, ``drop_eagle_block``: ``D`` =
+    ``min(alignment, block)``, the hash block where fine-grained hits are on, else the cache
+    block, vLLM 0.30-0.33), so ``A`` (``H`` where vLLM reports no longer attention prefix) is the
+    post-drop attention prefix and the next ``D`` tokens were cached. A repeat of a cached prompt
+    misses its last ``D`` reachable tokens for that reason alone; a sharer of a cached prefix the
+    last unit of the shared part. With ``A = H = 0`` nothing tells a prefix of exactly one unit
+    that the drop took from a miss: it counts as ``evicted`` or ``new``.
 ``no_state``
     ``min(A, R) - H``: attention blocks cached, but no GDN/Mamba state (conv + SSM state) at
     any boundary past ``H`` (align mode keeps a state only at some block boundaries).
@@ -114,11 +115,13 @@ def classify_miss(
     out["partial_block"] = num_tokens - lo
     if hit_tokens >= reach:
         return out
-    # the drafter's drop: hash blocks in [drop_lo, drop_hi), on the hash grid
-    drop_hi = min(((num_tokens - 1) // drop_tokens) * drop_tokens, reach) if drop_tokens else 0
-    drop_lo = max(drop_hi - drop_tokens, 0)
     attn = min(max(cached_prefix_tokens, hit_tokens), reach)
     out["no_state"] = attn - hit_tokens
+    # the drafter's drop: the attention group matched [0, A + D) and dropped [A, A + D)
+    a = max(cached_prefix_tokens, hit_tokens)
+    if drop_tokens and a > 0:
+        past = max(min(a + drop_tokens, reach), attn)
+        out["drafter_drop"], attn = past - attn, past
     state = seen if callable(seen) else seen.__getitem__
     if attn >= reach:
         return out
@@ -133,7 +136,7 @@ def classify_miss(
         lo = max((first + i) * u, attn)
         n = min((first + i + 1) * u, reach) - lo
         if i <= k:
-            out["drafter_drop" if drop_lo <= (first + i) * u < drop_hi else evicted_key] += n
+            out[evicted_key] += n
         elif v >= COMPUTED:
             out["partial_block"] += n
         else:

@@ -81,8 +81,8 @@ HINT = "_vhn_junction"
 #: Where the junction rule applies: vLLM's ``MambaManager`` reserves the chunk's prompt
 #: checkpoint in column ``cdiv(end, block) - 2`` and caches each full block at a reachable
 #: boundary (the junction is one), so a block placed in the junction's column is kept there
-#: (0.33: 0.32's split, manager and ``allocate_slots`` but for EAGLE/MTP's lookahead hashes,
-#: under which the rule is off).
+#: (0.33: 0.32's split, manager and ``allocate_slots`` but for the lookahead block hashes of an
+#: EAGLE/MTP drafter, which move the checkpoint positions; :func:`junction_rule` declines them).
 VERSIONS = ("0.30.0", "0.32.0", "0.33.0")
 #: Where prefill chunks also run to the token budget's end (:meth:`JunctionRule.budget_end`,
 #: :meth:`JunctionRule.crossed`): vLLM 0.30, read against its ``MambaManager``, which reserves a
@@ -202,14 +202,16 @@ def reserves_final_chunk_only(kv_cache_manager: Any) -> bool:
 def junction_rule(scheduler: Any, budget: bool = True) -> JunctionRule | None:
     """The :class:`JunctionRule` of vLLM 0.30's, 0.32's or 0.33's ``scheduler`` (``Scheduler``) as
     its align-mode configuration allows it, whatever the exporter path: None without align-mode
-    Mamba managers that declare prefill checkpoint blocks, with EAGLE's block drop (also where
-    vLLM 0.33's block hashes read lookahead tokens: ``num_hash_lookahead_tokens`` is 0 without it)
-    or where vLLM stops at the junction itself (:func:`exact_junction_stop`). ``budget``: the rule also runs chunks to
+    Mamba managers that declare prefill checkpoint blocks, with EAGLE's block drop, with vLLM
+    0.33's lookahead block hashes (``num_hash_lookahead_tokens``: an EAGLE/MTP drafter, where 0.33
+    turns the drop off; its checkpoint positions read the lookahead, which :meth:`JunctionRule.decide`
+    does not) or where vLLM stops at the junction itself (:func:`exact_junction_stop`). ``budget``: the rule also runs chunks to
     the token budget's end. :func:`decide` adds the path's check; the lab's ``--target npu`` takes
     it as is (``vllm_hybrid_npu_lab.exporter.apply_junction_entries``)."""
     managers = checkpoint_managers(scheduler.kv_cache_manager)
     if (not managers or not scheduler.mamba_has_prefill_checkpoint_blocks
-            or scheduler.use_eagle_block_drop or exact_junction_stop(scheduler)):
+            or scheduler.use_eagle_block_drop or getattr(scheduler, "num_hash_lookahead_tokens", 0)
+            or exact_junction_stop(scheduler)):
         return None
     return JunctionRule(scheduler.cache_config.block_size, scheduler.hash_block_size,
                         scheduler.mamba_prefill_checkpoint_alignment, False, managers,
