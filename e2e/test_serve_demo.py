@@ -122,7 +122,8 @@ def test_served_counters_explain_every_miss(cached_server, replay):
     text = cached_server.metrics()
     bs = block_size_from_metrics(text)
     miss = counters_by_label(text, "vllm_hybrid_npu:prefix_cache_miss_tokens_total", "reason")
-    assert set(miss) == {"partial_block", "no_state", "evicted", "evicted_host", "new"}
+    assert set(miss) == {"partial_block", "drafter_drop", "no_state", "evicted", "evicted_host", "new"}
+    assert miss["drafter_drop"] == 0  # no drafter in this server
     assert sum(miss.values()) == sum(r.prompt_tokens - r.cached_tokens for r in replay)
     # ... and vLLM's own counters of the same lookups (no KV connector here)
     queries = counter_from_metrics(text, "vllm:prefix_cache_queries_total")
