@@ -158,19 +158,17 @@ def _miss_tracker(setup: Any, host_tier: bool, scheduler: Any = None) -> Any:
     issue 15 item 5) for this replay, or ``None`` while that module is not installed or prefix
     caching is off (nothing is looked up, so nothing is missed for a reason). Under EAGLE/MTP's
     block drop on ``scheduler`` (vLLM's ``Scheduler``), the drafter's drop unit as the runtime's
-    step counters read it (``drafter_drop_tokens``)."""
+    step counters read it (``drafter_drop_unit``)."""
     if not setup.vllm_config.cache_config.enable_prefix_caching:
         return None
     try:
-        from vllm_hybrid_npu.core.miss_reasons import MissTracker, drafter_drop_tokens
+        from vllm_hybrid_npu.core.miss_reasons import MissTracker
+        from vllm_hybrid_npu.patches.vllm_v1_core_sched_scheduler import drafter_drop_unit
     except ImportError:
         return None
-    coordinator = getattr(getattr(scheduler, "kv_cache_manager", None), "coordinator", None)
-    drop = drafter_drop_tokens(bool(getattr(scheduler, "use_eagle_block_drop", False)),
-                               setup.block_size, setup.hash_block_size,
-                               bool(getattr(coordinator, "enable_partial_hash_hits", False)))
     return MissTracker(setup.hash_block_size, host_tier=host_tier, block_size=setup.block_size,
-                       drop_tokens=drop)
+                       drop_tokens=drafter_drop_unit(scheduler, setup.block_size,
+                                                     setup.hash_block_size))
 
 
 #: the exporter paths :func:`replay` models (its ``target``)

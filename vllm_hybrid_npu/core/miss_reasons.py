@@ -105,9 +105,7 @@ def classify_miss(
         raise ValueError(f"hash_block_size must be > 0 tokens, got {hash_block_size}")
     if not 0 <= hit_tokens <= num_tokens:
         raise ValueError(f"hit_tokens={hit_tokens} outside [0, num_tokens={num_tokens}]")
-    if drop_tokens < 0 or drop_tokens % hash_block_size:
-        raise ValueError(f"drop_tokens={drop_tokens} must be a multiple >= 0 of "
-                         f"hash_block_size={hash_block_size}")
+    _check_drop(drop_tokens, hash_block_size)
     u = hash_block_size
     out = dict.fromkeys(REASONS, 0)
     reach = max(((num_tokens - 1) // u) * u, 0) if num_tokens > 0 else 0
@@ -162,6 +160,12 @@ def drafter_drop_tokens(block_drop: bool, block_size: int, hash_block_size: int,
     if not block_drop:
         return 0
     return hash_block_size if partial_hash_hits and block_size > hash_block_size else block_size
+
+
+def _check_drop(drop_tokens: int, hash_block_size: int) -> None:
+    if drop_tokens < 0 or drop_tokens % hash_block_size:
+        raise ValueError(f"drop_tokens={drop_tokens} must be a multiple >= 0 of "
+                         f"hash_block_size={hash_block_size}")
 
 
 def _verdict(v: int | bool) -> int:
@@ -258,9 +262,7 @@ class MissTracker:
         self.hash_block_size = int(hash_block_size)
         self.block_size = int(block_size) if block_size else self.hash_block_size
         self.host_tier = bool(host_tier)
-        if drop_tokens < 0 or drop_tokens % self.hash_block_size:
-            raise ValueError(f"drop_tokens={drop_tokens} must be a multiple >= 0 of "
-                             f"hash_block_size={hash_block_size}")
+        _check_drop(drop_tokens, self.hash_block_size)
         self.drop_tokens = int(drop_tokens)
         self.seen = SeenBlocks(capacity)
         self.totals: dict[str, int] = self._zero()

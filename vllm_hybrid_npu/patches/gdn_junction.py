@@ -43,8 +43,9 @@ hands the managers the prompt checkpoint or the chunk's last boundary past it
 0.30 (:data:`BUDGET_VERSIONS`).
 
 On vLLM 0.32 and 0.33 the junction rule applies as on 0.30 (:data:`VERSIONS`): their split,
-``MambaManager`` and ``KVCacheManager.allocate_slots`` keep 0.30's contracts for it (the prompt checkpoint in column
-``cdiv(end, block) - 2``, the junction among the boundaries ``cache_blocks`` keeps). Two
+``MambaManager`` and ``KVCacheManager.allocate_slots`` keep 0.30's contracts for it (the prompt
+checkpoint in column ``cdiv(end, block) - 2``, the junction among the boundaries ``cache_blocks``
+keeps). Two
 differences are read from the engine: under sparse retention their manager reserves the prompt
 checkpoint only on the chunk reaching the prefill end (:func:`reserves_final_chunk_only`), and
 ``--enable-mamba-shared-prefix-checkpoint`` makes vLLM stop at the junction itself and cache it
@@ -203,10 +204,11 @@ def junction_rule(scheduler: Any, budget: bool = True) -> JunctionRule | None:
     """The :class:`JunctionRule` of vLLM 0.30's, 0.32's or 0.33's ``scheduler`` (``Scheduler``) as
     its align-mode configuration allows it, whatever the exporter path: None without align-mode
     Mamba managers that declare prefill checkpoint blocks, with EAGLE's block drop, with vLLM
-    0.33's lookahead block hashes (``num_hash_lookahead_tokens``: an EAGLE/MTP drafter, where 0.33
-    turns the drop off; its checkpoint positions read the lookahead, which :meth:`JunctionRule.decide`
-    does not) or where vLLM stops at the junction itself (:func:`exact_junction_stop`). ``budget``: the rule also runs chunks to
-    the token budget's end. :func:`decide` adds the path's check; the lab's ``--target npu`` takes
+    0.33's lookahead block hashes (``num_hash_lookahead_tokens``: an EAGLE/MTP drafter, where
+    0.33 turns the drop off; its checkpoint positions read the lookahead, which
+    :meth:`JunctionRule.decide` does not) or where vLLM stops at the junction itself
+    (:func:`exact_junction_stop`). ``budget``: the rule also runs chunks to the token budget's
+    end. :func:`decide` adds the path's check; the lab's ``--target npu`` takes
     it as is (``vllm_hybrid_npu_lab.exporter.apply_junction_entries``)."""
     managers = checkpoint_managers(scheduler.kv_cache_manager)
     if (not managers or not scheduler.mamba_has_prefill_checkpoint_blocks

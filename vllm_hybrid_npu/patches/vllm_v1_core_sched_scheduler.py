@@ -153,10 +153,7 @@ class StepCounters:
             tbs = bs if bs % hbs == 0 else hbs
             self.tracker = MissTracker(
                 hbs, host_tier=_host_tier(scheduler), capacity=cap, block_size=tbs,
-                drop_tokens=drafter_drop_tokens(
-                    bool(getattr(scheduler, "use_eagle_block_drop", False)), tbs, hbs,
-                    bool(getattr(getattr(kvm, "coordinator", None), "enable_partial_hash_hits",
-                                 False))),
+                drop_tokens=drafter_drop_unit(scheduler, tbs, hbs),
             )
             setattr(kvm, TRACKER_ATTR, self.tracker)
         self._broken = False
@@ -256,6 +253,17 @@ class StepCounters:
                     if d[r]:
                         out[metrics.MISS_PREFIX + r] = d[r]
         return out or None
+
+
+def drafter_drop_unit(scheduler: Any, block_size: int, hash_block_size: int) -> int:
+    """:func:`~vllm_hybrid_npu.core.miss_reasons.drafter_drop_tokens` (tokens) read off vLLM's
+    ``scheduler``: its ``use_eagle_block_drop`` (0 where absent: vLLM 0.23, and 0.33 under
+    lookahead block hashes) and its coordinator's ``enable_partial_hash_hits``; ``block_size`` /
+    ``hash_block_size`` the miss classifier's (tokens). Raises ValueError as that function does."""
+    coordinator = getattr(getattr(scheduler, "kv_cache_manager", None), "coordinator", None)
+    return drafter_drop_tokens(bool(getattr(scheduler, "use_eagle_block_drop", False)), block_size,
+                               hash_block_size,
+                               bool(getattr(coordinator, "enable_partial_hash_hits", False)))
 
 
 def _host_tier(scheduler: Any) -> bool:
