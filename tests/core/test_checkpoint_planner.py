@@ -121,6 +121,21 @@ def test_junction_rule_by_hand():
     assert pc.junction_checkpoint(384, 1900, 1900, 1000, 384, 1536) == ("export", 768)
 
 
+def test_junction_rule_under_the_drafter_drop_by_hand():
+    # block 384 under EAGLE/MTP's block drop: a sharer of a 1,000-token prefix matches 768 in the
+    # attention lookup and drops a block, so its junction (the post-drop hit) is 384; a
+    # 1,500-token prompt's checkpoint is 1,499 // 384 * 384 - 384 = 768 (vLLM's function), in
+    # column cdiv(1500, 384) - 2 = 2: export 384 (column 0)
+    assert kv.get_mamba_prefill_checkpoint_position(1500, 384, True) == 768
+    assert pc.junction_checkpoint(0, 1500, 1500, 384, 384, 768) == ("export", 384)
+    # a sharer of 1,200 tokens (1,152 matched, 768 kept) in a 1,300-token prompt: its checkpoint
+    # 1,299 // 384 * 384 - 384 = 768 is the junction, the prompt's block takes it; read with
+    # the no-drop checkpoint (1,152) the rule would export 768 into a block of its own
+    assert kv.get_mamba_prefill_checkpoint_position(1300, 384, True) == 768
+    assert pc.junction_checkpoint(0, 1300, 1300, 768, 384, 768) == ("covered", 768)
+    assert pc.junction_checkpoint(0, 1300, 1300, 768, 384, 1152) == ("export", 768)
+
+
 def test_junction_columns_by_hand():
     # a row from 0 to 1,500 at block 384, its checkpoint in column 2: columns 0 and 1 are the
     # candidates; column 1 holds block 17 -> a junction at 768; null blocks (id 0) are none
@@ -201,6 +216,47 @@ def test_crossed_checkpoint_by_hand():
     assert pc.crossed_checkpoint(1280, 1500, 3000, 384) == 0
     # off the alignment from the start (a start at 1,300): none
     assert pc.crossed_checkpoint(1300, 3000, 3000, 384) == 0
+
+
+def test_crossed_checkpoint_under_the_drafter_drop_by_hand():
+    # block 384, a 3,000-token prompt under EAGLE/MTP's block drop: a repeat's attention lookup
+    # matches 2,999 // 384 = 7 blocks (2,688) and drops one, so it wants the state at 2,304
+    assert pc.drop_checkpoint(3000, 384) == 2304
+    assert pc.drop_checkpoint(3072, 384) == 2304  # 3,071 // 384 = 7 blocks too
+    assert pc.drop_checkpoint(400, 384) == 0
+    # a final chunk 1,280-3,000 (b1 1,536): 2,304 in a block of its own (no drop: 2,688);
+    # 1,280-2,000: 1,920 - 384 = 1,536 = b1, which the initial state's block holds: none
+    assert pc.crossed_checkpoint(1280, 3000, 3000, 384, drop=True) == 2304
+    assert pc.crossed_checkpoint(1280, 2000, 2000, 384, drop=True) == 0
+    # a non-final chunk 1,280-2,560 of 3,000: its last boundary 2,304 less one block, 1,920
+    # (a request sharing those tokens meanwhile hits 2,304 - 384); ending on the grid at 2,688
+    # (the running state holds 2,688): 2,304; ending at 2,000: 1,536 = b1, none
+    assert pc.crossed_checkpoint(1280, 2560, 3000, 384, drop=True) == 1920
+    assert pc.crossed_checkpoint(1280, 2688, 3000, 384, drop=True) == 2304
+    assert pc.crossed_checkpoint(1280, 2000, 3000, 384, drop=True) == 0
+    # a start on the grid (vLLM's manager reserves it) or off the alignment: none
+    assert pc.crossed_checkpoint(1152, 3000, 3000, 384, drop=True) == 0
+    assert pc.crossed_checkpoint(1300, 3000, 3000, 384, drop=True) == 0
+
+
+def test_drop_chunk_end_by_hand():
+    # block 384, a 3,000-token prompt, drop checkpoint 2,304 (no drop: 2,688). From 0 (on the
+    # grid) vLLM's manager reserves (end - 1) // 384 * 384 - 384: at end 2,560 that is 1,920,
+    # at 2,688 also 1,920 (2,687 // 384 = 6), so the chunk ends at 2,304; at 2,752: 2,304, kept
+    assert pc.drop_chunk_end(0, 2560, 3000, 384) == 2304
+    assert pc.drop_chunk_end(0, 2688, 3000, 384) == 2304
+    assert pc.drop_chunk_end(0, 2752, 3000, 384) == 2752
+    # ending at or below 2,304, or the final chunk: unchanged
+    assert pc.drop_chunk_end(0, 2304, 3000, 384) == 2304
+    assert pc.drop_chunk_end(0, 2240, 3000, 384) == 2240
+    assert pc.drop_chunk_end(0, 3000, 3000, 384) == 3000
+    # from 1,280 (off the grid, b1 1,536): ending at 2,560 it hands 1,920, so it ends at 2,304;
+    # ending at 2,688 it hands 2,304 itself; from 2,000 (b1 2,304) the initial state's block
+    # holds 2,304; from 2,304 or past it nothing is left to keep
+    assert pc.drop_chunk_end(1280, 2560, 3000, 384) == 2304
+    assert pc.drop_chunk_end(1280, 2688, 3000, 384) == 2688
+    assert pc.drop_chunk_end(2048, 2560, 3000, 384) == 2560
+    assert pc.drop_chunk_end(2304, 2560, 3000, 384) == 2560
 
 
 def test_second_checkpoint_by_hand():

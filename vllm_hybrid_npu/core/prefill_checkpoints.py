@@ -151,7 +151,7 @@ def mid_block_chunk(start: int, num_new_tokens: int, block: int) -> int:
 
 
 def crossed_checkpoint(start: int, end: int, num_prompt_tokens: int, block: int,
-                       alignment: int = ALIGNMENT) -> int:
+                       alignment: int = ALIGNMENT, drop: bool = False) -> int:
     """For a prefill chunk ``[start, end)`` (tokens) starting off the block grid: the position
     whose GDN state needs a block of its own in column ``position // block - 1``, or 0. vLLM
     0.30's align mode never runs such a chunk past its next block boundary ``b1 = (start //
@@ -161,15 +161,59 @@ def crossed_checkpoint(start: int, end: int, num_prompt_tokens: int, block: int,
     a new block: for the prompt's last chunk its checkpoint ``(end - 1) // block * block`` (where
     vLLM 0.30 places it), for an earlier chunk ending off the grid its last block boundary (where
     vLLM's split would have ended it). 0 when that is not past ``b1``, a start on the grid (vLLM
-    reserves those itself), or an offset off the alignment."""
+    reserves those itself), or an offset off the alignment.
+
+    ``drop``: EAGLE/MTP's block drop (vLLM's ``Scheduler.use_eagle_block_drop``, with the
+    prefix-match unit at the block). A later request's attention lookup then matches one block
+    past its hit and drops it, so its Mamba lookup needs the state exactly one block below
+    the no-drop position: for the last chunk :func:`drop_checkpoint` (vLLM's
+    ``get_mamba_prefill_checkpoint_position(end, block, True)``), for an earlier chunk its last
+    block boundary minus one block, on the grid or not (what a request sharing the chunk's
+    tokens hits while this one is in flight). Where that is ``b1`` the initial state's block
+    holds it."""
     if start % block == 0:
         return 0
     if end >= num_prompt_tokens:
-        position = (end - 1) // block * block
+        position = drop_checkpoint(end, block) if drop else (end - 1) // block * block
+    elif drop:
+        position = end // block * block - block
     else:
         position = end // block * block if end % block else 0
     b1 = (start // block + 1) * block
     return position if position > b1 and (position - start) % alignment == 0 else 0
+
+
+def drop_checkpoint(num_prompt_tokens: int, block: int) -> int:
+    """The prompt checkpoint under EAGLE/MTP's block drop (tokens): ``(num_prompt_tokens - 1) //
+    block * block - block`` (at least 0), vLLM 0.30's ``get_mamba_prefill_checkpoint_position(
+    num_prompt_tokens, block, drop_eagle_block=True)`` with the prefix-match unit at the block:
+    the hit length of a repeat (its attention lookup matches ``(n - 1) // block`` blocks and
+    drops the last), whose Mamba lookup wants the state at exactly that length."""
+    return max((num_prompt_tokens - 1) // block * block - block, 0)
+
+
+def drop_chunk_end(start: int, end: int, num_prompt_tokens: int, block: int,
+                   alignment: int = ALIGNMENT) -> int:
+    """The end (tokens) of a non-final prefill chunk ``[start, end)`` (``start`` and ``end`` on
+    the ``alignment`` grid, the prefix-match unit at the block) under EAGLE/MTP's block drop:
+    :func:`drop_checkpoint` ``p`` where the chunk would run past ``p`` without keeping its state,
+    else ``end``. No later chunk can write ``p`` once a chunk ended past it, so a repeat of the
+    prompt would hit one block lower. The chunk keeps ``p`` where vLLM 0.30's ``MambaManager``
+    reserves it (a start on the block grid: ``get_mamba_prefill_checkpoint_position(end, block,
+    True) == p``, an end in ``(p + block, p + 2 * block]``), or, from a start off the grid, where
+    :func:`crossed_checkpoint` hands it or it is ``b1`` (the initial state's block). Otherwise
+    the chunk ends at ``p`` itself (vLLM's own split floors such a chunk there: its block floor
+    and its last-cacheable-position stop), whose running state fills the block ending at ``p``.
+    A final chunk (``end >= num_prompt_tokens``) keeps ``end``."""
+    p = drop_checkpoint(num_prompt_tokens, block)
+    if end >= num_prompt_tokens or not start < p < end:
+        return end
+    if start % block == 0:
+        kept = {max((end - 1) // block * block - block, 0)}
+    else:
+        kept = {crossed_checkpoint(start, end, num_prompt_tokens, block, alignment, drop=True),
+                (start // block + 1) * block}
+    return end if p in kept else p
 
 
 def second_checkpoint(start: int, end: int, num_prompt_tokens: int, checkpoint_position: int,
