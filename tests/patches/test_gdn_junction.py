@@ -141,6 +141,43 @@ def test_manager_keeps_a_column_that_is_not_free():
     assert [b.block_id for b in out] == [0, 4, 5, 6]
 
 
+def test_manager_takes_a_column_vllm_freed_of_a_speculative_block():
+    """MTP (2 speculative blocks, block 384), by hand: a request with 8 columns before the call
+    (nulls, a checkpoint block in column 4, the running state's in 5, speculative blocks in 6
+    and 7). The next chunk's ``allocate_new_blocks`` moves the speculative blocks of columns 6
+    and 7, which the running state passed, to the end and nulls them; a crossed checkpoint at
+    2,688 (column 6) takes a new block there, not returned (the worker's table is append-only;
+    the engine's list names the block). A column that was null before the call (never a
+    speculative block) is not taken below ``before``, nor one vLLM left holding its block."""
+    def relocating(self, rid, num_tokens, main):
+        blocks = self.req_to_blocks[rid]
+        moved = [blocks[6], blocks[7]]
+        blocks[6] = blocks[7] = NULL
+        blocks += [Block(8), *moved]  # the new running block, then the spec blocks moved
+        return blocks[8:]
+
+    start = [NULL, NULL, NULL, NULL, Block(4), Block(5), Block(16), Block(17)]
+    m = _manager(list(start), {"r": 2688})
+    m.num_speculative_blocks = 2
+    out = M._make_blocks(relocating, None)(m, "r", 3000, 3000)
+    assert [b.block_id for b in m.req_to_blocks["r"]] == [0, 0, 0, 0, 4, 5, 99, 0, 8, 16, 17]
+    assert [b.block_id for b in out] == [8, 16, 17]
+    # column 3 (1,536): null before the call, below before: not taken
+    m = _manager(list(start), {"r": 1536})
+    m.num_speculative_blocks = 2
+    out = M._make_blocks(relocating, None)(m, "r", 3000, 3000)
+    assert [b.block_id for b in m.req_to_blocks["r"]] == [0, 0, 0, 0, 4, 5, 0, 0, 8, 16, 17]
+
+    def keeping(self, rid, num_tokens, main):  # vLLM kept column 6's block (a checkpoint there)
+        self.req_to_blocks[rid] += [Block(8)]
+        return self.req_to_blocks[rid][8:]
+
+    m = _manager(list(start), {"r": 2688})
+    m.num_speculative_blocks = 2
+    M._make_blocks(keeping, None)(m, "r", 3000, 3000)
+    assert [b.block_id for b in m.req_to_blocks["r"]] == [0, 0, 0, 0, 4, 5, 16, 17, 8]
+
+
 def _vllm_split(self, request, n, local=0, external=0):
     """vLLM 0.30's align-mode chunking without junctions, block ``B``: a non-final chunk floored
     to the block, a chunk starting mid-block stopped at its next boundary."""
@@ -297,6 +334,15 @@ def test_budget_rule_expected_from_the_configuration(monkeypatch):
     monkeypatch.delenv("VLLM_HYBRID_NPU_PREFILL_CHECKPOINTS", raising=False)
     report.pending["gdn-chunk-end"] = "vllm.v1.core.sched.scheduler"
     assert mod.budget_rule_expected(config(), "cpu")
+    # under EAGLE/MTP's block drop too: the budget rule's vLLM is one the rule takes the drop on
+    from vllm_hybrid_npu.patches import gdn_prefill_checkpoint as gpc
+    from vllm_hybrid_npu_lab.model import mtp_config
+
+    monkeypatch.setattr(gpc, "cpu_amx_tiles", lambda: False)
+    dropped = config()
+    dropped.speculative_config = mtp_config(1)
+    assert dropped.speculative_config.use_eagle_block_drop()
+    assert mod.budget_rule_expected(dropped, "cpu")
     # a prefix-match unit, caching off, a float32 model (no CPU exporter), another target
     assert not mod.budget_rule_expected(config(pmu=64), "cpu")
     assert not mod.budget_rule_expected(config(caching=False), "cpu")
@@ -461,6 +507,15 @@ def test_rule_takes_mamba_manager_subclasses(monkeypatch):
     fields = {k: v for k, v in vars(sched).items() if k != mod.RULE}
     assert mod.junction_rule(types.SimpleNamespace(**fields, num_hash_lookahead_tokens=2)) is None
     assert mod.junction_rule(types.SimpleNamespace(**fields, num_hash_lookahead_tokens=0)) is not None
+    # EAGLE/MTP's block drop: the rule takes the drop's positions where it was read against the
+    # drop (vLLM 0.30, DROP_VERSIONS); elsewhere (drop=False: vLLM 0.32) there is no rule
+    dropped = {**fields, "use_eagle_block_drop": True}
+    rule = mod.junction_rule(types.SimpleNamespace(**dropped))
+    assert rule is not None and rule.eagle_drop and not mod.junction_rule(types.SimpleNamespace(**fields)).eagle_drop
+    assert mod.junction_rule(types.SimpleNamespace(**dropped), drop=False) is None
+    assert mod.decide(types.SimpleNamespace(**dropped), Stack("cpu", "0.30.0")).eagle_drop
+    assert mod.decide(types.SimpleNamespace(**dropped), Stack("cpu", "0.32.0")) is None
+    assert mod.DROP_VERSIONS == ("0.30.0",)
 
 
 def test_mid_block_stop_stands_aside_where_the_step_writes_the_boundary(monkeypatch):

@@ -98,7 +98,7 @@ class Engine:
     """vLLM's real ``Scheduler`` for the tiny hybrid (block 256, prefix-match unit ``unit``, the
     exporter's checkpoint declared), with ``k`` MTP tokens (0: no speculative decoding)."""
 
-    def __init__(self, cfg, unit: int, k: int):
+    def __init__(self, cfg, unit: int, k: int, budget: int = BUDGET):
         from vllm.utils.hashing import get_hash_fn_by_name
         from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
         from vllm.v1.core.sched.scheduler import Scheduler
@@ -109,7 +109,7 @@ class Engine:
         from vllm_hybrid_npu_lab.upstream_grid import UpstreamSetting
 
         setup = build_setup(cfg, kv_cache_bytes=64 << 20, max_model_len=4096, block_size=B,
-                            prefill_checkpoints=True, max_num_batched_tokens=BUDGET,
+                            prefill_checkpoints=True, max_num_batched_tokens=budget,
                             tune=UpstreamSetting(pmu=None if unit == B else unit, ckpt=True).tune)
         vc = setup.vllm_config
         if k:  # as vLLM builds it: the config, and MambaBase.get_kv_cache_spec's spec blocks
@@ -126,7 +126,7 @@ class Engine:
         hash_fn = get_hash_fn_by_name(vc.cache_config.prefix_caching_hash_algo)
         init_none_hash(hash_fn)
         self.hasher = get_request_block_hasher(setup.hash_block_size, hash_fn)
-        self.n, self.outputs, self.reserved = 0, [], []
+        self.n, self.outputs, self.reserved, self.seen, self.unlisted = 0, [], [], set(), []
 
     @property
     def mamba(self):
@@ -166,6 +166,47 @@ class Engine:
                 req_ids=[req.request_id], req_id_to_index={req.request_id: 0},
                 sampled_token_ids=[[7] if done else []]))
         return hit, steps
+
+    def run_together(self, prompts):
+        """``prompts`` (``{request id: tokens}``, added in that order) to one output token each,
+        sharing the token budget: per request ``(hit tokens, prefill steps)``. After each
+        ``schedule()`` every Mamba block newly cached (``(block id, key length)`` not seen
+        before) must be one the step's explicit list names at that position for that request,
+        or the block ending at that request's chunk end (its running state); a violation is
+        recorded in :attr:`unlisted`."""
+        from vllm.v1.outputs import ModelRunnerOutput
+
+        reqs = {rid: self.request(p, rid) for rid, p in prompts.items()}
+        for req in reqs.values():
+            self.sched.add_request(req)
+        hits, steps = {}, dict.fromkeys(reqs, 0)
+        while self.sched.has_unfinished_requests():
+            out = self.sched.schedule()
+            self.outputs.append(out)
+            for new in out.scheduled_new_reqs:
+                hits[new.req_id] = new.num_computed_tokens
+            sent = getattr(out, P.ATTR, None) or {}
+            for rid in out.num_scheduled_tokens:
+                steps[rid] += 1
+                end = reqs[rid].num_computed_tokens  # schedule() advanced it by n already
+                for m in self.mamba:
+                    ids = [b.block_id for b in m.req_to_blocks[rid]]
+                    listed = {(pos, bid) for pos, bid, _ in sent.get(m.kv_cache_group_id, {}).get(rid, ())}
+                    if end % B == 0:
+                        listed.add((end, ids[end // B - 1]))
+                    for b in m.req_to_blocks[rid]:
+                        if b.is_null or b.block_hash is None:
+                            continue
+                        key = (b.block_id, b.block_hash_num_tokens)
+                        if key not in self.seen and (key[1], key[0]) not in listed:
+                            self.unlisted.append((rid, end, key, sorted(listed)))
+                        self.seen.add(key)
+            ids = list(out.num_scheduled_tokens)
+            self.sched.update_from_output(out, ModelRunnerOutput(
+                req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
+                sampled_token_ids=[[7] if reqs[r].num_computed_tokens >= reqs[r].num_tokens
+                                   else [] for r in ids]))
+        return {rid: (hits[rid], steps[rid]) for rid in reqs}
 
     def lookup(self, prompt):
         """The coordinator's hit for ``prompt`` now (read-only) and, per Mamba group, the key
@@ -304,9 +345,9 @@ def test_exporter_path_under_speculative_decoding(tiny_config, monkeypatch):
 @pytest.mark.parametrize("unit,k", [(B, 0), (64, 0), (B, 2)], ids=["block", "unit64", "mtp"])
 def test_one_line_names_what_the_configuration_decided(tiny_config, engine_entries, caplog, unit, k):
     """The engine logs one line of its decisions at its start: the exporter path, junction
-    states on (budget-sized chunks only where the prefix-match unit is the block) without a
-    drafter; under MTP's block drop junctions and budget chunks off, naming the drop; the
-    second block off by default."""
+    states on (budget-sized chunks only where the prefix-match unit is the block), with or
+    without MTP's block drop (vLLM 0.30: the rule takes the drop's positions); the second block
+    off by default."""
     import logging
 
     with caplog.at_level(logging.INFO, logger="vllm_hybrid_npu"):
@@ -314,8 +355,8 @@ def test_one_line_names_what_the_configuration_decided(tiny_config, engine_entri
     lines = [r.getMessage() for r in caplog.records if "decided from this engine's configuration" in r.getMessage()]
     assert len(lines) == 1, lines
     want = {"exporter": "cpu",
-            "junctions": "off (EAGLE/MTP's block drop)" if k else "on",
-            "budget_chunks": "on" if unit == B and not k else "off",
+            "junctions": "on",
+            "budget_chunks": "on" if unit == B else "off",
             "second": "off (second=off)", "drafter_drop": "on" if k else "off"}
     assert lines[0].endswith(", ".join(f"{key}={v}" for key, v in want.items())), lines[0]
 
@@ -337,3 +378,74 @@ def test_plan_skips_decode_rows_with_drafts():
     out = types.SimpleNamespace(num_scheduled_tokens={"dec": 3, "cold": 1100},
                                 scheduled_spec_decode_tokens={"dec": [5, 6]})
     assert P.plan(sched, out, (manager,)) == {0: {"cold": ((960, 21, "prompt"),)}}
+
+
+def _budget_and_junction_under_the_drop(cfg, rng, seed):
+    """The scenario of :func:`test_budget_chunks_and_junctions_under_the_drop` (raises
+    AssertionError naming the draw where an expectation fails)."""
+    k = rng.choice((1, 2, 3))
+    # a budget on the 64-token grid off the block's, so X's second chunk starts mid-block
+    budget = rng.choice([m for m in range(4 * B + 64, 6 * B, 64) if m % B])
+    b1 = (budget // B + 1) * B  # the block boundary X's second chunk crosses first
+    # X: two chunks, the second final; on the 64-token grid, so the repeat's share is too
+    n_x = 64 * rng.randrange(_cdiv(b1 + 3 * B + 1, 64), (2 * budget - 64) // 64 + 1)
+    pd_x = (n_x - 1) // B * B - B  # by hand: the no-drop repeat hit (n - 1) // B * B less a block
+    r = budget - (n_x - pd_x)  # what X's repeat leaves Y in their shared step (> 2B)
+    # Y: its first chunk [0, r) holds its junction a (the post-drop attention hit on X's first
+    # s tokens: a + B matched, a kept) below that chunk's checkpoint column; its drop checkpoint
+    # pd_y at or past r (no chunk ends past it); it ends within its second step
+    a = B * rng.randrange(1, _cdiv(r, B) - 1)
+    s = rng.randrange(a + B, a + 2 * B)
+    n_y = rng.randrange(_cdiv(r, B) * B + B + 1, r + budget + 1)
+    pd_y = (n_y - 1) // B * B - B
+    x = _prompt(rng, n_x)
+    y = x[:s] + [rng.randrange(30000, 40000) for _ in range(n_y - s)]
+    z = x[:s] + [rng.randrange(40000, 50000) for _ in range(rng.randrange(1, B + 1))]
+    where = dict(seed=seed, k=k, budget=budget, n_x=n_x, pd_x=pd_x, r=r, a=a, s=s, n_y=n_y,
+                 pd_y=pd_y, n_z=len(z))
+    eng = Engine(cfg, B, k, budget=budget)
+    assert eng.sched.use_eagle_block_drop, where
+    # cold X alone: caching off's steps, ceil(n_x / budget) = 2 (budget < n_x <= 2 * budget)
+    got = eng.run_together({"x": x})
+    where["cold"] = got
+    assert got == {"x": (0, 2)}, where
+    assert not eng.unlisted, (where, eng.unlisted)
+    # X's repeat and Y together, sharing the budget: the repeat hits pd_x, one step; Y hits no
+    # GDN state (retention 0 keeps X's pd_x alone, above a) and takes caching off's two steps
+    # (n_x - pd_x + n_y <= 2 * budget): [0, r) past its junction a, then [r, n_y)
+    got = eng.run_together({"x2": x, "y": y})
+    where["shared"] = got
+    assert got == {"x2": (pd_x, 1), "y": (0, 2)}, where
+    assert not eng.unlisted, (where, eng.unlisted)
+    # a second sharer hits Y's junction state at a exactly; Y's repeat hits pd_y
+    got = eng.run_together({"z": z, "y2": y})
+    where["after"] = got
+    assert (got["z"][0], got["y2"][0]) == (a, pd_y), where
+    assert not eng.unlisted, (where, eng.unlisted)
+    print(where)
+
+
+def test_budget_chunks_and_junctions_under_the_drop(tiny_config, engine_entries, rng, seed):
+    """Under MTP's block drop (``k`` drawn, block and prefix-match unit 256, a token budget on
+    the 64-token grid off the block's drawn, vLLM's default retention interval 0), on vLLM's
+    real scheduler, counted by hand: a cold prompt X takes caching off's steps (two chunks, the
+    second started mid-block); X's repeat hits ``(n - 1) // B * B - B`` (the no-speculation
+    hit less the drop) while a sharer Y of X's first tokens, sharing those steps' budget, takes
+    caching off's steps past its junction; a second sharer hits that junction, Y's repeat its
+    drop checkpoint; every Mamba block cached is one the engine's list names at that position
+    (or the block ending at the chunk's end)."""
+    _budget_and_junction_under_the_drop(tiny_config, rng, seed)
+
+
+def test_no_drop_positions_are_caught(tiny_config, engine_entries, rng, seed, monkeypatch):
+    """Control: the rule with the no-drop positions (``eagle_drop`` False) under the drop fails
+    the scenario above (X's second chunk keeps ``(n - 1) // B * B``, so the repeat hits b1)."""
+    import dataclasses
+
+    from vllm_hybrid_npu.patches import gdn_junction as J
+
+    real = J.junction_rule
+    monkeypatch.setattr(J, "junction_rule", lambda *a, **kw: (
+        None if (rule := real(*a, **kw)) is None else dataclasses.replace(rule, eagle_drop=False)))
+    with pytest.raises(AssertionError, match="'x2'"):  # the repeat's hit
+        _budget_and_junction_under_the_drop(tiny_config, rng, seed)

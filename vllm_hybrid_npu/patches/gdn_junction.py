@@ -42,6 +42,15 @@ hands the managers the prompt checkpoint or the chunk's last boundary past it
 (:meth:`JunctionRule.crossed`). Only with the prefix-match unit at the block, and only on vLLM
 0.30 (:data:`BUDGET_VERSIONS`).
 
+Under EAGLE/MTP's block drop (vLLM 0.30, :data:`DROP_VERSIONS`) both rules hold at the drop's
+positions (:attr:`JunctionRule.eagle_drop`): a later request's attention lookup matches one block
+past its hit and drops it, so its Mamba lookup wants the state exactly there. The junction
+(``shared_prefix_boundary``) is that post-drop hit already; the prompt checkpoint the manager
+reserves is ``get_mamba_prefill_checkpoint_position(end, unit, True)``, one unit lower; a chunk
+started mid-block hands the crossed position one block lower (:func:`core.crossed_checkpoint`);
+and a non-final chunk that would run past the prompt's drop checkpoint without keeping it ends
+there (:func:`core.drop_chunk_end`, as vLLM's own split does), so a repeat always finds it.
+
 On vLLM 0.32 and 0.33 the junction rule applies as on 0.30 (:data:`VERSIONS`): their split,
 ``MambaManager`` and ``KVCacheManager.allocate_slots`` keep 0.30's contracts for it (the prompt
 checkpoint in column ``cdiv(end, block) - 2``, the junction among the boundaries ``cache_blocks``
@@ -56,7 +65,7 @@ The Mamba managers are vLLM's ``MambaManager`` or a subclass (vllm-ascend's
 a row (a junction, the crossed boundary, the prompt's own) on vLLM 0.30's V2 runner, which
 receives the engine's list. Elsewhere (CUDA's V1 runner, FlashInfer,
 ``FLA_USE_FAST_OPS=1``, DCP / PCP / micro-batching; vllm-ascend's V2 runner, DCP, a KV connector;
-EAGLE/MTP's block drop, logged)
+EAGLE/MTP's block drop on vLLM 0.32, logged)
 nothing applies and vLLM stops at the junction, as before (:func:`~.gdn_prefill_checkpoint.junctions_off`). A junction the manager cannot place (its column not null) keeps nothing
 there: the chunk already ran past it, so a later sharer hits less, but no block is cached
 unwritten. Until: vLLM exports junction states inside the step itself (RFC #52959).
@@ -89,6 +98,14 @@ VERSIONS = ("0.30.0", "0.32.0", "0.33.0")
 #: :meth:`JunctionRule.crossed`): vLLM 0.30, read against its ``MambaManager``, which reserves a
 #: checkpoint on every chunk.
 BUDGET_VERSIONS = ("0.30.0",)
+#: Where the rule also applies under EAGLE/MTP's block drop, at the drop's positions
+#: (:attr:`JunctionRule.eagle_drop`): vLLM 0.30, whose attention lookup matches one block past
+#: the hit and drops it, and whose ``MambaManager`` reserves
+#: ``get_mamba_prefill_checkpoint_position(end, hash_block, True)``, ``(end - 1) // unit * unit -
+#: unit``, where that dropped hit lands. vLLM 0.32 reads ``end // unit * unit - unit`` under the
+#: drop (a different proof limit), not read here; vLLM 0.33 turns the drop off under its
+#: lookahead block hashes, which the rule declines.
+DROP_VERSIONS = ("0.30.0",)
 #: Where the junction entries apply: vLLM's CPU GDN function, CUDA's one pass on vLLM 0.30's V2
 #: runner and vllm-ascend's GDN paths (:data:`.gdn_prefill_checkpoint.JUNCTION_PATHS`; each
 #: engine decides by :func:`decide`).
@@ -100,7 +117,9 @@ SINGLE_TYPE = "vllm.v1.core.single_type_kv_cache_manager"
 class JunctionRule:
     """The engine's parameters of :func:`core.junction_checkpoint`, :func:`core.budget_chunk_end`
     and :func:`core.crossed_checkpoint` (tokens): the Mamba block, the prefix-match unit (vLLM's
-    hash block), the declared checkpoint alignment, EAGLE's block drop; and the engine's align-mode
+    hash block), the declared checkpoint alignment, EAGLE/MTP's block drop (``eagle_drop``: vLLM's
+    ``Scheduler.use_eagle_block_drop``, which the Mamba managers read as
+    ``drop_eagle_checkpoint_block``); and the engine's align-mode
     Mamba managers that declare prefill checkpoints. ``final_only``: the managers reserve the
     prompt checkpoint only on the chunk that reaches the prefill end
     (:func:`reserves_final_chunk_only`); ``budget``: budget-sized chunks and crossed boundaries on
@@ -138,21 +157,29 @@ class JunctionRule:
         step exports the GDN state at every block boundary it crosses
         (:func:`core.budget_chunk_end`), or 0 where vLLM's chunking stays: a prefix-match unit
         below the block (its tail stops), a start off the alignment grid, a request past its
-        first prefill (a resumed one replaying output tokens), or :attr:`budget` off."""
+        first prefill (a resumed one replaying output tokens), or :attr:`budget` off. Under
+        :attr:`eagle_drop` a non-final chunk ends at the prompt's drop checkpoint where it would
+        run past it without keeping it (:func:`core.drop_chunk_end`)."""
         if (not self.budget or self.hash_block != self.block or start % self.alignment
                 or request.num_tokens > request.num_prompt_tokens):
             return 0
-        return core.budget_chunk_end(start, end, request.num_prompt_tokens, self.alignment)
+        end = core.budget_chunk_end(start, end, request.num_prompt_tokens, self.alignment)
+        if self.eagle_drop:  # no chunk runs past the drop checkpoint without keeping it
+            end = core.drop_chunk_end(start, end, request.num_prompt_tokens, self.block,
+                                      self.alignment)
+        return end
 
     def crossed(self, request: Any, start: int, end: int) -> int:
         """The position whose state the chunk ``[start, end)`` of ``request``, started off the
         block grid, leaves in a block of its own (:func:`core.crossed_checkpoint`), or 0 (also
-        with :attr:`budget` off: vLLM's chunks then start on the block grid past a hit)."""
+        with :attr:`budget` off: vLLM's chunks then start on the block grid past a hit). Under
+        :attr:`eagle_drop` the positions one block lower, where the drafter's dropped hit
+        lands."""
         if (not self.budget or self.hash_block != self.block
                 or request.num_tokens > request.num_prompt_tokens):
             return 0
         return core.crossed_checkpoint(start, end, request.num_prompt_tokens, self.block,
-                                       self.alignment)
+                                       self.alignment, drop=self.eagle_drop)
 
 
 def is_mamba_manager(manager: Any) -> bool:
@@ -200,23 +227,26 @@ def reserves_final_chunk_only(kv_cache_manager: Any) -> bool:
     return takes and getattr(kv_cache_manager.coordinator, "retention_interval", None) == 0
 
 
-def junction_rule(scheduler: Any, budget: bool = True) -> JunctionRule | None:
+def junction_rule(scheduler: Any, budget: bool = True, drop: bool = True) -> JunctionRule | None:
     """The :class:`JunctionRule` of vLLM 0.30's, 0.32's or 0.33's ``scheduler`` (``Scheduler``) as
     its align-mode configuration allows it, whatever the exporter path: None without align-mode
-    Mamba managers that declare prefill checkpoint blocks, with EAGLE's block drop, with vLLM
-    0.33's lookahead block hashes (``num_hash_lookahead_tokens``: an EAGLE/MTP drafter, where
+    Mamba managers that declare prefill checkpoint blocks, with EAGLE/MTP's block drop where
+    ``drop`` is False (a vLLM whose drop the rule was not read against, :data:`DROP_VERSIONS`),
+    with vLLM 0.33's lookahead block hashes (``num_hash_lookahead_tokens``: an EAGLE/MTP drafter, where
     0.33 turns the drop off; its checkpoint positions read the lookahead, which
     :meth:`JunctionRule.decide` does not) or where vLLM stops at the junction itself
     (:func:`exact_junction_stop`). ``budget``: the rule also runs chunks to the token budget's
-    end. :func:`decide` adds the path's check; the lab's ``--target npu`` takes
+    end. Under the drop the rule's positions are the drop's (:attr:`JunctionRule.eagle_drop`). :func:`decide` adds the path's check; the lab's ``--target npu`` takes
     it as is (``vllm_hybrid_npu_lab.exporter.apply_junction_entries``)."""
     managers = checkpoint_managers(scheduler.kv_cache_manager)
     if (not managers or not scheduler.mamba_has_prefill_checkpoint_blocks
-            or scheduler.use_eagle_block_drop or getattr(scheduler, "num_hash_lookahead_tokens", 0)
+            or (scheduler.use_eagle_block_drop and not drop)
+            or getattr(scheduler, "num_hash_lookahead_tokens", 0)
             or exact_junction_stop(scheduler)):
         return None
     return JunctionRule(scheduler.cache_config.block_size, scheduler.hash_block_size,
-                        scheduler.mamba_prefill_checkpoint_alignment, False, managers,
+                        scheduler.mamba_prefill_checkpoint_alignment,
+                        bool(scheduler.use_eagle_block_drop), managers,
                         final_only=reserves_final_chunk_only(scheduler.kv_cache_manager),
                         budget=budget)
 
@@ -232,14 +262,16 @@ def decide(scheduler: Any, stack: Stack) -> JunctionRule | None:
     rule = None
     if stack.vllm in VERSIONS and gdn.junctions_off(
             scheduler.vllm_config, gdn.exporter_path(scheduler.vllm_config, stack.target)[0]) is None:
-        rule = junction_rule(scheduler, budget=stack.vllm in BUDGET_VERSIONS)
+        rule = junction_rule(scheduler, budget=stack.vllm in BUDGET_VERSIONS,
+                             drop=stack.vllm in DROP_VERSIONS)
         if rule is None and scheduler.use_eagle_block_drop:
-            # the rule's checkpoint and budget stops are vLLM's no-drop positions; under the
-            # drop the manager reserves one unit lower and the sharer's hit lands lower too
+            # the drop's positions are read against vLLM 0.30's only (0.32 moved its
+            # checkpoint: get_mamba_prefill_checkpoint_position reads n, not n - 1, under it)
             gdn._log_once("junction-eagle", "shared-prefix junction states and budget-sized "
-                          "chunks: off under EAGLE/MTP's block drop (vLLM's junction stop and "
-                          "block-floored chunks kept); the prompt's checkpoint is exported at the "
-                          "drafter-drop position")
+                          "chunks: off under EAGLE/MTP's block drop on vLLM %s (read against "
+                          "%s; vLLM's junction stop and block-floored chunks kept); the prompt's "
+                          "checkpoint is exported at the drafter-drop position", stack.vllm,
+                          ", ".join(DROP_VERSIONS))
     if rule is not None:
         logger.info("vllm-hybrid-npu: shared-prefix junction states exported from inside the step "
                     "(block %d tokens): the scheduler does not stop at a junction it can export%s",
@@ -257,13 +289,13 @@ def budget_rule_expected(vllm_config: Any, target: str) -> bool:
     scheduler exists: the exporter path writes the states there (:func:`gdn.junctions_off`), the
     split entry's budget rule is applied or pending (:func:`budget_applied`), and no ``--prefix-match-unit`` is set (below
     the block its tail stops stay; the block is not known yet). The ``token-budget`` entries
-    then leave the budget alone: no chunk ends on the block grid for them to save. Not under
-    EAGLE/MTP's block drop, where :func:`junction_rule` gives no rule."""
-    spec = getattr(vllm_config, "speculative_config", None)
+    then leave the budget alone: no chunk ends on the block grid for them to save. Also under
+    EAGLE/MTP's block drop: the budget rule's vLLM (:data:`BUDGET_VERSIONS`) is one the rule
+    takes the drop on (:data:`DROP_VERSIONS`)."""
+    assert set(BUDGET_VERSIONS) <= set(DROP_VERSIONS)  # else the drop's None must be read here
     return (gdn.junctions_off(vllm_config, gdn.exporter_path(vllm_config, target)[0]) is None
             and budget_applied()
-            and getattr(vllm_config.cache_config, "prefix_match_unit", None) is None
-            and not (spec is not None and spec.use_eagle_block_drop()))  # junction_rule's None
+            and getattr(vllm_config.cache_config, "prefix_match_unit", None) is None)
 
 
 def _make_split(upstream: Any, stack: Stack) -> Any:
@@ -309,15 +341,28 @@ def allocation_checkpoint(rule: JunctionRule, request: Any, start: int, end: int
     return rule.crossed(request, start, end)
 
 
-def place(manager: Any, request_id: str, position: int, before: int, out: list) -> None:
+def place(manager: Any, request_id: str, position: int, before: int, out: list,
+          prior: Any = None) -> None:
     """Put a new block in the column ``position // block - 1`` of ``request_id``'s blocks in
     ``manager`` (vLLM 0.30's, 0.32's or 0.33's ``MambaManager``), the column vLLM's split would have cached the
     junction's state in, after upstream's ``allocate_new_blocks`` returned ``out`` (the request's
     new columns, after a copy-on-write block for a new request's partial hit; ``before``: the
     request's block count before that call). ``out`` and the request's blocks name the same
     block. Where that column is not null or not new, nothing is kept (logged once): the chunk
-    runs past the junction, so a later sharer hits less, but no block is cached unwritten."""
+    runs past the junction, so a later sharer hits less, but no block is cached unwritten.
+
+    One column below ``before`` is taken too: one that held a real block before that call
+    (``prior``) and is null after it. That is a speculative block of EAGLE/MTP
+    (``num_speculative_blocks``) that vLLM 0.30's ``allocate_new_blocks`` moved to the row's end
+    (``_relocate_speculative_block``) because the running state passed its column. The new block
+    is not in ``out``: the worker's block table is append-only and keeps the moved block's id
+    there, but the step's explicit list (:mod:`.gdn_step_checkpoints`) gives the worker this
+    block's id, and no block-table column is read for it."""
     blocks, col = manager.req_to_blocks[request_id], position // manager.block_size - 1
+    if (getattr(manager, "num_speculative_blocks", 0) and prior is not None and not prior.is_null
+            and 0 <= col < before <= len(blocks) and blocks[col].is_null):
+        blocks[col] = manager.block_pool.get_new_blocks(1)[0]
+        return
     at = col - before + len(out) - (len(blocks) - before)
     if not (before <= col < len(blocks) and blocks[col].is_null and 0 <= at < len(out)):
         gdn._log_once("junction-column", "junction at %d tokens: column %d not free (%d "

@@ -79,8 +79,8 @@ def decisions(scheduler: Any, stack: Stack) -> dict[str, str]:
         junctions = f"off ({why})"
     elif (off := gdn.junctions_off(config, path)) is not None:
         junctions = f"off ({off})"
-    elif scheduler.use_eagle_block_drop:
-        junctions = "off (EAGLE/MTP's block drop)"
+    elif scheduler.use_eagle_block_drop and stack.vllm not in junction.DROP_VERSIONS:
+        junctions = f"off (EAGLE/MTP's block drop on vLLM {stack.vllm})"
     else:
         junctions = "off"
     found = second.managers_of(scheduler.kv_cache_manager)
@@ -172,9 +172,11 @@ def _make_blocks(upstream: Any, stack: Stack) -> Any:
     def allocate_new_blocks(self, request_id, *args, **kwargs):
         position = vars(self).get(junction.HINT, {}).get(request_id)
         if position:
-            before = len(self.req_to_blocks[request_id])
+            blocks = self.req_to_blocks[request_id]
+            before, col = len(blocks), position // self.block_size - 1
+            prior = blocks[col] if 0 <= col < before else None  # a speculative block vLLM may move
             out = upstream(self, request_id, *args, **kwargs)
-            junction.place(self, request_id, position, before, out)
+            junction.place(self, request_id, position, before, out, prior)
         else:
             out = upstream(self, request_id, *args, **kwargs)
         second.take(self, request_id)
