@@ -212,6 +212,15 @@ def test_split_keeps_the_budgets_chunk():
     # a junction inside the budget's chunk: run past it only where the rule exports it (a start on
     # the grid), else vLLM's chunk
     assert split(sched, _request(prompt=3000, junction=2000, computed=1280), 1720) == 256
+    # under EAGLE/MTP's block drop (drop checkpoint 2,999 // 384 * 384 - 384 = 2,304): offered
+    # 0-2,600 the chunk would end at 2,560, where vLLM's manager keeps 2,559 // 384 * 384 - 384
+    # = 1,920, so it ends at 2,304; offered 0-2,800 -> 2,752 (kept: 2,304); 1,280-2,600 mid-block
+    # -> 2,304 too (it would hand 1,920); the final chunk keeps its end
+    drop = types.SimpleNamespace(**{mod.RULE: dataclass_replace(_rule(), eagle_drop=True)})
+    assert split(drop, _request(prompt=3000, junction=0), 2600) == 2304
+    assert split(drop, _request(prompt=3000, junction=0), 2800) == 2752
+    assert split(drop, _request(prompt=3000, junction=0, computed=1280), 1320) == 1024
+    assert split(drop, _request(prompt=3000, junction=0, computed=1280), 1720) == 1720
 
 
 def test_allocate_slots_hands_the_crossed_checkpoint():
@@ -231,6 +240,12 @@ def test_allocate_slots_hands_the_crossed_checkpoint():
         alloc(kvm, _request(prompt=3000, junction=0, computed=computed), n)
         assert during[-1] == want, (computed, n, during[-1])
         assert vars(mamba).get(mod.HINT, {}) == {}
+    # under EAGLE/MTP's block drop one block lower: 2,304 and 1,920
+    vars(kvm)[mod.RULE] = dataclass_replace(_rule(mamba), eagle_drop=True)
+    for computed, n, want in ((1280, 1720, {"r": 2304}), (1280, 1300, {"r": 1920}),
+                              (1280, 300, {}), (1152, 1848, {})):
+        alloc(kvm, _request(prompt=3000, junction=0, computed=computed), n)
+        assert during[-1] == want, (computed, n, during[-1])
 
 
 class _CountingRule:
