@@ -528,6 +528,9 @@ def test_rule_takes_mamba_manager_subclasses(monkeypatch):
     rule = mod.junction_rule(types.SimpleNamespace(**dropped))
     assert rule is not None and rule.eagle_drop and not mod.junction_rule(types.SimpleNamespace(**fields)).eagle_drop
     assert mod.junction_rule(types.SimpleNamespace(**dropped), drop=False) is None
+    # a prefix-match unit below the block under the drop: no rule (not checked on the scheduler)
+    assert mod.junction_rule(types.SimpleNamespace(**{**dropped, "hash_block_size": 64})) is None
+    assert mod.junction_rule(types.SimpleNamespace(**{**fields, "hash_block_size": 64})) is not None
     assert mod.decide(types.SimpleNamespace(**dropped), Stack("cpu", "0.30.0")).eagle_drop
     assert mod.decide(types.SimpleNamespace(**dropped), Stack("cpu", "0.32.0")) is None
     assert mod.DROP_VERSIONS == ("0.30.0",)

@@ -342,12 +342,13 @@ def test_exporter_path_under_speculative_decoding(tiny_config, monkeypatch):
     assert path is None and "'ngram'" in why
 
 
-@pytest.mark.parametrize("unit,k", [(B, 0), (64, 0), (B, 2)], ids=["block", "unit64", "mtp"])
+@pytest.mark.parametrize("unit,k", [(B, 0), (64, 0), (B, 2), (64, 2)],
+                         ids=["block", "unit64", "mtp", "mtp-unit64"])
 def test_one_line_names_what_the_configuration_decided(tiny_config, engine_entries, caplog, unit, k):
     """The engine logs one line of its decisions at its start: the exporter path, junction
     states on (budget-sized chunks only where the prefix-match unit is the block), with or
-    without MTP's block drop (vLLM 0.30: the rule takes the drop's positions); the second block
-    off by default."""
+    without MTP's block drop (vLLM 0.30: the rule takes the drop's positions), but not under the
+    drop with a prefix-match unit below the block (named); the second block off by default."""
     import logging
 
     with caplog.at_level(logging.INFO, logger="vllm_hybrid_npu"):
@@ -355,7 +356,8 @@ def test_one_line_names_what_the_configuration_decided(tiny_config, engine_entri
     lines = [r.getMessage() for r in caplog.records if "decided from this engine's configuration" in r.getMessage()]
     assert len(lines) == 1, lines
     want = {"exporter": "cpu",
-            "junctions": "on",
+            "junctions": "on" if unit == B or not k else
+                         "off (EAGLE/MTP's block drop: a prefix-match unit below the block)",
             "budget_chunks": "on" if unit == B else "off",
             "second": "off (second=off)", "drafter_drop": "on" if k else "off"}
     assert lines[0].endswith(", ".join(f"{key}={v}" for key, v in want.items())), lines[0]

@@ -42,7 +42,8 @@ hands the managers the prompt checkpoint or the chunk's last boundary past it
 (:meth:`JunctionRule.crossed`). Only with the prefix-match unit at the block, and only on vLLM
 0.30 (:data:`BUDGET_VERSIONS`).
 
-Under EAGLE/MTP's block drop (vLLM 0.30, :data:`DROP_VERSIONS`) both rules hold at the drop's
+Under EAGLE/MTP's block drop (vLLM 0.30, :data:`DROP_VERSIONS`, the prefix-match unit at the
+block: :func:`drop_off`) both rules hold at the drop's
 positions (:attr:`JunctionRule.eagle_drop`): a later request's attention lookup matches one block
 past its hit and drops it, so its Mamba lookup wants the state exactly there. The junction
 (``shared_prefix_boundary``) is that post-drop hit already; the prompt checkpoint the manager
@@ -231,7 +232,8 @@ def junction_rule(scheduler: Any, budget: bool = True, drop: bool = True) -> Jun
     """The :class:`JunctionRule` of vLLM 0.30's, 0.32's or 0.33's ``scheduler`` (``Scheduler``) as
     its align-mode configuration allows it, whatever the exporter path: None without align-mode
     Mamba managers that declare prefill checkpoint blocks, with EAGLE/MTP's block drop where
-    ``drop`` is False (a vLLM whose drop the rule was not read against, :data:`DROP_VERSIONS`),
+    :func:`drop_off` says why (``drop`` False: a vLLM whose drop the rule was not read against,
+    :data:`DROP_VERSIONS`; a prefix-match unit below the block),
     with vLLM 0.33's lookahead block hashes (``num_hash_lookahead_tokens``: an EAGLE/MTP drafter, where
     0.33 turns the drop off; its checkpoint positions read the lookahead, which
     :meth:`JunctionRule.decide` does not) or where vLLM stops at the junction itself
@@ -240,7 +242,7 @@ def junction_rule(scheduler: Any, budget: bool = True, drop: bool = True) -> Jun
     it as is (``vllm_hybrid_npu_lab.exporter.apply_junction_entries``)."""
     managers = checkpoint_managers(scheduler.kv_cache_manager)
     if (not managers or not scheduler.mamba_has_prefill_checkpoint_blocks
-            or (scheduler.use_eagle_block_drop and not drop)
+            or (scheduler.use_eagle_block_drop and drop_off(scheduler, drop) is not None)
             or getattr(scheduler, "num_hash_lookahead_tokens", 0)
             or exact_junction_stop(scheduler)):
         return None
@@ -249,6 +251,19 @@ def junction_rule(scheduler: Any, budget: bool = True, drop: bool = True) -> Jun
                         bool(scheduler.use_eagle_block_drop), managers,
                         final_only=reserves_final_chunk_only(scheduler.kv_cache_manager),
                         budget=budget)
+
+
+def drop_off(scheduler: Any, drop: bool = True) -> str | None:
+    """Why the junction rule is off under EAGLE/MTP's block drop for ``scheduler`` (vLLM's
+    ``Scheduler``), or None where it holds at the drop's positions: ``drop`` False (this vLLM is
+    not in :data:`DROP_VERSIONS`), or a prefix-match unit below the block (``hash_block_size``
+    under ``cache_config.block_size``: the drop then moves hits by the unit, which the rule was
+    not checked against on vLLM's scheduler)."""
+    if not drop:
+        return f"read against vLLM {', '.join(DROP_VERSIONS)} only"
+    if scheduler.hash_block_size != scheduler.cache_config.block_size:
+        return "a prefix-match unit below the block"
+    return None
 
 
 def decide(scheduler: Any, stack: Stack) -> JunctionRule | None:
@@ -264,14 +279,14 @@ def decide(scheduler: Any, stack: Stack) -> JunctionRule | None:
             scheduler.vllm_config, gdn.exporter_path(scheduler.vllm_config, stack.target)[0]) is None:
         rule = junction_rule(scheduler, budget=stack.vllm in BUDGET_VERSIONS,
                              drop=stack.vllm in DROP_VERSIONS)
-        if rule is None and scheduler.use_eagle_block_drop:
-            # the drop's positions are read against vLLM 0.30's only (0.32 moved its
-            # checkpoint: get_mamba_prefill_checkpoint_position reads n, not n - 1, under it)
+        why = drop_off(scheduler, stack.vllm in DROP_VERSIONS)
+        if rule is None and scheduler.use_eagle_block_drop and why is not None:
+            # 0.32 moved its drop checkpoint (get_mamba_prefill_checkpoint_position reads n, not
+            # n - 1, under the drop); a unit below the block moves hits by the unit
             gdn._log_once("junction-eagle", "shared-prefix junction states and budget-sized "
-                          "chunks: off under EAGLE/MTP's block drop on vLLM %s (read against "
-                          "%s; vLLM's junction stop and block-floored chunks kept); the prompt's "
-                          "checkpoint is exported at the drafter-drop position", stack.vllm,
-                          ", ".join(DROP_VERSIONS))
+                          "chunks: off under EAGLE/MTP's block drop on vLLM %s (%s; vLLM's "
+                          "junction stop and block-floored chunks kept); the prompt's checkpoint "
+                          "is exported at the drafter-drop position", stack.vllm, why)
     if rule is not None:
         logger.info("vllm-hybrid-npu: shared-prefix junction states exported from inside the step "
                     "(block %d tokens): the scheduler does not stop at a junction it can export%s",
