@@ -353,11 +353,15 @@ def test_budget_rule_expected_from_the_configuration(monkeypatch):
     from vllm_hybrid_npu.patches import gdn_prefill_checkpoint as gpc
     from vllm_hybrid_npu_lab.model import mtp_config
 
+    from vllm_hybrid_npu.support import Stack
+
     monkeypatch.setattr(gpc, "cpu_amx_tiles", lambda: False)
     dropped = config()
     dropped.speculative_config = mtp_config(1)
     assert dropped.speculative_config.use_eagle_block_drop()
+    report.stack = Stack("cpu", "0.30.0")  # the CPU path writes under EAGLE/MTP on 0.30 only
     assert mod.budget_rule_expected(dropped, "cpu")
+    report.stack = None
     # a prefix-match unit, caching off, a float32 model (no CPU exporter), another target
     assert not mod.budget_rule_expected(config(pmu=64), "cpu")
     assert not mod.budget_rule_expected(config(caching=False), "cpu")
