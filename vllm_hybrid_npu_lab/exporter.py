@@ -181,8 +181,9 @@ def apply_junction_entries(scheduler: Any, target: str = "npu") -> bool:
     kv = scheduler.kv_cache_manager
     # the runtime exports junctions on vLLM 0.30 / 0.32 / 0.33 (J.VERSIONS), but the paths the lab models
     # (CUDA's V2 runner, vllm-ascend 0.30.0rc2) do only on 0.30, budget-sized chunks with them
-    rule = (J.junction_rule(scheduler) if base_version(vllm.__version__) in J.BUDGET_VERSIONS
-            else None)
+    version = base_version(vllm.__version__)
+    rule = (J.junction_rule(scheduler, drop=version in J.DROP_VERSIONS)
+            if version in J.BUDGET_VERSIONS else None)
     setattr(scheduler, J.RULE, rule)
     setattr(kv, J.RULE, rule)
     if rule is None:

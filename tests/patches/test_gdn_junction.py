@@ -527,17 +527,20 @@ def test_rule_takes_mamba_manager_subclasses(monkeypatch):
     assert mod.junction_rule(types.SimpleNamespace(**fields, num_hash_lookahead_tokens=2)) is None
     assert mod.junction_rule(types.SimpleNamespace(**fields, num_hash_lookahead_tokens=0)) is not None
     # EAGLE/MTP's block drop: the rule takes the drop's positions where it was read against the
-    # drop (vLLM 0.30, DROP_VERSIONS); elsewhere (drop=False: vLLM 0.32) there is no rule
+    # drop (vLLM 0.30, DROP_VERSIONS: drop=True); elsewhere (drop=False, the default: vLLM 0.32)
+    # there is no rule
     dropped = {**fields, "use_eagle_block_drop": True}
-    rule = mod.junction_rule(types.SimpleNamespace(**dropped))
+    rule = mod.junction_rule(types.SimpleNamespace(**dropped), drop=True)
     assert rule is not None and rule.eagle_drop and not mod.junction_rule(types.SimpleNamespace(**fields)).eagle_drop
-    assert mod.junction_rule(types.SimpleNamespace(**dropped), drop=False) is None
+    assert mod.junction_rule(types.SimpleNamespace(**dropped)) is None
     # a prefix-match unit below the block under the drop: no rule (not checked on the scheduler)
-    assert mod.junction_rule(types.SimpleNamespace(**{**dropped, "hash_block_size": 64})) is None
+    assert mod.junction_rule(types.SimpleNamespace(**{**dropped, "hash_block_size": 64}), drop=True) is None
     assert mod.junction_rule(types.SimpleNamespace(**{**fields, "hash_block_size": 64})) is not None
     assert mod.decide(types.SimpleNamespace(**dropped), Stack("cpu", "0.30.0")).eagle_drop
     assert mod.decide(types.SimpleNamespace(**dropped), Stack("cpu", "0.32.0")) is None
     assert mod.DROP_VERSIONS == ("0.30.0",)
+    # budget_rule_expected reads no drop: every vLLM with budget-sized chunks takes the drop
+    assert set(mod.BUDGET_VERSIONS) <= set(mod.DROP_VERSIONS)
 
 
 def test_mid_block_stop_stands_aside_where_the_step_writes_the_boundary(monkeypatch):

@@ -202,14 +202,19 @@ def drop_chunk_end(start: int, end: int, num_prompt_tokens: int, block: int,
     reserves it (a start on the block grid: ``get_mamba_prefill_checkpoint_position(end, block,
     True) == p``, an end in ``(p + block, p + 2 * block]``), or, from a start off the grid, where
     :func:`crossed_checkpoint` hands it or it is ``b1`` (the initial state's block). Otherwise
-    the chunk ends at ``p`` itself (vLLM's own split floors such a chunk there: its block floor
-    and its last-cacheable-position stop), whose running state fills the block ending at ``p``.
-    A final chunk (``end >= num_prompt_tokens``) keeps ``end``."""
+    the chunk ends at ``p`` itself, whose running state fills the block ending at ``p`` (``p``
+    is on the block grid). A final chunk (``end >= num_prompt_tokens``) keeps ``end``.
+
+    Only ``p`` is guarded. For a prompt on the block grid (``n % block == 0``) vLLM's own split
+    stops at ``n - block`` instead (``Scheduler._mamba_block_aligned_split``'s last cacheable
+    position, where a longer prompt sharing all ``n`` tokens lands after its drop) and caches
+    nothing at ``p = n - 2 * block``: with this rule a repeat hits ``p`` where vLLM's hits 0,
+    and such a longer prompt hits ``p`` where vLLM's hits ``n - block``."""
     p = drop_checkpoint(num_prompt_tokens, block)
     if end >= num_prompt_tokens or not start < p < end:
         return end
     if start % block == 0:
-        kept = {max((end - 1) // block * block - block, 0)}
+        kept = {drop_checkpoint(end, block)}
     else:
         kept = {crossed_checkpoint(start, end, num_prompt_tokens, block, alignment, drop=True),
                 (start // block + 1) * block}

@@ -228,18 +228,19 @@ def reserves_final_chunk_only(kv_cache_manager: Any) -> bool:
     return takes and getattr(kv_cache_manager.coordinator, "retention_interval", None) == 0
 
 
-def junction_rule(scheduler: Any, budget: bool = True, drop: bool = True) -> JunctionRule | None:
+def junction_rule(scheduler: Any, budget: bool = True, drop: bool = False) -> JunctionRule | None:
     """The :class:`JunctionRule` of vLLM 0.30's, 0.32's or 0.33's ``scheduler`` (``Scheduler``) as
     its align-mode configuration allows it, whatever the exporter path: None without align-mode
     Mamba managers that declare prefill checkpoint blocks, with EAGLE/MTP's block drop where
-    :func:`drop_off` says why (``drop`` False: a vLLM whose drop the rule was not read against,
-    :data:`DROP_VERSIONS`; a prefix-match unit below the block),
+    :func:`drop_off` says why (``drop``, default False: the caller's vLLM is one the rule was
+    read against under the drop, :data:`DROP_VERSIONS`; a prefix-match unit below the block),
     with vLLM 0.33's lookahead block hashes (``num_hash_lookahead_tokens``: an EAGLE/MTP drafter, where
     0.33 turns the drop off; its checkpoint positions read the lookahead, which
     :meth:`JunctionRule.decide` does not) or where vLLM stops at the junction itself
     (:func:`exact_junction_stop`). ``budget``: the rule also runs chunks to the token budget's
-    end. Under the drop the rule's positions are the drop's (:attr:`JunctionRule.eagle_drop`). :func:`decide` adds the path's check; the lab's ``--target npu`` takes
-    it as is (``vllm_hybrid_npu_lab.exporter.apply_junction_entries``)."""
+    end. Under the drop the rule's positions are the drop's (:attr:`JunctionRule.eagle_drop`).
+    :func:`decide` adds the path's check; the lab's ``--target npu`` takes it as is
+    (``vllm_hybrid_npu_lab.exporter.apply_junction_entries``)."""
     managers = checkpoint_managers(scheduler.kv_cache_manager)
     if (not managers or not scheduler.mamba_has_prefill_checkpoint_blocks
             or (scheduler.use_eagle_block_drop and drop_off(scheduler, drop) is not None)
@@ -307,7 +308,6 @@ def budget_rule_expected(vllm_config: Any, target: str) -> bool:
     then leave the budget alone: no chunk ends on the block grid for them to save. Also under
     EAGLE/MTP's block drop: the budget rule's vLLM (:data:`BUDGET_VERSIONS`) is one the rule
     takes the drop on (:data:`DROP_VERSIONS`)."""
-    assert set(BUDGET_VERSIONS) <= set(DROP_VERSIONS)  # else the drop's None must be read here
     return (gdn.junctions_off(vllm_config, gdn.exporter_path(vllm_config, target)[0]) is None
             and budget_applied()
             and getattr(vllm_config.cache_config, "prefix_match_unit", None) is None)

@@ -79,9 +79,9 @@ def decisions(scheduler: Any, stack: Stack) -> dict[str, str]:
         junctions = f"off ({why})"
     elif (off := gdn.junctions_off(config, path)) is not None:
         junctions = f"off ({off})"
-    elif scheduler.use_eagle_block_drop and (why := junction.drop_off(
+    elif scheduler.use_eagle_block_drop and (drop_why := junction.drop_off(
             scheduler, stack.vllm in junction.DROP_VERSIONS)) is not None:
-        junctions = f"off (EAGLE/MTP's block drop: {why})"
+        junctions = f"off (EAGLE/MTP's block drop: {drop_why})"
     else:
         junctions = "off"
     found = second.managers_of(scheduler.kv_cache_manager)
