@@ -251,7 +251,7 @@ def test_drop_chunk_end_by_hand():
     assert pc.drop_chunk_end(0, 2240, 3000, 384) == 2240
     assert pc.drop_chunk_end(0, 3000, 3000, 384) == 3000
     # from 1,280 (off the grid, b1 1,536): ending at 2,560 it hands 1,920, so it ends at 2,304;
-    # ending at 2,688 it hands 2,304 itself; from 2,000 (b1 2,304) the initial state's block
+    # ending at 2,688 it hands 2,304 itself; from 2,048 (b1 2,304) the initial state's block
     # holds 2,304; from 2,304 or past it nothing is left to keep
     assert pc.drop_chunk_end(1280, 2560, 3000, 384) == 2304
     assert pc.drop_chunk_end(1280, 2688, 3000, 384) == 2688
