@@ -182,7 +182,7 @@ def apply_junction_entries(scheduler: Any, target: str = "npu") -> bool:
     # the runtime exports junctions on vLLM 0.30 / 0.32 / 0.33 (J.VERSIONS), but the paths the lab models
     # (CUDA's V2 runner, vllm-ascend 0.30.0rc2) do only on 0.30, budget-sized chunks with them
     version = base_version(vllm.__version__)
-    rule = (J.junction_rule(scheduler, drop=version in J.DROP_VERSIONS)
+    rule = (J.junction_rule(scheduler, drop=J.drop_read(Stack(target, version)))
             if version in J.BUDGET_VERSIONS else None)
     setattr(scheduler, J.RULE, rule)
     setattr(kv, J.RULE, rule)

@@ -538,6 +538,9 @@ def test_rule_takes_mamba_manager_subclasses(monkeypatch):
     assert mod.junction_rule(types.SimpleNamespace(**{**fields, "hash_block_size": 64})) is not None
     assert mod.decide(types.SimpleNamespace(**dropped), Stack("cpu", "0.30.0")).eagle_drop
     assert mod.decide(types.SimpleNamespace(**dropped), Stack("cpu", "0.32.0")) is None
+    # vllm-ascend's paths: not replayed with several checkpoints a row beside speculative rows
+    assert mod.decide(types.SimpleNamespace(**dropped), Stack("npu", "0.30.0")) is None
+    assert mod.drop_read(Stack("cpu", "0.30.0")) and not mod.drop_read(Stack("npu", "0.30.0"))
     assert mod.DROP_VERSIONS == ("0.30.0",)
     # budget_rule_expected reads no drop: every vLLM with budget-sized chunks takes the drop
     assert set(mod.BUDGET_VERSIONS) <= set(mod.DROP_VERSIONS)

@@ -107,6 +107,12 @@ BUDGET_VERSIONS = ("0.30.0",)
 #: drop (a different proof limit), not read here; vLLM 0.33 turns the drop off under its
 #: lookahead block hashes, which the rule declines.
 DROP_VERSIONS = ("0.30.0",)
+#: The targets where the rule also applies under the drop: those whose worker was checked writing
+#: several checkpoints a row beside speculative decode rows, vLLM's CPU GDN functions
+#: (``tests/patches/test_cpu_spec_checkpoints.py``). vllm-ascend's paths are replayed under MTP
+#: with one checkpoint a row only, so the rule stays off there under the drop; CUDA declares no
+#: checkpoint under MTP.
+DROP_TARGETS = ("cpu",)
 #: Where the junction entries apply: vLLM's CPU GDN function, CUDA's one pass on vLLM 0.30's V2
 #: runner and vllm-ascend's GDN paths (:data:`.gdn_prefill_checkpoint.JUNCTION_PATHS`; each
 #: engine decides by :func:`decide`).
@@ -254,14 +260,21 @@ def junction_rule(scheduler: Any, budget: bool = True, drop: bool = False) -> Ju
                         budget=budget)
 
 
+def drop_read(stack: Stack) -> bool:
+    """Whether the rule holds under EAGLE/MTP's block drop on ``stack``: its vLLM in
+    :data:`DROP_VERSIONS` and its target in :data:`DROP_TARGETS`."""
+    return stack.vllm in DROP_VERSIONS and stack.target in DROP_TARGETS
+
+
 def drop_off(scheduler: Any, drop: bool = True) -> str | None:
     """Why the junction rule is off under EAGLE/MTP's block drop for ``scheduler`` (vLLM's
-    ``Scheduler``), or None where it holds at the drop's positions: ``drop`` False (this vLLM is
-    not in :data:`DROP_VERSIONS`), or a prefix-match unit below the block (``hash_block_size``
-    under ``cache_config.block_size``: the drop then moves hits by the unit, which the rule was
-    not checked against on vLLM's scheduler)."""
+    ``Scheduler``), or None where it holds at the drop's positions: ``drop`` False (the stack
+    is not one :func:`drop_read` names), or a prefix-match unit below the block
+    (``hash_block_size`` under ``cache_config.block_size``: the drop then moves hits by the unit,
+    which the rule was not checked against on vLLM's scheduler)."""
     if not drop:
-        return f"read against vLLM {', '.join(DROP_VERSIONS)} only"
+        return (f"read against vLLM {', '.join(DROP_VERSIONS)} on the "
+                f"{', '.join(DROP_TARGETS)} path only")
     if scheduler.hash_block_size != scheduler.cache_config.block_size:
         return "a prefix-match unit below the block"
     return None
@@ -279,15 +292,13 @@ def decide(scheduler: Any, stack: Stack) -> JunctionRule | None:
     if stack.vllm in VERSIONS and gdn.junctions_off(
             scheduler.vllm_config, gdn.exporter_path(scheduler.vllm_config, stack.target)[0]) is None:
         rule = junction_rule(scheduler, budget=stack.vllm in BUDGET_VERSIONS,
-                             drop=stack.vllm in DROP_VERSIONS)
-        why = drop_off(scheduler, stack.vllm in DROP_VERSIONS)
-        if rule is None and scheduler.use_eagle_block_drop and why is not None:
-            # 0.32 moved its drop checkpoint (get_mamba_prefill_checkpoint_position reads n, not
-            # n - 1, under the drop); a unit below the block moves hits by the unit
+                             drop=drop_read(stack))
+        if rule is None and scheduler.use_eagle_block_drop and (
+                why := drop_off(scheduler, drop_read(stack))) is not None:
             gdn._log_once("junction-eagle", "shared-prefix junction states and budget-sized "
-                          "chunks: off under EAGLE/MTP's block drop on vLLM %s (%s; vLLM's "
+                          "chunks: off under EAGLE/MTP's block drop on vLLM %s, %s (%s; vLLM's "
                           "junction stop and block-floored chunks kept); the prompt's checkpoint "
-                          "is exported at the drafter-drop position", stack.vllm, why)
+                          "is exported at the drafter-drop position", stack.vllm, stack.target, why)
     if rule is not None:
         logger.info("vllm-hybrid-npu: shared-prefix junction states exported from inside the step "
                     "(block %d tokens): the scheduler does not stop at a junction it can export%s",
@@ -305,12 +316,14 @@ def budget_rule_expected(vllm_config: Any, target: str) -> bool:
     scheduler exists: the exporter path writes the states there (:func:`gdn.junctions_off`), the
     split entry's budget rule is applied or pending (:func:`budget_applied`), and no ``--prefix-match-unit`` is set (below
     the block its tail stops stay; the block is not known yet). The ``token-budget`` entries
-    then leave the budget alone: no chunk ends on the block grid for them to save. Also under
-    EAGLE/MTP's block drop: the budget rule's vLLM (:data:`BUDGET_VERSIONS`) is one the rule
-    takes the drop on (:data:`DROP_VERSIONS`)."""
+    then leave the budget alone: no chunk ends on the block grid for them to save. Under
+    EAGLE/MTP's block drop only on :data:`DROP_TARGETS` (the budget rule's vLLM,
+    :data:`BUDGET_VERSIONS`, is one the rule takes the drop on, :data:`DROP_VERSIONS`)."""
+    spec = getattr(vllm_config, "speculative_config", None)
     return (gdn.junctions_off(vllm_config, gdn.exporter_path(vllm_config, target)[0]) is None
             and budget_applied()
-            and getattr(vllm_config.cache_config, "prefix_match_unit", None) is None)
+            and getattr(vllm_config.cache_config, "prefix_match_unit", None) is None
+            and (target in DROP_TARGETS or spec is None or not spec.use_eagle_block_drop()))
 
 
 def _make_split(upstream: Any, stack: Stack) -> Any:

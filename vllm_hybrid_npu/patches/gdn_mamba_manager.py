@@ -80,7 +80,7 @@ def decisions(scheduler: Any, stack: Stack) -> dict[str, str]:
     elif (off := gdn.junctions_off(config, path)) is not None:
         junctions = f"off ({off})"
     elif scheduler.use_eagle_block_drop and (drop_why := junction.drop_off(
-            scheduler, stack.vllm in junction.DROP_VERSIONS)) is not None:
+            scheduler, junction.drop_read(stack))) is not None:
         junctions = f"off (EAGLE/MTP's block drop: {drop_why})"
     else:
         junctions = "off"
