@@ -616,7 +616,9 @@ def _hand_counted_steps(short: int, long: int, block: int) -> tuple[int, int]:
     align-mode split)``. Caching off fills the budget: ``ceil((short + long) / 3B)``. The split
     floors a non-final chunk to the block (the long prompt's first chunk: ``2B``) and ends the
     chunk that reaches the prompt checkpoint ``(long - 1) // B * B`` there; the rest is one
-    more chunk."""
+    more chunk. For ``long`` off the block grid only: there that checkpoint is the split's last
+    cacheable position (``Scheduler._mamba_block_aligned_split``'s ``num_tokens - num_tokens %
+    block``), which on the grid is the prompt's end."""
     budget, cp = 3 * block, (long - 1) // block * block
     start, split = min((budget - short) // block * block, cp), 1
     while start < long:
@@ -683,9 +685,11 @@ def test_shared_budget_chunks_take_caching_offs_steps(tiny_model_dir, engine_arg
             low = 2 if block // 64 > 3 else 1
             short = _prompt(rng, 64 * rng.randrange(low, max(low + 1, block // 64 - 1)))
             # a length where vLLM's split takes a step more than caching off, counted by hand
-            # (``_hand_counted_steps``; seed of stop 43: 128 + 2193 at B=384 take 3 steps each)
+            # (``_hand_counted_steps``; seed of stop 43: 128 + 2193 at B=384 take 3 steps each),
+            # off the block grid: on it the split's last cacheable position is the prompt's end,
+            # so it stops nowhere at the checkpoint and caches no state there
             long = _prompt(rng, rng.choice([n for n in range(3 * block + 65, 8 * block - 64)
-                                            if _hand_counted_steps(len(short), n, block)[1]
+                                            if n % block and _hand_counted_steps(len(short), n, block)[1]
                                             > _hand_counted_steps(len(short), n, block)[0]]))
             where = f"prompts {len(short)} + {len(long)} tokens, budget {3 * block}, block {block}"
         llm = _engine(tiny_model_dir("qwen3_next"), engine_args, mode, **extra,
