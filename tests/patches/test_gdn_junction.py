@@ -362,6 +362,12 @@ def test_budget_rule_expected_from_the_configuration(monkeypatch):
     report.stack = Stack("cpu", "0.30.0")  # the CPU path writes under EAGLE/MTP on 0.30 only
     assert mod.budget_rule_expected(dropped, "cpu")
     report.stack = None
+    # where vllm-ascend's path exports, not under the drop (DROP_TARGETS)
+    real = gpc.exporter_path
+    monkeypatch.setattr(gpc, "exporter_path", lambda c, target: ("ascend-chunk", "")
+                        if target == "npu" else real(c, target))
+    assert mod.budget_rule_expected(config(), "npu") and not mod.budget_rule_expected(dropped, "npu")
+    monkeypatch.setattr(gpc, "exporter_path", real)
     # a prefix-match unit, caching off, a float32 model (no CPU exporter), another target
     assert not mod.budget_rule_expected(config(pmu=64), "cpu")
     assert not mod.budget_rule_expected(config(caching=False), "cpu")
@@ -538,11 +544,17 @@ def test_rule_takes_mamba_manager_subclasses(monkeypatch):
     assert mod.junction_rule(types.SimpleNamespace(**{**fields, "hash_block_size": 64})) is not None
     assert mod.decide(types.SimpleNamespace(**dropped), Stack("cpu", "0.30.0")).eagle_drop
     assert mod.decide(types.SimpleNamespace(**dropped), Stack("cpu", "0.32.0")) is None
-    # vllm-ascend's paths: not replayed with several checkpoints a row beside speculative rows
+    # vllm-ascend's paths (an exporter path there): not replayed with several checkpoints a row
+    # beside speculative rows, so no rule under the drop; without it the rule stands
+    from vllm_hybrid_npu.patches import gdn_prefill_checkpoint as gpc
+
+    monkeypatch.setattr(gpc, "exporter_path", lambda config, target: ("ascend-chunk", ""))
     assert mod.decide(types.SimpleNamespace(**dropped), Stack("npu", "0.30.0")) is None
+    assert mod.decide(types.SimpleNamespace(**fields), Stack("npu", "0.30.0")) is not None
     assert mod.drop_read(Stack("cpu", "0.30.0")) and not mod.drop_read(Stack("npu", "0.30.0"))
     assert mod.DROP_VERSIONS == ("0.30.0",)
-    # budget_rule_expected reads no drop: every vLLM with budget-sized chunks takes the drop
+    # budget_rule_expected reads the drop by target only: every vLLM with budget-sized chunks
+    # is one the rule takes the drop on
     assert set(mod.BUDGET_VERSIONS) <= set(mod.DROP_VERSIONS)
 
 

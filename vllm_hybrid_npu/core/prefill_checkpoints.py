@@ -205,11 +205,12 @@ def drop_chunk_end(start: int, end: int, num_prompt_tokens: int, block: int,
     the chunk ends at ``p`` itself, whose running state fills the block ending at ``p`` (``p``
     is on the block grid). A final chunk (``end >= num_prompt_tokens``) keeps ``end``.
 
-    Only ``p`` is guarded. For a prompt on the block grid (``n % block == 0``) vLLM's own split
-    stops at ``n - block`` instead (``Scheduler._mamba_block_aligned_split``'s last cacheable
-    position, where a longer prompt sharing all ``n`` tokens lands after its drop) and caches
-    nothing at ``p = n - 2 * block``: with this rule a repeat hits ``p`` where vLLM's hits 0,
-    and such a longer prompt hits ``p`` where vLLM's hits ``n - block``."""
+    Only ``p`` is guarded. For a prompt on the block grid (``n % block == 0``) whose final chunk
+    under vLLM's own split would start past ``n - 3 * block``, that split stops at ``n - block``
+    instead (``Scheduler._mamba_block_aligned_split``'s last cacheable position, where a longer
+    prompt sharing all ``n`` tokens lands after its drop) and caches no state at ``p = n - 2 *
+    block``: with this rule a repeat hits ``p`` where vLLM's finds none there, and such a longer
+    prompt hits ``p`` where vLLM's hits ``n - block``."""
     p = drop_checkpoint(num_prompt_tokens, block)
     if end >= num_prompt_tokens or not start < p < end:
         return end

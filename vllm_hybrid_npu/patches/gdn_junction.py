@@ -42,8 +42,8 @@ hands the managers the prompt checkpoint or the chunk's last boundary past it
 (:meth:`JunctionRule.crossed`). Only with the prefix-match unit at the block, and only on vLLM
 0.30 (:data:`BUDGET_VERSIONS`).
 
-Under EAGLE/MTP's block drop (vLLM 0.30, :data:`DROP_VERSIONS`, the prefix-match unit at the
-block: :func:`drop_off`) both rules hold at the drop's
+Under EAGLE/MTP's block drop (vLLM 0.30's CPU path, :data:`DROP_VERSIONS` and
+:data:`DROP_TARGETS`, the prefix-match unit at the block: :func:`drop_off`) both rules hold at the drop's
 positions (:attr:`JunctionRule.eagle_drop`): a later request's attention lookup matches one block
 past its hit and drops it, so its Mamba lookup wants the state exactly there. The junction
 (``shared_prefix_boundary``) is that post-drop hit already; the prompt checkpoint the manager
@@ -66,7 +66,7 @@ The Mamba managers are vLLM's ``MambaManager`` or a subclass (vllm-ascend's
 a row (a junction, the crossed boundary, the prompt's own) on vLLM 0.30's V2 runner, which
 receives the engine's list. Elsewhere (CUDA's V1 runner, FlashInfer,
 ``FLA_USE_FAST_OPS=1``, DCP / PCP / micro-batching; vllm-ascend's V2 runner, DCP, a KV connector;
-EAGLE/MTP's block drop on vLLM 0.32, logged)
+EAGLE/MTP's block drop on vLLM 0.32 or on vllm-ascend's paths, logged)
 nothing applies and vLLM stops at the junction, as before (:func:`~.gdn_prefill_checkpoint.junctions_off`). A junction the manager cannot place (its column not null) keeps nothing
 there: the chunk already ran past it, so a later sharer hits less, but no block is cached
 unwritten. Until: vLLM exports junction states inside the step itself (RFC #52959).
