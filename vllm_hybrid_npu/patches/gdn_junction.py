@@ -266,7 +266,7 @@ def drop_read(stack: Stack) -> bool:
     return stack.vllm in DROP_VERSIONS and stack.target in DROP_TARGETS
 
 
-def drop_off(scheduler: Any, drop: bool = True) -> str | None:
+def drop_off(scheduler: Any, drop: bool) -> str | None:
     """Why the junction rule is off under EAGLE/MTP's block drop for ``scheduler`` (vLLM's
     ``Scheduler``), or None where it holds at the drop's positions: ``drop`` False (the stack
     is not one :func:`drop_read` names), or a prefix-match unit below the block
