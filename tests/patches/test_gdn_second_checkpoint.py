@@ -223,45 +223,63 @@ def test_mode_names_the_variable(monkeypatch):
     assert S.mode() == "off"
 
 
-def test_worker_plans_both_checkpoints_by_hand():
+def test_worker_plans_both_checkpoints_by_hand(monkeypatch):
     """``gdn_prefill_checkpoint._with_explicit`` with the engine's lists of second blocks: a decode
     row, a cold 700-token row whose checkpoint 640 went to the second block 41 (its column 1,
     block 11, keyed at 512) and a row with a junction at 256 (block 21) starting at 0 with 900
     tokens, second block 42 for its checkpoint 896 (block 23 at 768): the rows' checkpoints by
-    hand, each block in a column appended to the table (two: the longest list less its own)."""
+    hand, the ``j``-th of a row's list in column ``width + j``; then the blocks the checkpoints
+    are written to (``ops.build_metadata``): the engine's, uploaded once for every KV-cache group
+    the engine listed alike (``_named_blocks``), each group its own."""
     import torch
 
     from vllm_hybrid_npu.core import prefill_checkpoints as core
+    from vllm_hybrid_npu.ops import gdn_checkpoint as ops
     from vllm_hybrid_npu.patches import gdn_prefill_checkpoint as gdn
 
     table = torch.tensor([[5, 0, 0, 0], [0, 11, 12, 0], [21, 0, 23, 24]], dtype=torch.int32)
     seq_lens, qlens = [57, 700, 900], [1, 700, 900]
     sent = {1: ((512, 11, "boundary"), (640, 41, "second")),
             2: ((256, 21, "junction"), (768, 23, "boundary"), (896, 42, "second"))}
-    out_table, offsets, cols, junctions = gdn._with_explicit(
-        table, sent, seq_lens, qlens, [0, 640, 896], [-1, 1, 2])
-    assert out_table.tolist() == [[5, 0, 0, 0, 0, 0, 0], [0, 11, 12, 0, 11, 41, 0],
-                                  [21, 0, 23, 24, 21, 23, 42]]
+    offsets, cols, junctions = gdn._with_explicit(sent, seq_lens, qlens, [0, 640, 896], [-1, 1, 2], 4)
     assert (offsets, cols) == ([0, 640, 896], [-1, 5, 6])
     assert junctions == {1: [(512, 4)], 2: [(256, 4), (768, 5)]}
     plan = core.plan_step([0, 1, 701, 1601], offsets, cols, 1, junctions=junctions)
-    assert [(r, o, out_table[r, c].item()) for r, o, c in zip(plan.rows, plan.offsets, plan.cols)] == \
-        [(1, 512, 11), (1, 640, 41), (2, 256, 21), (2, 768, 23), (2, 896, 42)]
-    # a device block table (CUDA's V2 runner): the columns go up through the runner's upload
-    # (vLLM's async_tensor_h2d, pinned), once, with the rows' block ids
+    assert [(r, o, c) for r, o, c in zip(plan.rows, plan.offsets, plan.cols)] == \
+        [(1, 512, 4), (1, 640, 5), (2, 256, 4), (2, 768, 5), (2, 896, 6)]
+    # two KV-cache groups listed alike (other blocks in group 3), one listing other positions:
+    # one upload (vLLM's async_tensor_h2d on a device: pinned) of both alike groups' blocks
+    other = {1: ((512, 61, "boundary"), (640, 62, "second")),
+             2: ((256, 63, "junction"), (768, 64, "boundary"), (896, 65, "second"))}
+    payload = {0: {"a": sent[1], "b": sent[2]}, 3: {"a": other[1], "b": other[2]},
+               5: {"a": ((576, 71, "prompt"),), "b": sent[2]}}
+    rids = ["d", "a", "b"]
     up_calls = []
     up = lambda values, dtype: up_calls.append((list(values), dtype)) or torch.tensor(values, dtype=dtype)
-    out_table = gdn._with_explicit(table, {1: sent[1]}, seq_lens, qlens, [0, 640, 0],
-                                   [-1, 1, -1], up)[0]
-    assert up_calls == [([0, 0, 11, 41, 0, 0], torch.int32)] and out_table[:, 5].tolist() == [0, 41, 0]
+    monkeypatch.setattr(gdn, "_NAMED", [None, None, {}])
+    named0 = gdn._named_blocks((payload, 0, rids), plan, 4, None, up)
+    named3 = gdn._named_blocks((payload, 3, rids), plan, 4, None, up)
+    assert up_calls == [([11, 41, 21, 23, 42, 61, 62, 63, 64, 65], torch.int64)]
+    monkeypatch.setattr(ops, "_SHARED", [None, None])
+    md0 = ops.build_metadata(plan, table, up, "split", named=named0)
+    md3 = ops.build_metadata(plan, table, up, "split", named=named3)
+    assert md0.slots.tolist() == [11, 41, 21, 23, 42] and md3.slots.tolist() == [61, 62, 63, 64, 65]
+    assert md3.conv_end is md0.conv_end  # the plan's tensors, uploaded once for the step
     # a row whose own plan is not the engine's (offset 576): the engine's list is written (the
     # blocks its KV-cache manager keys), nothing at 576
-    _, offsets, cols, junctions = gdn._with_explicit(table, {1: sent[1]}, seq_lens, qlens,
-                                                     [0, 576, 0], [-1, 1, -1])
+    offsets, cols, junctions = gdn._with_explicit({1: sent[1]}, seq_lens, qlens, [0, 576, 0],
+                                                  [-1, 1, -1], 4)
     assert (offsets, cols, junctions) == ([0, 640, 0], [-1, 5, -1], {1: [(512, 4)]})
+    # rows the table decides beside a named row: row 2's own checkpoint 896 in its column 3
+    plan = core.plan_step([0, 1, 701, 1601], [0, 640, 896], [-1, 5, 3], 1, junctions=junctions)
+    named = gdn._named_blocks(({0: {"a": sent[1]}}, 0, rids), plan, 4, None, up)
+    md = ops.build_metadata(plan, table, up, "split", named=named)
+    assert md.slots.tolist() == [11, 41, 24]
+    with pytest.raises(ValueError, match="named blocks"):
+        ops.build_metadata(plan, table, up, "split")
     # a listed position outside the row's chunk (a stale list): refused
     with pytest.raises(RuntimeError, match="outside the row's chunk"):
-        gdn._with_explicit(table, {1: ((700, 11, "junction"),)}, seq_lens, qlens, [0, 0, 0], [-1, -1, -1])
+        gdn._with_explicit({1: ((700, 11, "junction"),)}, seq_lens, qlens, [0, 0, 0], [-1, -1, -1], 4)
 
 
 def test_payload_survives_the_multiprocess_executor():

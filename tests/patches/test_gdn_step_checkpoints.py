@@ -181,6 +181,26 @@ def test_builder_plans_the_engines_checkpoints(monkeypatch):
     device[1, 2] = 22
     plain = gpc.build_checkpoints(builder, common, metadata, CUDA, lambda b, d: None)
     assert (plain.plan.rows, plain.plan.offsets, plain.slots.tolist()) == ((1,), (1152,), [22])
+    # a second GDN KV-cache group in the same step (the V2 runner builds each group): the
+    # group's own blocks, from its list and its table; the plan and its device tensors shared
+    other = types.SimpleNamespace(kv_cache_spec=spec, vllm_config=config)
+    other_table = device + 100
+    runner.attn_groups.append([types.SimpleNamespace(metadata_builders=[other])])
+    payload[1] = {"s": ((768, 71, "junction"), (1152, 72, "prompt")),
+                  "b": ((1152, 73, "crossed"), (1920, 74, "junction"))}
+    token = gpc.STEP.set((runner, payload))
+    try:
+        first = gpc.build_checkpoints(builder, common, metadata, CUDA, lambda b, d: None)
+        second = gpc.build_checkpoints(other, types.SimpleNamespace(
+            **{**vars(common), "block_table_tensor": other_table}), metadata, CUDA, lambda b, d: None)
+    finally:
+        gpc.STEP.reset(token)
+    assert first.slots.tolist() == [21, 22, 43, 44] and second.slots.tolist() == [71, 72, 73, 74]
+    assert second.plan is first.plan and second.conv_end is first.conv_end
+    # a step without lists: each group's checkpoint from its own table
+    again = gpc.build_checkpoints(other, types.SimpleNamespace(
+        **{**vars(common), "block_table_tensor": other_table}), metadata, CUDA, lambda b, d: None)
+    assert again.plan == plain.plan and again.slots.tolist() == [122]
 
 
 def test_mid_block_stop_stands_aside_where_cuda_writes_the_boundary(monkeypatch):

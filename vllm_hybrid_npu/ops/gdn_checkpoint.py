@@ -27,7 +27,7 @@ import contextlib
 import contextvars
 import dataclasses
 import itertools
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
@@ -59,8 +59,9 @@ class CheckpointMetadata:
 
     Attributes:
         plan: the host plan; ``method``: ``"split"`` or ``"fused"``.
-        rows, cols: int64 [n] each checkpoint's block-table row and column.
-        slots: int64 [n] the checkpoint blocks (gathered on the device from the group's table);
+        rows, cols: int64 [n] each checkpoint's block-table row and column (the plan's).
+        slots: int64 [n] the checkpoint blocks (the engine's named blocks, or gathered on the
+            device from the group's table: :func:`build_metadata`);
             ``conv_end``: int64 [n] their batch token indices; ``chunk_index``: int64 [n] their
             chunks among the prefill rows' 64-token chunks; ``ckpt_seq``: int64 [n] their rows
             among the prefill rows.
@@ -95,37 +96,70 @@ class CheckpointMetadata:
     order: torch.Tensor | None = None
     method: str = "split"
     _memo: dict = dataclasses.field(default_factory=dict, repr=False)
+    _plan_memo: dict = dataclasses.field(default_factory=dict, repr=False)
 
     def conv_rows(self, width: int) -> torch.Tensor:
         """int64 [n * (width - 1)] batch indices of the ``width - 1`` input rows before each
-        checkpoint, checkpoint-major; uploaded once per step, shared by the group's layers."""
-        return self.memo(f"conv-{width}", lambda: self.to_device(
+        checkpoint, checkpoint-major; uploaded once per step, shared by the step's GDN KV-cache
+        groups and their layers."""
+        return self.plan_memo(f"conv-{width}", lambda: self.to_device(
             [e + d for e in self.plan.conv_end for d in range(1 - width, 0)], torch.int64))
 
     def memo(self, key: str, make: Callable[[], Any]) -> Any:
-        """``make()`` once per step and ``key`` (structures every layer of the group shares)."""
+        """``make()`` once per step and ``key`` (structures every layer of the group shares;
+        ``make`` may read the group's own metadata)."""
         if key not in self._memo:
             self._memo[key] = make()
         return self._memo[key]
 
+    def plan_memo(self, key: str, make: Callable[[], Any]) -> Any:
+        """``make()`` once per plan and ``key``, shared by the step's GDN KV-cache groups:
+        ``make`` reads the plan alone."""
+        if key not in self._plan_memo:
+            self._plan_memo[key] = make()
+        return self._plan_memo[key]
+
 
 def build_metadata(plan: StepPlan, block_table: torch.Tensor, to_device: ToDevice,
-                   method: str = "split", kernel_meta: KernelMeta | None = None) -> CheckpointMetadata:
+                   method: str = "split", kernel_meta: KernelMeta | None = None,
+                   named: torch.Tensor | None = None,
+                   table_rows: Sequence[int] | None = None) -> CheckpointMetadata:
     """The device side of ``plan`` for ``method``: its integer fields in one upload (int64; the
-    split's cu_seqlens cast to int32 on the device; shared by the step's GDN KV-cache groups:
-    :data:`_SHARED`), the checkpoint blocks gathered on the device from ``block_table`` (int32
-    [R, columns], the group's); for the split also, per call (one per :attr:`StepPlan.rounds`),
-    its bounds, indices, carried rows and ``kernel_meta``'s chunk metadata (None: the backend
-    needs none). Raises ValueError for a method other than ``split`` or ``fused``, and for a fused
-    checkpoint off the 64-token chunk grid."""
+    split's cu_seqlens cast to int32 on the device), shared by the step's GDN KV-cache groups with
+    the layers' per-step structures (:data:`_SHARED`, :meth:`CheckpointMetadata.memo`); for the
+    split also, per call (one per :attr:`StepPlan.rounds`), its bounds, indices, carried rows and
+    ``kernel_meta``'s chunk metadata (None: the backend needs none).
+
+    The checkpoint blocks (``slots``): a checkpoint whose plan column is below ``block_table``'s
+    width (int32 [R, columns], the group's) is read from that column of its row on the device
+    (row ``table_rows[plan row]``; default the plan's row); one at or past it is the engine's
+    named block, the next of ``named`` (int64 [m] on the device, in the plan's checkpoint order).
+    A step whose blocks are all named gathers nothing; otherwise one ``index_select`` over the
+    flattened table (and ``named``).
+
+    Raises:
+        ValueError: a method other than ``split`` or ``fused``; a fused checkpoint off the
+            64-token chunk grid; ``named`` not holding one block per named checkpoint.
+    """
     if method not in METHODS:
         raise ValueError(f"GDN checkpoint export method {method!r}: expected one of {METHODS}")
-    key = (plan, method, str(block_table.device))
+    rows, width = block_table.shape[0], block_table.shape[1]
+    key = (plan, method, block_table.device, rows, width, None if table_rows is None else tuple(table_rows))
     if _SHARED[0] != key:  # the step's first GDN KV-cache group: plan the upload
-        _SHARED[:] = [key, _upload(plan, method, to_device, kernel_meta)]
+        _SHARED[:] = [key, _upload(plan, method, to_device, kernel_meta, rows, width, table_rows)]
     shared = _SHARED[1]
-    return CheckpointMetadata(plan=plan, slots=block_table[shared["rows"], shared["cols"]].to(torch.int64),
-                              to_device=to_device, method=method, **shared)
+    m = shared["named"]
+    if (0 if named is None else named.numel()) != m:
+        raise ValueError(f"GDN checkpoints: {m} named blocks in the plan, "
+                         f"{0 if named is None else named.numel()} given")
+    if m == len(plan.rows):
+        slots = named
+    elif not m:
+        slots = block_table.reshape(-1).index_select(0, shared["flat"]).to(torch.int64)
+    else:
+        slots = torch.cat([block_table.reshape(-1).to(torch.int64), named]).index_select(0, shared["flat"])
+    return CheckpointMetadata(plan=plan, slots=slots, to_device=to_device, method=method,
+                              **{k: v for k, v in shared.items() if k not in ("named", "flat")})
 
 
 def regather(md: CheckpointMetadata, block_table: torch.Tensor) -> CheckpointMetadata:
@@ -138,13 +172,23 @@ def regather(md: CheckpointMetadata, block_table: torch.Tensor) -> CheckpointMet
 
 
 #: ``[key, fields]`` of the last plan uploaded: the step's other GDN KV-cache groups have the same
-#: plan (their block tables differ) and reuse its device tensors, so a step uploads once. The
-#: tensors are never written, so a later step with an equal plan may reuse them too.
+#: plan (their block tables differ) and reuse its device tensors and layer structures, so a step
+#: uploads once. The tensors are never written, and the structures are the plan's alone, so a
+#: later step with an equal plan may reuse them too.
 _SHARED: list = [None, None]
 
 
-def _upload(plan: StepPlan, method: str, to_device: ToDevice, kernel_meta: KernelMeta | None) -> dict:
+def _upload(plan: StepPlan, method: str, to_device: ToDevice, kernel_meta: KernelMeta | None,
+            rows: int, width: int, table_rows: Sequence[int] | None) -> dict:
     n, fused = len(plan.rows), method == "fused"
+    # each checkpoint's index into the flattened table [rows * width], then the named blocks
+    flat, named = [], 0
+    for r, c in zip(plan.rows, plan.cols):
+        if c >= width:
+            flat.append(rows * width + named)
+            named += 1
+        else:
+            flat.append((r if table_rows is None else table_rows[r]) * width + c)
     if fused and any(off % CHUNK for off in plan.offsets):
         raise ValueError(f"fused GDN checkpoint export: offsets {plan.offsets} are not all at a "
                          f"{CHUNK}-token chunk start (the declared alignment)")
@@ -152,6 +196,8 @@ def _upload(plan: StepPlan, method: str, to_device: ToDevice, kernel_meta: Kerne
     fields: dict[tuple[str, str], list[int]] = {
         (name, ""): list(getattr(plan, name))
         for name in ("rows", "cols", "conv_end", "chunk_index", "ckpt_seq")}
+    if named < n:
+        fields["flat", ""] = flat
     if fused:
         fields["chunk_map", ""], fields["chunk_starts", ""] = plan.chunk_map(), list(plan.chunk_starts)
     else:
@@ -181,7 +227,8 @@ def _upload(plan: StepPlan, method: str, to_device: ToDevice, kernel_meta: Kerne
         index={p: per_call["index"].get(p) for p in bounds},
         bounds={p: device for p, (_, device) in bounds.items()},
         kernel_meta={} if kernel_meta is None else {p: kernel_meta(*b) for p, b in bounds.items()},
-        carry=per_call["carry"], round_rows=per_call["round_rows"], order=dev.get(("order", "")))
+        carry=per_call["carry"], round_rows=per_call["round_rows"], order=dev.get(("order", "")),
+        named=named, flat=dev.get(("flat", "")), _plan_memo={})
 
 
 def write_conv(conv_cache: torch.Tensor, mixed_qkv: torch.Tensor, md: CheckpointMetadata,
@@ -234,7 +281,7 @@ def run_split(run: Callable[..., tuple[torch.Tensor, torch.Tensor]], md: Checkpo
     if plan.tails_are_suffix:  # only the last prefill row has checkpoints: each round a slice
         # each round's tokens follow the previous round's (rows with no tokens after the last
         # one, a full graph's padding, add none)
-        cuts = md.memo("split-cuts", lambda: [0, *itertools.accumulate(
+        cuts = md.plan_memo("split-cuts", lambda: [0, *itertools.accumulate(
             plan.round_bounds(k)[-1] for k in range(len(plan.rounds)))])
     state, o_parts, finals, states = initial_state, [], [], []
     for k, name in enumerate(parts):

@@ -29,7 +29,7 @@ import itertools
 import logging
 import os
 import sys
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -273,6 +273,11 @@ def build_checkpoints(builder: Any, common: Any, metadata: Any, stack: Stack,
     the step (:data:`STEP`, :mod:`.gdn_step_checkpoints`), with its block ids: no block-table
     column is read for them.
 
+    Per step, the plan is made once: the step's other GDN KV-cache groups, whose lists differ in
+    block ids only, take it (:data:`_PLAN`) with its device tensors (``ops.build_metadata``), and
+    the blocks the engine named for every group go up in one upload (:func:`_named_blocks`); a
+    group's own work is then its table's gather, or nothing where the engine named every block.
+
     In a step with speculative decode rows (``metadata.spec_sequence_masks`` set; the rows whose
     ``draft_tokens_cpu``, vLLM's ``num_decode_draft_tokens_cpu`` int32 [R], is >= 0) the plan is
     of the other rows alone, in vLLM's non-speculative order and token layout (the rows and
@@ -292,7 +297,9 @@ def build_checkpoints(builder: Any, common: Any, metadata: Any, stack: Stack,
         return None
     n = int(common.num_reqs)
     qsl = common.query_start_loc_cpu[: n + 1].tolist()
-    explicit = _step_checkpoints(builder, n)
+    lists = _step_lists(builder, n)
+    explicit = _explicit_rows(lists)
+    table_rows = None  # the plan's rows are the batch's
     if common.seq_lens_cpu_upper_bound is None and (explicit or stack.vllm not in VLLM_PLAN):
         raise RuntimeError(f"vllm-hybrid-npu GDN prefill checkpoints: the model runner passed no "
                            f"seq_lens_cpu_upper_bound; set {ENV_VAR}=off")
@@ -310,7 +317,7 @@ def build_checkpoints(builder: Any, common: Any, metadata: Any, stack: Stack,
         explicit = {keep.index(r): v for r, v in explicit.items()}
         qlens = [qsl[r + 1] - qsl[r] for r in keep]
         qsl, seq_lens, n = [0, *itertools.accumulate(qlens)], [seq_lens[r] for r in keep], len(keep)
-        table = table.index_select(0, torch.tensor(keep, dtype=torch.int64).to(table.device))
+        table_rows = keep  # the plan's row r is the batch's keep[r]
         assert metadata.num_decodes == 0, "vLLM and vllm-ascend run 1-token rows as prefills here"
     if stack.vllm in VLLM_PLAN:  # request rows 0..n-1; each row's block (gathered) as a column
         planned = metadata.checkpoint
@@ -318,27 +325,50 @@ def build_checkpoints(builder: Any, common: Any, metadata: Any, stack: Stack,
             return None  # no path of ours (vLLM's FlashInfer exports its own plan), or nothing
         offsets, cols = (list(planned.offsets), [0] * n) if planned else ([0] * n, [-1] * n)
         table = planned.state_indices[:, None] if planned else common.block_table_tensor[:n, :0]
+        table_rows, width = None, table.shape[1]
+        plan = _plan(qsl, seq_lens, offsets, cols, explicit, width, metadata.num_decodes)
     else:
-        from vllm.v1 import kv_cache_interface as kv
+        spec_config, width = config.speculative_config, table.shape[1]
+        rule = (getattr(config.cache_config, "prefix_match_unit", None) or spec.block_size,
+                spec.block_size, spec.prefill_checkpoint_alignment,
+                bool(spec_config is not None and spec_config.use_eagle_block_drop()))
+        key = (tuple(qsl), tuple(seq_lens), metadata.num_decodes, width, rule,
+               tuple((r, tuple((p, k) for p, _, k in e)) for r, e in explicit.items()))
+        if _PLAN[0] != key:  # the step's first GDN KV-cache group (the others plan alike)
+            from vllm.v1 import kv_cache_interface as kv
 
-        spec_config = config.speculative_config
-        offsets, cols = core.checkpoint_offsets(
-            seq_lens, [e - s for s, e in zip(qsl, qsl[1:])],
-            hash_block_size=getattr(config.cache_config, "prefix_match_unit", None) or spec.block_size,
-            block_size=spec.block_size, alignment=spec.prefill_checkpoint_alignment,
-            drop_eagle_block=bool(spec_config is not None and spec_config.use_eagle_block_drop()),
-            position_fn=kv.get_mamba_prefill_checkpoint_position,
-            valid_fn=kv.is_mamba_prefill_checkpoint_valid)
+            offsets, cols = core.checkpoint_offsets(
+                seq_lens, [e - s for s, e in zip(qsl, qsl[1:])], hash_block_size=rule[0],
+                block_size=rule[1], alignment=rule[2], drop_eagle_block=rule[3],
+                position_fn=kv.get_mamba_prefill_checkpoint_position,
+                valid_fn=kv.is_mamba_prefill_checkpoint_valid)
+            _PLAN[:] = [key, _plan(qsl, seq_lens, offsets, cols, explicit, width, metadata.num_decodes)]
+        plan = _PLAN[1]
+    if plan is None:
+        return None
+    method, to_device = _method_of(builder, stack), _to_device(table.device)
+    named = _named_blocks(lists, plan, width, table_rows, to_device) if explicit else None
+    return ops.build_metadata(plan, table, to_device, method,
+                              kernel_meta(builder, table.device) if method == "split" else None,
+                              named=named, table_rows=table_rows)
+
+
+#: ``[key, plan]``: the last plan :func:`build_checkpoints` made from ``core.checkpoint_offsets``,
+#: keyed by everything it reads (the rows' lengths, the listed positions and kinds, the table's
+#: width, the block, alignment and drop rule); the step's other GDN KV-cache groups, whose lists
+#: differ in block ids only, take it as it is.
+_PLAN: list = [None, None]
+
+
+def _plan(qsl: list, seq_lens: list, offsets: list, cols: list, explicit: dict, width: int,
+          num_decodes: int) -> core.StepPlan | None:
+    """``core.plan_step`` of the rows' own checkpoints (``offsets``, ``cols``) with the engine's
+    ``explicit`` lists (:func:`_with_explicit`, columns from ``width``)."""
     junctions: dict = {}
     if explicit:
-        table, offsets, cols, junctions = _with_explicit(
-            table[:n], explicit, seq_lens, [e - s for s, e in zip(qsl, qsl[1:])], list(offsets),
-            list(cols), _to_device(table.device))
-    if (plan := core.plan_step(qsl, offsets, cols, metadata.num_decodes, junctions=junctions)) is None:
-        return None
-    method = _method_of(builder, stack)
-    return ops.build_metadata(plan, table, _to_device(table.device), method,
-                              kernel_meta(builder, table.device) if method == "split" else None)
+        offsets, cols, junctions = _with_explicit(
+            explicit, seq_lens, [e - s for s, e in zip(qsl, qsl[1:])], list(offsets), list(cols), width)
+    return core.plan_step(qsl, offsets, cols, num_decodes, junctions=junctions)
 
 
 def _path_of(builder: Any, stack: Stack) -> str | None:
@@ -365,35 +395,82 @@ STEP: contextvars.ContextVar = contextvars.ContextVar("vhn_step_checkpoints", de
 V2_REQ_IDS = "_vhn_req_ids"
 
 
-def _step_checkpoints(builder: Any, num_reqs: int) -> dict[int, tuple]:
-    """For a GDN metadata ``builder`` of the step the model runner is executing (:data:`STEP`):
-    ``{batch row: ((position, block id, kind), ...)}`` of the rows the engine listed in the
-    builder's KV-cache group (rows: the runner's ``input_batch.req_ids``, vLLM's and
-    vllm-ascend's V1 runners, or the V2 runner's batch order, :data:`V2_REQ_IDS`; the first
-    ``num_reqs``). Empty outside such a step."""
+#: A step's explicit lists as one GDN metadata builder reads them (:func:`_step_lists`):
+#: ``(payload, KV-cache group id, request ids of the batch rows)``, ``payload`` as in
+#: :data:`STEP`.
+StepLists = tuple
+
+
+def _step_lists(builder: Any, num_reqs: int) -> StepLists | None:
+    """For a GDN metadata ``builder`` of the step the model runner is executing (:data:`STEP`)
+    whose KV-cache group the engine listed checkpoints for: ``(payload, group id, request ids
+    of the first num_reqs batch rows)`` (rows: the runner's ``input_batch.req_ids``, vLLM's and
+    vllm-ascend's V1 runners, or the V2 runner's batch order, :data:`V2_REQ_IDS`); else None."""
     step = STEP.get()
     if step is None:
-        return {}
+        return None
     runner, payload = step
     for gid, groups in enumerate(runner.attn_groups):
         if gid in payload and any(builder in g.metadata_builders for g in groups):
-            ids = payload[gid]
             rows = vars(runner).get(V2_REQ_IDS)
             rows = runner.input_batch.req_ids if rows is None else rows
-            return {r: ids[rid] for r, rid in enumerate(rows[:num_reqs]) if rid in ids}
-    return {}
+            return payload, gid, list(rows[:num_reqs])
+    return None
 
 
-def _with_explicit(table: torch.Tensor, explicit: dict[int, tuple], seq_lens: list, qlens: list,
-                   offsets: list, cols: list, to_device: ops.ToDevice | None = None):
+def _explicit_rows(lists: StepLists | None) -> dict[int, tuple]:
+    """``{batch row: ((position, block id, kind), ...)}`` of the rows the engine listed in the
+    builder's KV-cache group (:func:`_step_lists`); empty without."""
+    if lists is None:
+        return {}
+    payload, gid, rids = lists
+    ids = payload[gid]
+    return {r: ids[rid] for r, rid in enumerate(rids) if rid in ids}
+
+
+def _step_checkpoints(builder: Any, num_reqs: int) -> dict[int, tuple]:
+    """:func:`_explicit_rows` of ``builder``'s step (empty outside a step with lists)."""
+    return _explicit_rows(_step_lists(builder, num_reqs))
+
+
+#: ``[payload, plan, {KV-cache group id: int64 [m] device tensor}]``: the named blocks of the
+#: last step's plan, uploaded once for every group the engine listed alike (:func:`_named_blocks`).
+_NAMED: list = [None, None, {}]
+
+
+def _named_blocks(lists: StepLists, plan: core.StepPlan, width: int,
+                  table_rows: Sequence[int] | None, to_device: ops.ToDevice) -> torch.Tensor:
+    """int64 [m] on the device: the engine's block for each of ``plan``'s checkpoints in a
+    column at or past ``width`` (:func:`_with_explicit`'s), in the plan's order, for the
+    builder's KV-cache group. The step's first group uploads the blocks of every group whose
+    lists name the same positions and kinds for those rows, in one ``to_device``; the others
+    take their slice (:data:`_NAMED`)."""
+    payload, gid, rids = lists
+    memo = _NAMED
+    if memo[0] is payload and memo[1] == plan and gid in memo[2]:
+        return memo[2][gid]
+    picks = [(rids[r if table_rows is None else table_rows[r]], c - width)
+             for r, c in zip(plan.rows, plan.cols) if c >= width]
+    own = payload[gid]
+    shape = {rid: [(p, k) for p, _, k in own[rid]] for rid, _ in picks}
+    blocks = {g: [lists_[rid][j][1] for rid, j in picks] for g, lists_ in payload.items()
+              if all(rid in lists_ and [(p, k) for p, _, k in lists_[rid]] == s
+                     for rid, s in shape.items())}
+    m = len(picks)
+    buf = to_device([b for ids in blocks.values() for b in ids], torch.int64)
+    memo[:] = [payload, plan, {g: buf[i * m:(i + 1) * m] for i, g in enumerate(blocks)}]
+    return memo[2][gid]
+
+
+def _with_explicit(explicit: dict[int, tuple], seq_lens: list, qlens: list, offsets: list,
+                   cols: list, width: int):
     """The step's plan inputs with the engine's explicit checkpoints: each row of ``explicit``
     (``{row: ((position, block id, kind), ...)}``, :func:`core.step_checkpoints`, ascending) takes
-    all of its checkpoints from the list, each block in a column appended to ``table`` (int32
-    [R, columns], the builder's; 0, vLLM's null block, in the other rows), uploaded by
-    ``to_device`` (vLLM's ``async_tensor_h2d``: pinned memory, no host sync; default: a host
-    tensor): only in a step with such a row. A list ending in the chunk's own checkpoint
-    (``prompt`` or ``second``) gives the row's checkpoint; the rest are junctions
-    (``plan_step``'s). Returns ``(table, offsets, cols, junctions)``.
+    all of its checkpoints from the list, the ``j``-th in column ``width + j`` (past the group's
+    block table, ``width`` columns: a block the engine names, :func:`_named_blocks`). A list
+    ending in the chunk's own checkpoint (``prompt`` or ``second``) gives the row's checkpoint;
+    the rest are junctions (``plan_step``'s). Returns ``(offsets, cols, junctions)``; host
+    lists only.
 
     A row whose own plan (``offsets[row]`` > 0) is not the list's last checkpoint takes the
     list's (the blocks the KV-cache manager keys), logged once as a warning.
@@ -402,12 +479,10 @@ def _with_explicit(table: torch.Tensor, explicit: dict[int, tuple], seq_lens: li
         RuntimeError: a listed position outside the row's chunk (the engine and the worker
             disagree on the chunk: its blocks would be cached with other states).
     """
-    width, k = table.shape[1], max(len(v) for v in explicit.values())
-    ids, junctions = [0] * (table.shape[0] * k), {}
+    junctions = {}
     for r, entries in explicit.items():
         start = seq_lens[r] - qlens[r]
         points = [(p - start, width + j) for j, (p, _, _) in enumerate(entries)]
-        ids[r * k: r * k + len(entries)] = [b for _, b, _ in entries]
         own = points.pop() if entries[-1][2] in ("prompt", "second") else (0, -1)
         if not all(0 < o < qlens[r] for o, _ in points + [own] * (own[1] >= 0)):
             raise RuntimeError(f"vllm-hybrid-npu GDN checkpoints: row {r} ({start}-{seq_lens[r]} "
@@ -420,9 +495,7 @@ def _with_explicit(table: torch.Tensor, explicit: dict[int, tuple], seq_lens: li
         offsets[r], cols[r] = own
         if points:
             junctions[r] = points
-    block = (to_device(ids, table.dtype) if to_device is not None
-             else torch.tensor(ids, dtype=table.dtype))
-    return torch.cat([table, block.view(table.shape[0], k)], dim=1), offsets, cols, junctions
+    return offsets, cols, junctions
 
 
 #: Exporter paths that write several checkpoints per row (shared-prefix junctions, crossed block
