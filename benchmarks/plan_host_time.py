@@ -135,10 +135,11 @@ def run_call(row: str, base_site: str, cfg: dict) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.plan_host_time",
+                                 description=__doc__.split("\n\n")[0])
     ap.add_argument("--base-site", required=True,
                     help="directory whose vllm_hybrid_npu is the base row's (a checkout or a pip --target)")
-    ap.add_argument("--tokens", type=int, nargs="+", default=[8192, 32768])
+    ap.add_argument("--tokens", type=int, nargs="+", default=[8192, 32768], help="cold prompt lengths")
     ap.add_argument("--block", type=int, default=1088, help="GDN block size, tokens")
     ap.add_argument("--budget", type=int, default=16384, help="max_num_batched_tokens")
     ap.add_argument("--groups", type=int, default=3, help="GDN KV-cache groups")
