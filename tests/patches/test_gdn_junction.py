@@ -551,6 +551,19 @@ def test_rule_takes_mamba_manager_subclasses(monkeypatch):
     monkeypatch.setattr(gpc, "exporter_path", lambda config, target: ("ascend-chunk", ""))
     assert mod.decide(types.SimpleNamespace(**dropped), Stack("npu", "0.30.0")) is None
     assert mod.decide(types.SimpleNamespace(**fields), Stack("npu", "0.30.0")) is not None
+    # speculative decoding without the drop (disable_eagle_block_drop, or a drafter that is not
+    # EAGLE's): speculative decode rows beside several checkpoints a row all the same, so the
+    # rule stands only where that was checked (the CPU path on vLLM 0.30)
+    spec = types.SimpleNamespace(**{**vars(config), "speculative_config": object()})
+    undropped = {**fields, "vllm_config": spec}
+    assert mod.decide(types.SimpleNamespace(**undropped), Stack("npu", "0.30.0")) is None
+    rule = mod.decide(types.SimpleNamespace(**undropped), Stack("cpu", "0.30.0"))
+    assert rule is not None and not rule.eagle_drop
+    assert mod.junction_rule(types.SimpleNamespace(**undropped)) is None
+    assert mod.junction_rule(types.SimpleNamespace(**undropped), drop=True) is not None
+    # without the drop a prefix-match unit below the block keeps the rule (the drop's reason)
+    assert mod.junction_rule(types.SimpleNamespace(**{**undropped, "hash_block_size": 64}),
+                             drop=True) is not None
     assert mod.drop_read(Stack("cpu", "0.30.0")) and not mod.drop_read(Stack("npu", "0.30.0"))
     assert mod.DROP_VERSIONS == ("0.30.0",)
     # budget_rule_expected reads the drop by target only: every vLLM with budget-sized chunks

@@ -249,7 +249,7 @@ def junction_rule(scheduler: Any, budget: bool = True, drop: bool = False) -> Ju
     (``vllm_hybrid_npu_lab.exporter.apply_junction_entries``)."""
     managers = checkpoint_managers(scheduler.kv_cache_manager)
     if (not managers or not scheduler.mamba_has_prefill_checkpoint_blocks
-            or (scheduler.use_eagle_block_drop and drop_off(scheduler, drop) is not None)
+            or (speculative(scheduler) and drop_off(scheduler, drop) is not None)
             or getattr(scheduler, "num_hash_lookahead_tokens", 0)
             or exact_junction_stop(scheduler)):
         return None
@@ -266,16 +266,26 @@ def drop_read(stack: Stack) -> bool:
     return stack.vllm in DROP_VERSIONS and stack.target in DROP_TARGETS
 
 
+def speculative(scheduler: Any) -> bool:
+    """Whether ``scheduler``'s engine decodes speculatively (a ``speculative_config``: its
+    steps may hold speculative decode rows, with EAGLE/MTP's block drop or without; the drop
+    itself, ``use_eagle_block_drop``, implies one)."""
+    return (bool(getattr(scheduler, "use_eagle_block_drop", False))
+            or getattr(scheduler.vllm_config, "speculative_config", None) is not None)
+
+
 def drop_off(scheduler: Any, drop: bool) -> str | None:
-    """Why the junction rule is off under EAGLE/MTP's block drop for ``scheduler`` (vLLM's
-    ``Scheduler``), or None where it holds at the drop's positions: ``drop`` False (the stack
-    is not one :func:`drop_read` names), or a prefix-match unit below the block
+    """Why the junction rule is off under speculative decoding (:func:`speculative`) for
+    ``scheduler`` (vLLM's ``Scheduler``), or None where it holds (under EAGLE/MTP's block drop at
+    the drop's positions): ``drop`` False (the stack is not one :func:`drop_read` names: no
+    worker of it was checked writing several checkpoints a row beside speculative decode rows,
+    with the drop or without), or under the drop a prefix-match unit below the block
     (``hash_block_size`` under ``cache_config.block_size``: the drop then moves hits by the unit,
     which the rule was not checked against on vLLM's scheduler)."""
     if not drop:
         return (f"read against vLLM {', '.join(DROP_VERSIONS)} on the "
                 f"{', '.join(DROP_TARGETS)} path only")
-    if scheduler.hash_block_size != scheduler.cache_config.block_size:
+    if scheduler.use_eagle_block_drop and scheduler.hash_block_size != scheduler.cache_config.block_size:
         return "a prefix-match unit below the block"
     return None
 
@@ -293,12 +303,14 @@ def decide(scheduler: Any, stack: Stack) -> JunctionRule | None:
             scheduler.vllm_config, gdn.exporter_path(scheduler.vllm_config, stack.target)[0]) is None:
         rule = junction_rule(scheduler, budget=stack.vllm in BUDGET_VERSIONS,
                              drop=drop_read(stack))
-        if rule is None and scheduler.use_eagle_block_drop and (
+        if rule is None and speculative(scheduler) and (
                 why := drop_off(scheduler, drop_read(stack))) is not None:
             gdn._log_once("junction-eagle", "shared-prefix junction states and budget-sized "
-                          "chunks: off under EAGLE/MTP's block drop on vLLM %s, %s (%s; vLLM's "
+                          "chunks: off under speculative decoding%s on vLLM %s, %s (%s; vLLM's "
                           "junction stop and block-floored chunks kept); the prompt's checkpoint "
-                          "is exported at the drafter-drop position", stack.vllm, stack.target, why)
+                          "is exported%s", " with EAGLE/MTP's block drop"
+                          if scheduler.use_eagle_block_drop else "", stack.vllm, stack.target, why,
+                          " at the drafter-drop position" if scheduler.use_eagle_block_drop else "")
     if rule is not None:
         logger.info("vllm-hybrid-npu: shared-prefix junction states exported from inside the step "
                     "(block %d tokens): the scheduler does not stop at a junction it can export%s",
@@ -317,13 +329,13 @@ def budget_rule_expected(vllm_config: Any, target: str) -> bool:
     split entry's budget rule is applied or pending (:func:`budget_applied`), and no ``--prefix-match-unit`` is set (below
     the block its tail stops stay; the block is not known yet). The ``token-budget`` entries
     then leave the budget alone: no chunk ends on the block grid for them to save. Under
-    EAGLE/MTP's block drop only on :data:`DROP_TARGETS` (the budget rule's vLLM,
-    :data:`BUDGET_VERSIONS`, is one the rule takes the drop on, :data:`DROP_VERSIONS`)."""
+    speculative decoding (EAGLE/MTP's block drop or not) only on :data:`DROP_TARGETS` (the budget
+    rule's vLLM, :data:`BUDGET_VERSIONS`, is one the rule takes the drop on, :data:`DROP_VERSIONS`)."""
     spec = getattr(vllm_config, "speculative_config", None)
     return (gdn.junctions_off(vllm_config, gdn.exporter_path(vllm_config, target)[0]) is None
             and budget_applied()
             and getattr(vllm_config.cache_config, "prefix_match_unit", None) is None
-            and (target in DROP_TARGETS or spec is None or not spec.use_eagle_block_drop()))
+            and (target in DROP_TARGETS or spec is None))
 
 
 def _make_split(upstream: Any, stack: Stack) -> Any:

@@ -79,9 +79,10 @@ def decisions(scheduler: Any, stack: Stack) -> dict[str, str]:
         junctions = f"off ({why})"
     elif (off := gdn.junctions_off(config, path)) is not None:
         junctions = f"off ({off})"
-    elif scheduler.use_eagle_block_drop and (drop_why := junction.drop_off(
+    elif junction.speculative(scheduler) and (drop_why := junction.drop_off(
             scheduler, junction.drop_read(stack))) is not None:
-        junctions = f"off (EAGLE/MTP's block drop: {drop_why})"
+        under = "EAGLE/MTP's block drop" if scheduler.use_eagle_block_drop else "speculative decoding"
+        junctions = f"off ({under}: {drop_why})"
     else:
         junctions = "off"
     found = second.managers_of(scheduler.kv_cache_manager)
