@@ -557,6 +557,18 @@ def test_rule_takes_mamba_manager_subclasses(monkeypatch):
     spec = types.SimpleNamespace(**{**vars(config), "speculative_config": object()})
     undropped = {**fields, "vllm_config": spec}
     assert mod.decide(types.SimpleNamespace(**undropped), Stack("npu", "0.30.0")) is None
+    # (there vllm-ascend's path itself writes one checkpoint a row: junctions_off says so, and
+    # the engine's decision line names it for the junctions and the second block)
+    assert "speculative" in gpc.junctions_off(spec, "ascend-chunk")
+    assert gpc.junctions_off(config, "ascend-chunk") is None
+    monkeypatch.setenv(OPTIONS_ENV, "second=on")
+    npu_sched = types.SimpleNamespace(**undropped)
+    mod.decide(npu_sched, Stack("npu", "0.30.0"))
+    said = M.decisions(npu_sched, Stack("npu", "0.30.0"))
+    assert "speculative" in said["junctions"] and said["second"] == \
+        "off (second=on, speculative decoding on npu)", said
+    monkeypatch.delenv(OPTIONS_ENV)
+    monkeypatch.setattr(gpc, "exporter_path", lambda config, target: ("cpu", ""))
     rule = mod.decide(types.SimpleNamespace(**undropped), Stack("cpu", "0.30.0"))
     assert rule is not None and not rule.eagle_drop
     assert mod.junction_rule(types.SimpleNamespace(**undropped)) is None

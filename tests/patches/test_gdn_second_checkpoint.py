@@ -256,7 +256,7 @@ def test_worker_plans_both_checkpoints_by_hand(monkeypatch):
     rids = ["d", "a", "b"]
     up_calls = []
     up = lambda values, dtype: up_calls.append((list(values), dtype)) or torch.tensor(values, dtype=dtype)
-    monkeypatch.setattr(gdn, "_NAMED", [None, None, {}])
+    monkeypatch.setattr(gdn, "_NAMED", [None, {}])
     named0 = gdn._named_blocks((payload, 0, rids), plan, 4, None, up)
     named3 = gdn._named_blocks((payload, 3, rids), plan, 4, None, up)
     assert up_calls == [([11, 41, 21, 23, 42, 61, 62, 63, 64, 65], torch.int64)]

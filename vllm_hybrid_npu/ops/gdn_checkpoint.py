@@ -145,9 +145,12 @@ def build_metadata(plan: StepPlan, block_table: torch.Tensor, to_device: ToDevic
         raise ValueError(f"GDN checkpoint export method {method!r}: expected one of {METHODS}")
     rows, width = block_table.shape[0], block_table.shape[1]
     key = (plan, method, block_table.device, rows, width, None if table_rows is None else tuple(table_rows))
-    if _SHARED[0] != key:  # the step's first GDN KV-cache group: plan the upload
-        _SHARED[:] = [key, _upload(plan, method, to_device, kernel_meta, rows, width, table_rows)]
-    shared = _SHARED[1]
+    memo = _SHARED[:]
+    if memo[0] == key:  # uploaded by the step's first GDN KV-cache group
+        shared = memo[1]
+    else:
+        shared = _upload(plan, method, to_device, kernel_meta, rows, width, table_rows)
+        _SHARED[:] = [key, shared]
     m = shared["named"]
     if (0 if named is None else named.numel()) != m:
         raise ValueError(f"GDN checkpoints: {m} named blocks in the plan, "

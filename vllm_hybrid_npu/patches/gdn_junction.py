@@ -66,7 +66,8 @@ The Mamba managers are vLLM's ``MambaManager`` or a subclass (vllm-ascend's
 a row (a junction, the crossed boundary, the prompt's own) on vLLM 0.30's V2 runner, which
 receives the engine's list. Elsewhere (CUDA's V1 runner, FlashInfer,
 ``FLA_USE_FAST_OPS=1``, DCP / PCP / micro-batching; vllm-ascend's V2 runner, DCP, a KV connector;
-EAGLE/MTP's block drop on vLLM 0.32 or on vllm-ascend's paths, logged)
+speculative decoding on vLLM 0.32 or on vllm-ascend's paths, with EAGLE/MTP's block drop or
+without, logged)
 nothing applies and vLLM stops at the junction, as before (:func:`~.gdn_prefill_checkpoint.junctions_off`). A junction the manager cannot place (its column not null) keeps nothing
 there: the chunk already ran past it, so a later sharer hits less, but no block is cached
 unwritten. Until: vLLM exports junction states inside the step itself (RFC #52959).

@@ -91,6 +91,8 @@ def decisions(scheduler: Any, stack: Stack) -> dict[str, str]:
                               else "off"),
             "second": f"on ({len(found)} KV-cache groups)" if found else
             f"off ({second.KEY}=off)" if second.mode() != "on" else
+            f"off ({second.KEY}=on, speculative decoding on {stack.target})"
+            if junction.speculative(scheduler) and not junction.drop_read(stack) else
             f"off ({second.KEY}=on, no KV-cache group eligible here)",
             "drafter_drop": "on" if scheduler.use_eagle_block_drop else "off"}
 

@@ -334,7 +334,10 @@ def build_checkpoints(builder: Any, common: Any, metadata: Any, stack: Stack,
                 bool(spec_config is not None and spec_config.use_eagle_block_drop()))
         key = (tuple(qsl), tuple(seq_lens), metadata.num_decodes, width, rule,
                tuple((r, tuple((p, k) for p, _, k in e)) for r, e in explicit.items()))
-        if _PLAN[0] != key:  # the step's first GDN KV-cache group (the others plan alike)
+        memo = _PLAN[:]
+        if memo[0] == key:  # planned by the step's first GDN KV-cache group (the others alike)
+            plan = memo[1]
+        else:
             from vllm.v1 import kv_cache_interface as kv
 
             offsets, cols = core.checkpoint_offsets(
@@ -342,8 +345,8 @@ def build_checkpoints(builder: Any, common: Any, metadata: Any, stack: Stack,
                 block_size=rule[1], alignment=rule[2], drop_eagle_block=rule[3],
                 position_fn=kv.get_mamba_prefill_checkpoint_position,
                 valid_fn=kv.is_mamba_prefill_checkpoint_valid)
-            _PLAN[:] = [key, _plan(qsl, seq_lens, offsets, cols, explicit, width, metadata.num_decodes)]
-        plan = _PLAN[1]
+            plan = _plan(qsl, seq_lens, offsets, cols, explicit, width, metadata.num_decodes)
+            _PLAN[:] = [key, plan]
     if plan is None:
         return None
     method, to_device = _method_of(builder, stack), _to_device(table.device)
@@ -433,9 +436,10 @@ def _step_checkpoints(builder: Any, num_reqs: int) -> dict[int, tuple]:
     return _explicit_rows(_step_lists(builder, num_reqs))
 
 
-#: ``[payload, plan, {KV-cache group id: int64 [m] device tensor}]``: the named blocks of the
-#: last step's plan, uploaded once for every group the engine listed alike (:func:`_named_blocks`).
-_NAMED: list = [None, None, {}]
+#: ``[(payload, plan, width, table rows), {KV-cache group id: int64 [m] device tensor}]``: the
+#: named blocks of the last step's plan, uploaded once for every group the engine listed alike
+#: (:func:`_named_blocks`).
+_NAMED: list = [None, {}]
 
 
 def _named_blocks(lists: StepLists, plan: core.StepPlan, width: int,
@@ -446,9 +450,10 @@ def _named_blocks(lists: StepLists, plan: core.StepPlan, width: int,
     lists name the same positions and kinds for those rows, in one ``to_device``; the others
     take their slice (:data:`_NAMED`)."""
     payload, gid, rids = lists
-    memo = _NAMED
-    if memo[0] is payload and memo[1] == plan and gid in memo[2]:
-        return memo[2][gid]
+    key, found = _NAMED[:]
+    if (key is not None and key[0] is payload and key[1:] == (plan, width, table_rows)
+            and gid in found):
+        return found[gid]
     picks = [(rids[r if table_rows is None else table_rows[r]], c - width)
              for r, c in zip(plan.rows, plan.cols) if c >= width]
     own = payload[gid]
@@ -458,8 +463,9 @@ def _named_blocks(lists: StepLists, plan: core.StepPlan, width: int,
                      for rid, s in shape.items())}
     m = len(picks)
     buf = to_device([b for ids in blocks.values() for b in ids], torch.int64)
-    memo[:] = [payload, plan, {g: buf[i * m:(i + 1) * m] for i, g in enumerate(blocks)}]
-    return memo[2][gid]
+    found = {g: buf[i * m:(i + 1) * m] for i, g in enumerate(blocks)}
+    _NAMED[:] = [(payload, plan, width, table_rows), found]
+    return found[gid]
 
 
 def _with_explicit(explicit: dict[int, tuple], seq_lens: list, qlens: list, offsets: list,
@@ -523,7 +529,9 @@ def junctions_off(vllm_config: Any, path: str | None) -> str | None:
     (the ubatch runner's tables), and on vllm-ascend a KV transfer connector
     (``AscendMambaManager`` counts a block more for a synchronous external hit and vllm-ascend
     keeps a KV consumer's chunk whole, ``patch_mamba_block_aligned_split``: neither composed with
-    the junction block here)."""
+    the junction block here), and on vllm-ascend speculative decoding (its paths are replayed with
+    one checkpoint a row beside speculative decode rows: no junction, crossed boundary, second
+    block or mid-block run-on there; ``gdn_junction.DROP_TARGETS``)."""
     if path not in JUNCTION_PATHS:
         return f"exporter path {path}: one checkpoint per row"
     if path == "triton":
@@ -537,6 +545,9 @@ def junctions_off(vllm_config: Any, path: str | None) -> str | None:
         return "decode context parallel (the DCP block table is not read here)"
     if getattr(vllm_config, "kv_transfer_config", None) is not None:
         return "a KV transfer connector (vllm-ascend's external-hit block and KV-consumer window)"
+    if getattr(vllm_config, "speculative_config", None) is not None:
+        return ("speculative decoding (vllm-ascend's paths are replayed with one checkpoint a row "
+                "beside speculative decode rows)")
     return None
 
 
