@@ -565,8 +565,7 @@ def test_rule_takes_mamba_manager_subclasses(monkeypatch):
     npu_sched = types.SimpleNamespace(**undropped)
     mod.decide(npu_sched, Stack("npu", "0.30.0"))
     said = M.decisions(npu_sched, Stack("npu", "0.30.0"))
-    assert "speculative" in said["junctions"] and said["second"] == \
-        "off (second=on, speculative decoding on npu)", said
+    assert "speculative" in said["junctions"] and "speculative" in said["second"], said
     monkeypatch.delenv(OPTIONS_ENV)
     monkeypatch.setattr(gpc, "exporter_path", lambda config, target: ("cpu", ""))
     rule = mod.decide(types.SimpleNamespace(**undropped), Stack("cpu", "0.30.0"))

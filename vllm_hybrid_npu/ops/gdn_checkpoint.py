@@ -126,7 +126,7 @@ def build_metadata(plan: StepPlan, block_table: torch.Tensor, to_device: ToDevic
                    table_rows: Sequence[int] | None = None) -> CheckpointMetadata:
     """The device side of ``plan`` for ``method``: its integer fields in one upload (int64; the
     split's cu_seqlens cast to int32 on the device), shared by the step's GDN KV-cache groups with
-    the layers' per-step structures (:data:`_SHARED`, :meth:`CheckpointMetadata.memo`); for the
+    the layers' per-step structures (:data:`_SHARED`, :meth:`CheckpointMetadata.plan_memo`); for the
     split also, per call (one per :attr:`StepPlan.rounds`), its bounds, indices, carried rows and
     ``kernel_meta``'s chunk metadata (None: the backend needs none).
 

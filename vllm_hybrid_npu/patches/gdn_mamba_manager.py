@@ -73,11 +73,10 @@ def decisions(scheduler: Any, stack: Stack) -> dict[str, str]:
     config = scheduler.vllm_config
     path, why = gdn.exporter_path(config, stack.target)
     rule = getattr(scheduler, junction.RULE, None)
+    off = why if path is None else gdn.junctions_off(config, path)  # one state per row: why
     if rule is not None:
         junctions = "on"
-    elif path is None:
-        junctions = f"off ({why})"
-    elif (off := gdn.junctions_off(config, path)) is not None:
+    elif off is not None:
         junctions = f"off ({off})"
     elif junction.speculative(scheduler) and (drop_why := junction.drop_off(
             scheduler, junction.drop_read(stack))) is not None:
@@ -91,8 +90,7 @@ def decisions(scheduler: Any, stack: Stack) -> dict[str, str]:
                               else "off"),
             "second": f"on ({len(found)} KV-cache groups)" if found else
             f"off ({second.KEY}=off)" if second.mode() != "on" else
-            f"off ({second.KEY}=on, speculative decoding on {stack.target})"
-            if junction.speculative(scheduler) and not junction.drop_read(stack) else
+            f"off ({second.KEY}=on, but {off})" if off is not None else
             f"off ({second.KEY}=on, no KV-cache group eligible here)",
             "drafter_drop": "on" if scheduler.use_eagle_block_drop else "off"}
 

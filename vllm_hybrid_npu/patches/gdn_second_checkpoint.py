@@ -58,7 +58,7 @@ from typing import Any
 from vllm_hybrid_npu import envs
 from vllm_hybrid_npu.core import prefill_checkpoints as core
 from vllm_hybrid_npu.patches import gdn_prefill_checkpoint as gdn
-from vllm_hybrid_npu.patches.gdn_junction import checkpoint_managers, drop_read, speculative
+from vllm_hybrid_npu.patches.gdn_junction import checkpoint_managers
 from vllm_hybrid_npu.support import Stack
 
 logger = logging.getLogger("vllm_hybrid_npu")
@@ -129,8 +129,8 @@ def decide(scheduler: Any, stack: Stack) -> tuple:
     (``gdn_prefill_checkpoint.junctions_off`` is None: vLLM's CPU GDN function; CUDA's one pass
     on vLLM 0.30's V2 runner; vllm-ascend's V1 runner); elsewhere (CUDA's V1 runner, FlashInfer,
     ``FLA_USE_FAST_OPS=1``, context parallel, ``VLLM_HYBRID_NPU_OPTIONS=junctions=off``,
-    vllm-ascend's V2 runner or a KV transfer connector; under speculative decoding off
-    ``gdn_junction.drop_read``'s stacks) none, logged once."""
+    vllm-ascend's V2 runner, a KV transfer connector or speculative decoding there) none,
+    logged once."""
     kv = scheduler.kv_cache_manager
     if mode() != "on" or stack.vllm not in VERSIONS:
         set_managers(kv, ())
@@ -138,9 +138,6 @@ def decide(scheduler: Any, stack: Stack) -> tuple:
     config = scheduler.vllm_config
     path, why = gdn.exporter_path(config, stack.target)
     why = gdn.junctions_off(config, path) if path else why
-    if why is None and speculative(scheduler) and not drop_read(stack):
-        why = (f"speculative decoding on {stack.target} (no worker of it checked writing several "
-               f"checkpoints a row beside speculative decode rows)")
     if why is not None:
         gdn._log_once("second-off", "second block: %s, but none here: %s", envs.option_text(KEY, "on"), why)
         set_managers(kv, ())
